@@ -1,0 +1,55 @@
+// 64-bit fingerprints of tensor bytes (format "fp1", docs/fingerprint.md).
+//
+// Data fingerprint of n bytes: the bytes are cut into 4096-byte chunks (the last one shorter);
+// each chunk is hashed with XXH3-64 (seed 0); the fingerprint is XXH3-64 (seed 0) of the chunk
+// hashes written as little-endian uint64. Zero bytes: XXH3-64 of the empty input.
+// A set of named tensors is combined by FingerprintSet, see below.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace culprit {
+
+using Fingerprint = std::uint64_t;
+
+constexpr std::size_t kFingerprintChunkBytes = 4096;
+
+// Element types, with the codes that enter set fingerprints and files.
+enum class DType : std::uint8_t {
+  kFloat32 = 0,
+  kFloat64 = 1,
+  kInt64 = 2,
+  kInt32 = 3,
+  kUInt8 = 4,
+  kBFloat16 = 5,
+  kFloat16 = 6,
+  kBool = 7,
+};
+const char* dtype_name(DType t);
+std::size_t dtype_size(DType t);
+
+Fingerprint fingerprint_bytes(const void* data, std::size_t nbytes);
+
+// "0123456789abcdef": 16 lowercase hex digits.
+std::string fingerprint_hex(Fingerprint fp);
+
+// A fingerprint of an ordered set of named tensors. Each add() appends one record to an XXH3-64
+// (seed 0) stream: uint32 LE name length, the name's bytes, uint8 dtype code, uint8 rank,
+// rank x int64 LE dimensions, uint64 LE data fingerprint. finish() is the stream's digest.
+class FingerprintSet {
+ public:
+  FingerprintSet();
+  ~FingerprintSet();
+  FingerprintSet(const FingerprintSet&) = delete;
+  FingerprintSet& operator=(const FingerprintSet&) = delete;
+  void add(const std::string& name, DType dtype, const std::vector<std::int64_t>& shape,
+           Fingerprint data_fp);
+  Fingerprint finish() const;
+
+ private:
+  void* state_;
+};
+
+}  // namespace culprit

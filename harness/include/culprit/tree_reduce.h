@@ -1,0 +1,68 @@
+// World-size-invariant gradient reduction (docs/determinism.md, "The reduction tree").
+//
+// The M micro-shard gradients of a step (M a power of two) are summed in one fixed complete binary
+// tree: ((g0+g1)+(g2+g3))+... Rank r computes the contiguous leaves shard_range(r); it sums them
+// locally into the maximal aligned power-of-two blocks of that range (each block is a node of the
+// global tree), then the ranks exchange block slices chunk by chunk (MPI_Alltoallv), the owner of
+// each chunk combines the nodes bottom-up to the root, and MPI_Allgatherv spreads the result.
+// The result is bitwise the same for every world size W <= M.
+#pragma once
+#include <cstddef>
+#include <vector>
+
+#include "culprit/mpi_util.h"
+
+namespace culprit {
+
+struct ShardRange {
+  int lo = 0;  // first micro-shard
+  int hi = 0;  // one past the last
+};
+// Leaves computed by `rank`: [floor(rank*M/W), floor((rank+1)*M/W)).
+ShardRange shard_range(int rank, int world, int micro_shards);
+
+// A node of the reduction tree: the sum of leaves [lo, lo + 2^level).
+struct TreeNode {
+  int lo = 0;
+  int level = 0;
+  int size() const { return 1 << level; }
+  bool operator==(const TreeNode& o) const { return lo == o.lo && level == o.level; }
+};
+// The canonical (segment-tree) decomposition of [lo, hi) into maximal aligned blocks, in order.
+std::vector<TreeNode> canonical_blocks(ShardRange r);
+
+// Sums the leaves of one rank, pushed in increasing order, into its canonical blocks. Two nodes
+// are added as soon as they are siblings, so the grouping is exactly the global tree's.
+class TreeAccumulator {
+ public:
+  explicit TreeAccumulator(std::size_t n) : n_(n) {}
+  // The buffer to fill with the next leaf's n values; then call push(k).
+  float* leaf_buffer();
+  void push(int k);
+  struct Entry {
+    TreeNode node;
+    std::vector<float> data;
+  };
+  const std::vector<Entry>& blocks() const { return stack_; }
+  void clear();
+  std::size_t length() const { return n_; }
+
+ private:
+  std::size_t n_;
+  std::vector<Entry> stack_;
+  std::vector<std::vector<float>> pool_;
+  std::vector<float> pending_;
+};
+
+// Adds `right` into `left`, elementwise: the one floating-point operation of the tree.
+void tree_add(float* left, const float* right, std::size_t n);
+
+// Collective over comm: combines every rank's accumulated blocks (acc holds leaves
+// shard_range(comm.rank, comm.size, micro_shards)) into the root; every rank gets the same n
+// values in `out`.
+void tree_allreduce(const Comm& comm, int micro_shards, const TreeAccumulator& acc, float* out);
+
+// Bytes this rank sends in tree_allreduce (both phases), for the benchmark and the docs.
+std::size_t tree_allreduce_bytes_sent(int rank, int world, int micro_shards, std::size_t n);
+
+}  // namespace culprit

@@ -1,0 +1,193 @@
+// `culprit train` options: parsing (Boost.Program_options), INI config files, validation.
+#include <boost/program_options.hpp>
+#include <cmath>
+#include <fstream>
+#include <sstream>
+
+#include "culprit/harness.h"
+
+namespace po = boost::program_options;
+
+namespace culprit::harness {
+
+namespace {
+
+po::options_description describe(TrainConfig* c) {
+  po::options_description d("culprit train options");
+  // clang-format off
+  d.add_options()
+    ("help,h", "print this help")
+    ("config", po::value(&c->config_file), "INI file with any of these options as key = value (the command line wins)")
+    ("run-dir", po::value(&c->run_dir), "run directory (required; created)")
+    ("resume", po::value(&c->resume)->default_value(c->resume)->implicit_value(true), "continue the run in --run-dir")
+    ("steps", po::value(&c->steps)->default_value(c->steps), "optimizer steps to run")
+    ("global-batch", po::value(&c->global_batch)->default_value(c->global_batch), "samples per step (B)")
+    ("micro-shards", po::value(&c->micro_shards)->default_value(c->micro_shards), "micro-shards per step (M: a power of two, B divisible by M, world size <= M)")
+    ("seed", po::value(&c->seed)->default_value(c->seed), "seed of data order, initialisation, dropout and synthetic data")
+    ("model", po::value(&c->model)->default_value(c->model), "mlp | cnn | gpt | torchscript:PATH")
+    ("data", po::value(&c->data)->default_value(c->data), "synthetic | hdf5:PATH (datasets x and y)")
+    ("samples", po::value(&c->samples)->default_value(c->samples), "synthetic data: number of samples")
+    ("sample-shape", po::value<std::string>()->default_value(""), "synthetic data: sample shape, e.g. 1,16,16 (empty: the model's default)")
+    ("classes", po::value(&c->classes)->default_value(c->classes), "synthetic data: classes (gpt: vocabulary); 0: the model's default")
+    ("optimizer", po::value(&c->optimizer)->default_value(c->optimizer), "sgd | adamw")
+    ("lr", po::value(&c->lr)->default_value(c->lr), "peak learning rate")
+    ("momentum", po::value(&c->momentum)->default_value(c->momentum), "sgd: momentum")
+    ("nesterov", po::value(&c->nesterov)->default_value(c->nesterov)->implicit_value(true), "sgd: Nesterov momentum")
+    ("weight-decay", po::value(&c->weight_decay)->default_value(c->weight_decay), "weight decay (adamw: decoupled)")
+    ("betas", po::value<std::string>()->default_value("0.9,0.999"), "adamw: beta1,beta2")
+    ("eps", po::value(&c->eps)->default_value(c->eps), "adamw: epsilon")
+    ("lr-schedule", po::value(&c->lr_schedule)->default_value(c->lr_schedule), "constant | cosine (over --steps)")
+    ("warmup-steps", po::value(&c->warmup_steps)->default_value(c->warmup_steps), "linear warm-up steps")
+    ("threads", po::value(&c->threads)->default_value(c->threads), "intra-op threads per rank")
+    ("quiet", po::value(&c->quiet)->default_value(c->quiet)->implicit_value(true), "no per-step line on stdout");
+  // clang-format on
+  return d;
+}
+
+Status parse_list(const std::string& opt, const std::string& text, std::vector<double>* out) {
+  out->clear();
+  std::stringstream ss(text);
+  std::string item;
+  while (std::getline(ss, item, ',')) {
+    try {
+      std::size_t used = 0;
+      double v = std::stod(item, &used);
+      if (used != item.size()) throw std::invalid_argument(item);
+      out->push_back(v);
+    } catch (const std::exception&) {
+      return Status::Error("option '--" + opt + "': '" + text + "' is not a comma-separated list of numbers");
+    }
+  }
+  return Status::OK();
+}
+
+std::string join(const std::vector<std::int64_t>& v) {
+  std::string s;
+  for (std::size_t i = 0; i < v.size(); ++i) s += (i ? "," : "") + std::to_string(v[i]);
+  return s;
+}
+
+}  // namespace
+
+std::string train_options_help() {
+  TrainConfig c;
+  std::ostringstream os;
+  os << describe(&c);
+  return os.str();
+}
+
+Status parse_train_options(const std::vector<std::string>& args, TrainConfig* cfg, bool* help) {
+  *cfg = TrainConfig();
+  *help = false;
+  auto desc = describe(cfg);
+  po::variables_map vm;
+  try {
+    po::store(po::command_line_parser(args).options(desc).run(), vm);
+    if (vm.count("help")) {
+      *help = true;
+      return Status::OK();
+    }
+    if (vm.count("config")) {
+      const std::string path = vm["config"].as<std::string>();
+      std::ifstream in(path);
+      if (!in) return Status::Error("config file '" + path + "' cannot be read");
+      // Values already given on the command line are kept: store() never overwrites.
+      po::store(po::parse_config_file(in, desc, /*allow_unregistered=*/false), vm);
+    }
+    po::notify(vm);
+  } catch (const po::error& e) {
+    return Status::Error(e.what());
+  }
+  std::vector<double> v;
+  CULPRIT_RETURN_IF_ERROR(parse_list("betas", vm["betas"].as<std::string>(), &v));
+  if (v.size() != 2) return Status::Error("option '--betas' needs two numbers, beta1,beta2");
+  cfg->beta1 = v[0];
+  cfg->beta2 = v[1];
+  CULPRIT_RETURN_IF_ERROR(parse_list("sample-shape", vm["sample-shape"].as<std::string>(), &v));
+  cfg->sample_shape.clear();
+  for (double d : v) {
+    if (d < 1 || d != std::floor(d))
+      return Status::Error("option '--sample-shape': dimensions must be positive integers");
+    cfg->sample_shape.push_back(static_cast<std::int64_t>(d));
+  }
+  return Status::OK();
+}
+
+std::string to_ini(const TrainConfig& c) {
+  std::ostringstream os;
+  os.precision(17);
+  os << "run-dir = " << c.run_dir << "\n"
+     << "steps = " << c.steps << "\n"
+     << "global-batch = " << c.global_batch << "\n"
+     << "micro-shards = " << c.micro_shards << "\n"
+     << "seed = " << c.seed << "\n"
+     << "model = " << c.model << "\n"
+     << "data = " << c.data << "\n"
+     << "samples = " << c.samples << "\n"
+     << "sample-shape = " << join(c.sample_shape) << "\n"
+     << "classes = " << c.classes << "\n"
+     << "optimizer = " << c.optimizer << "\n"
+     << "lr = " << c.lr << "\n"
+     << "momentum = " << c.momentum << "\n"
+     << "nesterov = " << (c.nesterov ? "true" : "false") << "\n"
+     << "weight-decay = " << c.weight_decay << "\n"
+     << "betas = " << c.beta1 << "," << c.beta2 << "\n"
+     << "eps = " << c.eps << "\n"
+     << "lr-schedule = " << c.lr_schedule << "\n"
+     << "warmup-steps = " << c.warmup_steps << "\n"
+     << "threads = " << c.threads << "\n";
+  return os.str();
+}
+
+Status validate(const TrainConfig& c, int world) {
+  if (c.run_dir.empty()) return Status::Error("option '--run-dir' is required");
+  if (c.steps < 1) return Status::Error("option '--steps' must be at least 1");
+  if (c.global_batch < 1) return Status::Error("option '--global-batch' must be at least 1");
+  const int m = c.micro_shards;
+  if (m < 1 || (m & (m - 1)) != 0)
+    return Status::Error("option '--micro-shards' must be a power of two, got " + std::to_string(m));
+  if (c.global_batch % m != 0)
+    return Status::Error("--global-batch " + std::to_string(c.global_batch) +
+                         " is not divisible by --micro-shards " + std::to_string(m));
+  if (world > m)
+    return Status::Error("world size " + std::to_string(world) + " exceeds --micro-shards " +
+                         std::to_string(m) + ": every rank needs at least one micro-shard");
+  const std::string& mo = c.model;
+  if (mo != "mlp" && mo != "cnn" && mo != "gpt" && mo.rfind("torchscript:", 0) != 0)
+    return Status::Error("option '--model': unknown model '" + mo +
+                         "' (valid: mlp, cnn, gpt, torchscript:PATH)");
+  if (mo == "torchscript:") return Status::Error("option '--model': torchscript: needs a path");
+  if (c.data != "synthetic" && c.data.rfind("hdf5:", 0) != 0)
+    return Status::Error("option '--data': unknown data source '" + c.data +
+                         "' (valid: synthetic, hdf5:PATH)");
+  if (c.data == "hdf5:") return Status::Error("option '--data': hdf5: needs a path");
+  if (c.samples < 1) return Status::Error("option '--samples' must be at least 1");
+  if (c.classes < 0) return Status::Error("option '--classes' must not be negative");
+  if (c.optimizer != "sgd" && c.optimizer != "adamw")
+    return Status::Error("option '--optimizer': unknown optimizer '" + c.optimizer + "' (valid: sgd, adamw)");
+  if (!(c.lr >= 0) || !std::isfinite(c.lr)) return Status::Error("option '--lr' must be a finite number >= 0");
+  if (!(c.momentum >= 0)) return Status::Error("option '--momentum' must be >= 0");
+  if (c.nesterov && c.momentum <= 0) return Status::Error("option '--nesterov' needs --momentum > 0");
+  if (!(c.weight_decay >= 0)) return Status::Error("option '--weight-decay' must be >= 0");
+  if (!(c.beta1 >= 0 && c.beta1 < 1 && c.beta2 >= 0 && c.beta2 < 1))
+    return Status::Error("option '--betas': each beta must be in [0, 1)");
+  if (!(c.eps > 0)) return Status::Error("option '--eps' must be > 0");
+  if (c.lr_schedule != "constant" && c.lr_schedule != "cosine")
+    return Status::Error("option '--lr-schedule': unknown schedule '" + c.lr_schedule + "' (valid: constant, cosine)");
+  if (c.warmup_steps < 0) return Status::Error("option '--warmup-steps' must not be negative");
+  if (c.threads < 1) return Status::Error("option '--threads' must be at least 1");
+  return Status::OK();
+}
+
+double learning_rate(const TrainConfig& c, std::int64_t step) {
+  if (c.warmup_steps > 0 && step <= c.warmup_steps)
+    return c.lr * static_cast<double>(step) / static_cast<double>(c.warmup_steps);
+  if (c.lr_schedule == "cosine") {
+    const double span = static_cast<double>(std::max<std::int64_t>(1, c.steps - c.warmup_steps));
+    const double progress = static_cast<double>(step - c.warmup_steps) / span;
+    return c.lr * (0.5 * (1.0 + std::cos(M_PI * progress)));
+  }
+  return c.lr;
+}
+
+}  // namespace culprit::harness

@@ -1,0 +1,40 @@
+// What a run records about itself (RUN/run.json): configuration, world, software, BLAS, threads.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "culprit/harness.h"
+#include "culprit/status.h"
+
+namespace culprit::harness {
+
+struct RunInfo {
+  std::string config_ini;
+  int world_size = 1;
+  std::vector<std::string> hosts;    // per rank
+  std::vector<std::string> devices;  // per rank
+  std::string culprit_version;
+  std::string torch_version;
+  std::string mpi_version;
+  std::string hdf5_version;
+  std::string blas_library;  // the BLAS shared object actually loaded
+  int blas_threads = 0;      // 0: the BLAS has no thread control
+  int intra_op_threads = 1;
+  std::string mpi_thread_level;
+  std::string data_source;
+  std::int64_t data_samples = 0;
+  std::int64_t parameters = 0;
+  std::string model;
+  std::string slurm_job_id;
+  std::string created;  // ISO 8601 UTC
+};
+
+// Fills the MPI/HDF5 versions, the loaded BLAS, time and Slurm job id (local, no collectives).
+void fill_environment(RunInfo* info);
+// Collective: gathers every rank's host name into info->hosts.
+void gather_hosts(const Comm& comm, RunInfo* info);
+Status write_run_json(const std::string& path, const RunInfo& info);
+std::string format_json_number(double v);  // JSON number, or "null" when not finite
+
+}  // namespace culprit::harness

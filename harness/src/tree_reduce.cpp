@@ -1,0 +1,164 @@
+#include "culprit/tree_reduce.h"
+
+#include <cstring>
+#include <stdexcept>
+
+namespace culprit {
+
+ShardRange shard_range(int rank, int world, int micro_shards) {
+  const long long m = micro_shards;
+  return {static_cast<int>(rank * m / world), static_cast<int>((rank + 1) * m / world)};
+}
+
+std::vector<TreeNode> canonical_blocks(ShardRange r) {
+  std::vector<TreeNode> out;
+  int lo = r.lo;
+  while (lo < r.hi) {
+    int level = 0;
+    // Grow while the block stays aligned and inside the range.
+    while (true) {
+      const int next = level + 1;
+      if (lo % (1 << next) != 0 || lo + (1 << next) > r.hi) break;
+      level = next;
+    }
+    out.push_back({lo, level});
+    lo += 1 << level;
+  }
+  return out;
+}
+
+void tree_add(float* left, const float* right, std::size_t n) {
+  for (std::size_t i = 0; i < n; ++i) left[i] += right[i];
+}
+
+namespace {
+bool siblings(const TreeNode& a, const TreeNode& b) {
+  return a.level == b.level && a.lo % (2 * a.size()) == 0 && b.lo == a.lo + a.size();
+}
+}  // namespace
+
+float* TreeAccumulator::leaf_buffer() {
+  if (pending_.size() != n_) {
+    if (!pool_.empty()) {
+      pending_ = std::move(pool_.back());
+      pool_.pop_back();
+    }
+    pending_.resize(n_);
+  }
+  return pending_.data();
+}
+
+void TreeAccumulator::push(int k) {
+  leaf_buffer();
+  if (!stack_.empty() && stack_.back().node.lo + stack_.back().node.size() != k)
+    throw std::logic_error("TreeAccumulator: leaves must be pushed in order without gaps");
+  stack_.push_back({{k, 0}, std::move(pending_)});
+  pending_.clear();
+  while (stack_.size() >= 2 && siblings(stack_[stack_.size() - 2].node, stack_.back().node)) {
+    Entry right = std::move(stack_.back());
+    stack_.pop_back();
+    Entry& left = stack_.back();
+    tree_add(left.data.data(), right.data.data(), n_);
+    left.node.level += 1;
+    pool_.push_back(std::move(right.data));
+  }
+}
+
+void TreeAccumulator::clear() {
+  for (auto& e : stack_) pool_.push_back(std::move(e.data));
+  stack_.clear();
+}
+
+namespace {
+std::size_t chunk_off(std::size_t n, int world, int c) {
+  return n * static_cast<std::size_t>(c) / static_cast<std::size_t>(world);
+}
+}  // namespace
+
+void tree_allreduce(const Comm& comm, int micro_shards, const TreeAccumulator& acc, float* out) {
+  const int W = comm.size;
+  const std::size_t n = acc.length();
+  const auto& mine = acc.blocks();
+  const auto expected = canonical_blocks(shard_range(comm.rank, W, micro_shards));
+  if (mine.size() != expected.size())
+    throw std::logic_error("tree_allreduce: accumulator does not hold this rank's blocks");
+  if (W == 1) {
+    std::memcpy(out, mine[0].data.data(), n * sizeof(float));
+    return;
+  }
+  // Phase 1: each chunk's owner receives every node's slice of that chunk.
+  const int nb = static_cast<int>(mine.size());
+  std::vector<int> scount(W), sdispl(W), rcount(W), rdispl(W);
+  std::vector<int> nblocks(W);
+  for (int r = 0; r < W; ++r)
+    nblocks[r] = static_cast<int>(canonical_blocks(shard_range(r, W, micro_shards)).size());
+  const std::size_t my_off = chunk_off(n, W, comm.rank);
+  const std::size_t my_len = chunk_off(n, W, comm.rank + 1) - my_off;
+  std::vector<float> packed;
+  const float* sendbuf = mine[0].data.data();
+  if (nb == 1) {
+    for (int c = 0; c < W; ++c) {
+      sdispl[c] = static_cast<int>(chunk_off(n, W, c));
+      scount[c] = static_cast<int>(chunk_off(n, W, c + 1) - chunk_off(n, W, c));
+    }
+  } else {
+    packed.resize(n * nb);
+    std::size_t pos = 0;
+    for (int c = 0; c < W; ++c) {
+      const std::size_t off = chunk_off(n, W, c), len = chunk_off(n, W, c + 1) - off;
+      sdispl[c] = static_cast<int>(pos);
+      scount[c] = static_cast<int>(len * nb);
+      for (const auto& b : mine) {
+        std::memcpy(packed.data() + pos, b.data.data() + off, len * sizeof(float));
+        pos += len;
+      }
+    }
+    sendbuf = packed.data();
+  }
+  std::size_t rtotal = 0;
+  for (int r = 0; r < W; ++r) {
+    rdispl[r] = static_cast<int>(rtotal);
+    rcount[r] = static_cast<int>(my_len * nblocks[r]);
+    rtotal += my_len * nblocks[r];
+  }
+  std::vector<float> recv(rtotal);
+  CULPRIT_MPI_CHECK(MPI_Alltoallv(sendbuf, scount.data(), sdispl.data(), MPI_FLOAT, recv.data(),
+                                  rcount.data(), rdispl.data(), MPI_FLOAT, comm.comm));
+  // Combine this chunk's nodes bottom-up, in tree order, in place in the receive buffer.
+  struct Slot {
+    TreeNode node;
+    float* data;
+  };
+  std::vector<Slot> stack;
+  std::size_t pos = 0;
+  for (int r = 0; r < W; ++r) {
+    for (const TreeNode& node : canonical_blocks(shard_range(r, W, micro_shards))) {
+      stack.push_back({node, recv.data() + pos});
+      pos += my_len;
+      while (stack.size() >= 2 && siblings(stack[stack.size() - 2].node, stack.back().node)) {
+        Slot right = stack.back();
+        stack.pop_back();
+        tree_add(stack.back().data, right.data, my_len);
+        stack.back().node.level += 1;
+      }
+    }
+  }
+  if (stack.size() != 1) throw std::logic_error("tree_allreduce: nodes did not combine to a root");
+  if (my_len) std::memcpy(out + my_off, stack[0].data, my_len * sizeof(float));
+  // Phase 2: everyone gets every reduced chunk.
+  for (int c = 0; c < W; ++c) {
+    rdispl[c] = static_cast<int>(chunk_off(n, W, c));
+    rcount[c] = static_cast<int>(chunk_off(n, W, c + 1) - chunk_off(n, W, c));
+  }
+  CULPRIT_MPI_CHECK(MPI_Allgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, out, rcount.data(),
+                                   rdispl.data(), MPI_FLOAT, comm.comm));
+}
+
+std::size_t tree_allreduce_bytes_sent(int rank, int world, int micro_shards, std::size_t n) {
+  if (world == 1) return 0;
+  const std::size_t nb = canonical_blocks(shard_range(rank, world, micro_shards)).size();
+  const std::size_t my_len = chunk_off(n, world, rank + 1) - chunk_off(n, world, rank);
+  return ((n - my_len) * nb + my_len * (world - 1)) * sizeof(float);
+}
+
+}  // namespace culprit
