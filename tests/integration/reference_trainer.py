@@ -1,0 +1,149 @@
+"""An independent implementation of culprit's training contract (docs/determinism.md) in PyTorch.
+
+Run with Debian's python3-torch (/usr/bin/python3): the same libtorch 1.13 as culprit. It trains a
+TorchScript module on HDF5 data exactly as `culprit train` promises to, recomputes the fingerprints
+of docs/fingerprint.md with python3-xxhash, and prints one JSON line per step.
+"""
+import argparse
+import json
+import math
+import struct
+
+import h5py
+import torch
+import torch.nn.functional as F
+import xxhash
+
+MASK = (1 << 64) - 1
+STREAM_DROPOUT = 3
+CHUNK = 4096
+DTYPE_CODES = {torch.float32: 0, torch.float64: 1, torch.int64: 2, torch.int32: 3}
+
+
+def splitmix64(x):
+    x = (x + 0x9E3779B97F4A7C15) & MASK
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & MASK
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & MASK
+    return x ^ (x >> 31)
+
+
+def key(seed, stream, a, b):
+    return splitmix64((splitmix64((splitmix64(seed ^ stream) + a) & MASK) + b) & MASK)
+
+
+def fingerprint_bytes(data):
+    if not data:
+        return xxhash.xxh3_64_intdigest(b"")
+    hashes = b"".join(struct.pack("<Q", xxhash.xxh3_64_intdigest(data[i:i + CHUNK]))
+                      for i in range(0, len(data), CHUNK))
+    return xxhash.xxh3_64_intdigest(hashes)
+
+
+def set_fingerprint(named):
+    h = xxhash.xxh3_64()
+    for name, t in named:
+        t = t.detach().contiguous()
+        nb = name.encode()
+        h.update(struct.pack("<I", len(nb)) + nb + struct.pack("<BB", DTYPE_CODES[t.dtype], t.dim()))
+        h.update(b"".join(struct.pack("<q", d) for d in t.shape))
+        h.update(struct.pack("<Q", fingerprint_bytes(t.numpy().tobytes())))
+    return h.intdigest()
+
+
+def tree_sum(leaves):
+    """((g0+g1)+(g2+g3))+...: the fixed complete binary tree."""
+    if len(leaves) == 1:
+        return leaves[0]
+    half = len(leaves) // 2
+    return tree_sum(leaves[:half]) + tree_sum(leaves[half:])
+
+
+def learning_rate(a, step):
+    if a.warmup_steps > 0 and step <= a.warmup_steps:
+        return a.lr * float(step) / float(a.warmup_steps)
+    if a.lr_schedule == "cosine":
+        span = float(max(1, a.steps - a.warmup_steps))
+        progress = float(step - a.warmup_steps) / span
+        return a.lr * (0.5 * (1.0 + math.cos(math.pi * progress)))
+    return a.lr
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--model", required=True)
+    p.add_argument("--data", required=True)
+    p.add_argument("--seed", type=int, default=1234)
+    p.add_argument("--steps", type=int, default=20)
+    p.add_argument("--global-batch", type=int, default=32)
+    p.add_argument("--micro-shards", type=int, default=8)
+    p.add_argument("--optimizer", default="sgd")
+    p.add_argument("--lr", type=float, default=0.05)
+    p.add_argument("--momentum", type=float, default=0.9)
+    p.add_argument("--nesterov", action="store_true")
+    p.add_argument("--weight-decay", type=float, default=0.0)
+    p.add_argument("--betas", default="0.9,0.999")
+    p.add_argument("--eps", type=float, default=1e-8)
+    p.add_argument("--lr-schedule", default="constant")
+    p.add_argument("--warmup-steps", type=int, default=0)
+    a = p.parse_args()
+
+    torch.set_num_threads(1)
+    torch.use_deterministic_algorithms(True)
+    torch._C._set_graph_executor_optimize(False)
+
+    model = torch.jit.load(a.model)
+    model.train()
+    named = list(model.named_parameters())
+    params = [t for _, t in named]
+    with h5py.File(a.data, "r") as f:
+        x_all = torch.from_numpy(f["x"][...])
+        y_all = torch.from_numpy(f["y"][...])
+    if y_all.dtype != torch.int64 and not y_all.is_floating_point():
+        y_all = y_all.to(torch.int64)
+    classification = y_all.dtype == torch.int64
+    n, B, M = x_all.shape[0], a.global_batch, a.micro_shards
+    per_sample = max(1, y_all[0].numel())
+    if a.optimizer == "sgd":
+        opt = torch.optim.SGD(params, lr=a.lr, momentum=a.momentum, nesterov=a.nesterov,
+                              weight_decay=a.weight_decay, foreach=False)
+    else:
+        b1, b2 = (float(v) for v in a.betas.split(","))
+        opt = torch.optim.AdamW(params, lr=a.lr, betas=(b1, b2), eps=a.eps,
+                                weight_decay=a.weight_decay, foreach=False)
+    steps_per_epoch = n // B
+    for s in range(1, a.steps + 1):
+        epoch, start = (s - 1) // steps_per_epoch, ((s - 1) % steps_per_epoch) * B
+        g = torch.Generator()
+        g.manual_seed(a.seed + epoch)
+        order = torch.randperm(n, generator=g)
+        lr = learning_rate(a, s)
+        for group in opt.param_groups:
+            group["lr"] = lr
+        leaves = []
+        for k in range(M):
+            idx = order[start + k * (B // M): start + (k + 1) * (B // M)]
+            x, y = x_all.index_select(0, idx), y_all.index_select(0, idx)
+            torch.manual_seed(key(a.seed, STREAM_DROPOUT, s, k))
+            for t in params:
+                t.grad = None
+            out = model(x)
+            if classification:
+                c = out.shape[-1]
+                loss = F.cross_entropy(out.reshape(-1, c), y.reshape(-1), reduction="sum") / (B * per_sample)
+            else:
+                loss = F.mse_loss(out, y, reduction="sum") / (B * per_sample)
+            loss.backward()
+            flat = [t.grad.reshape(-1) if t.grad is not None else torch.zeros(t.numel()) for t in params]
+            leaves.append(torch.cat(flat + [loss.detach().reshape(1)]))
+        total = tree_sum(leaves)
+        off = 0
+        for t in params:
+            t.grad = total[off:off + t.numel()].view_as(t).clone()
+            off += t.numel()
+        opt.step()
+        print(json.dumps({"step": s, "loss": float(total[-1]), "lr": lr,
+                          "fingerprint": "%016x" % set_fingerprint(named)}))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,36 @@
+"""TorchScript modules for the tests, saved with Debian's python3-torch: python3 scripted_models.py NAME PATH."""
+import sys
+
+import torch
+
+
+class MlpDropout(torch.nn.Module):
+    """fc1 -> relu -> dropout -> fc2: children called in order."""
+
+    def __init__(self, d_in: int = 32, hidden: int = 48, d_out: int = 10):
+        super().__init__()
+        self.fc1 = torch.nn.Linear(d_in, hidden)
+        self.drop = torch.nn.Dropout(0.2)
+        self.fc2 = torch.nn.Linear(hidden, d_out)
+
+    def forward(self, x):
+        return self.fc2(self.drop(torch.relu(self.fc1(x))))
+
+
+class Regressor(torch.nn.Module):
+    """A regression head: 32 features -> 4 targets."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc1 = torch.nn.Linear(32, 16)
+        self.fc2 = torch.nn.Linear(16, 4)
+
+    def forward(self, x):
+        return self.fc2(torch.tanh(self.fc1(x)))
+
+
+MODELS = {"mlp_dropout": MlpDropout, "regressor": Regressor}
+
+if __name__ == "__main__":
+    torch.manual_seed(7)
+    torch.jit.script(MODELS[sys.argv[1]]()).save(sys.argv[2])
