@@ -4,6 +4,7 @@
 
 #include <filesystem>
 
+#include "error_line.h"
 #include "model.h"
 
 namespace culprit::harness {
@@ -11,8 +12,6 @@ namespace culprit::harness {
 namespace F = torch::nn::functional;
 
 namespace {
-
-std::string first_line(const std::string& s) { return s.substr(0, s.find('\n')); }
 
 // Output width: number of classes, or the target size for regression.
 std::int64_t out_features(const Dataset& d) { return d.classification() ? d.classes : d.y_numel(); }
@@ -244,7 +243,7 @@ Status make_model(const TrainConfig& cfg, const Dataset& d, std::unique_ptr<Mode
     try {
       *out = std::make_unique<Scripted>(torch::jit::load(path));
     } catch (const std::exception& e) {
-      return Status::Error("cannot load TorchScript module '" + path + "': " + first_line(e.what()));
+      return Status::Error("cannot load TorchScript module '" + path + "': " + error_line(e.what()));
     }
   }
   for (auto& p : (*out)->parameters()) {

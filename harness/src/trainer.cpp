@@ -12,6 +12,7 @@
 #include "culprit/harness.h"
 #include "culprit/tree_reduce.h"
 #include "data.h"
+#include "error_line.h"
 #include "model.h"
 #include "rng.h"
 #include "runinfo.h"
@@ -22,15 +23,13 @@ namespace fs = std::filesystem;
 
 namespace {
 
-std::string first_line(const std::string& s) { return s.substr(0, s.find('\n')); }
-
 // Runs f, turning any exception into an error Status.
 template <class Fn>
 Status guarded(const std::string& what, Fn&& f) {
   try {
     return f();
   } catch (const std::exception& e) {
-    return Status::Error(what + ": " + first_line(e.what()));
+    return Status::Error(what + ": " + error_line(e.what()));
   }
 }
 

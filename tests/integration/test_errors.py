@@ -1,0 +1,113 @@
+"""Bad input: one clear line naming the problem, a nonzero exit on every rank, no hang, no trace."""
+import os
+import subprocess
+import sys
+import unittest
+
+import h5py
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(__file__))
+from culprit_testlib import TempDirTest, run, run_each_rank_code  # noqa: E402
+
+PY = "/usr/bin/python3"
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+class Errors(TempDirTest):
+    def setUp(self):
+        super().setUp()
+        rng = np.random.default_rng(0)
+        with h5py.File(self.path("flat.h5"), "w") as f:
+            f["x"] = rng.standard_normal((64, 7)).astype(np.float32)
+            f["y"] = rng.integers(0, 3, 64)
+        with h5py.File(self.path("only_x.h5"), "w") as f:
+            f["x"] = rng.standard_normal((64, 7)).astype(np.float32)
+        with h5py.File(self.path("mismatch.h5"), "w") as f:
+            f["x"] = rng.standard_normal((64, 7)).astype(np.float32)
+            f["y"] = rng.integers(0, 3, 60)
+        with h5py.File(self.path("neg.h5"), "w") as f:
+            f["x"] = rng.standard_normal((64, 7)).astype(np.float32)
+            f["y"] = -rng.integers(1, 3, 64)
+        with open(self.path("flat.h5"), "rb") as f:
+            blob = f.read()
+        with open(self.path("truncated.h5"), "wb") as f:
+            f.write(blob[: len(blob) // 2])
+        with open(self.path("text.h5"), "w") as f:
+            f.write("not hdf5\n")
+        with open(self.path("bad.ini"), "w") as f:
+            f.write("steps = 3\nno-such-option = 1\n")
+        subprocess.run([PY, os.path.join(HERE, "scripted_models.py"), "mlp_dropout", self.path("net.pt")], check=True)
+        os.makedirs(self.path("used"))
+        with open(self.path("used", "run.json"), "w") as f:
+            f.write("{}\n")
+
+    def expect_error(self, args, needle, world=2):
+        """Runs on `world` ranks; every rank must exit nonzero and stderr must say `needle` once."""
+        workdir = self.path("w%d" % abs(hash(tuple(args))))
+        os.makedirs(workdir, exist_ok=True)
+        codes, out, err = run_each_rank_code(["train"] + args, world, workdir, timeout=120)
+        lines = [l for l in err.splitlines() if l.startswith("culprit: error:")]
+        self.assertTrue(all(c != 0 for c in codes), "exit codes %s for %s\n%s" % (codes, args, err))
+        self.assertEqual(len(lines), 1, "want one error line for %s, got:\n%s" % (args, err))
+        self.assertIn(needle, lines[0])
+        for marker in ("terminate called", "Exception raised from", "Segmentation", "Traceback"):
+            self.assertNotIn(marker, err)
+        return lines[0]
+
+    def rd(self, name="run"):
+        return ["--run-dir", self.path(name)]
+
+    def test_options(self):
+        self.expect_error(self.rd() + ["--bogus"], "unrecognised option '--bogus'")
+        self.expect_error(self.rd() + ["--steps", "abc"], "--steps")
+        self.expect_error(["--steps", "2"], "'--run-dir' is required")
+        self.expect_error(self.rd() + ["--steps", "0"], "'--steps' must be at least 1")
+        self.expect_error(self.rd() + ["--model", "resnet"], "unknown model 'resnet'")
+        self.expect_error(self.rd() + ["--data", "csv:x"], "unknown data source 'csv:x'")
+        self.expect_error(self.rd() + ["--optimizer", "lion"], "unknown optimizer 'lion'")
+        self.expect_error(self.rd() + ["--betas", "0.9"], "'--betas' needs two numbers")
+        self.expect_error(self.rd() + ["--nesterov", "--momentum", "0"], "'--nesterov' needs --momentum > 0")
+        self.expect_error(self.rd() + ["--config", self.path("missing.ini")], "config file")
+        self.expect_error(self.rd() + ["--config", self.path("bad.ini")], "no-such-option")
+
+    def test_shards_and_world(self):
+        self.expect_error(self.rd() + ["--micro-shards", "2", "--global-batch", "8"],
+                          "world size 3 exceeds --micro-shards 2", world=3)
+        self.expect_error(self.rd() + ["--micro-shards", "6", "--global-batch", "12"], "must be a power of two")
+        self.expect_error(self.rd() + ["--micro-shards", "4", "--global-batch", "30"],
+                          "--global-batch 30 is not divisible by --micro-shards 4")
+        self.expect_error(self.rd() + ["--samples", "16", "--global-batch", "32"],
+                          "--global-batch 32 exceeds the 16 samples")
+
+    def test_files(self):
+        self.expect_error(self.rd() + ["--data", "hdf5:" + self.path("nope.h5")], "does not exist")
+        self.expect_error(self.rd() + ["--data", "hdf5:" + self.path("text.h5")], "is not an HDF5 file")
+        self.expect_error(self.rd() + ["--data", "hdf5:" + self.path("truncated.h5")], "truncated.h5")
+        self.expect_error(self.rd() + ["--data", "hdf5:" + self.path("only_x.h5")], "has no dataset 'y'")
+        self.expect_error(self.rd() + ["--data", "hdf5:" + self.path("mismatch.h5")],
+                          "x has 64 samples but y has 60")
+        self.expect_error(self.rd() + ["--data", "hdf5:" + self.path("neg.h5")], "negative class label")
+        self.expect_error(self.rd() + ["--model", "torchscript:" + self.path("nope.pt")], "does not exist")
+        self.expect_error(self.rd() + ["--model", "torchscript:" + self.path("flat.h5")],
+                          "cannot load TorchScript module")
+        self.expect_error(["--run-dir", self.path("used")], "already holds a run")
+
+    def test_shape_mismatch(self):
+        flat = ["--data", "hdf5:" + self.path("flat.h5"), "--global-batch", "16"]
+        self.expect_error(self.rd() + ["--model", "cnn"] + flat, "model cnn needs samples of shape [C,H,W]")
+        self.expect_error(self.rd() + ["--model", "gpt"] + flat, "model gpt needs int64 token sequences")
+        self.expect_error(self.rd() + ["--model", "torchscript:" + self.path("net.pt")] + flat,
+                          "does not accept samples of shape [7]")
+
+    def test_single_process_without_mpirun(self):
+        res = run(["train", "--micro-shards", "3"], run_dir=self.path("single"))
+        self.assertEqual(res.code, 2)
+        self.assertIn("culprit: error: option '--micro-shards' must be a power of two", res.err)
+        res = run(["frobnicate"])
+        self.assertEqual(res.code, 2)
+        self.assertIn("unknown command 'frobnicate'", res.err)
+
+
+if __name__ == "__main__":
+    unittest.main(verbosity=2)
