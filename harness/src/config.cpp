@@ -12,6 +12,12 @@ namespace culprit::harness {
 
 namespace {
 
+std::string num(double v) {
+  std::ostringstream os;
+  os << v;
+  return os.str();
+}
+
 po::options_description describe(TrainConfig* c) {
   po::options_description d("culprit train options");
   // clang-format off
@@ -19,7 +25,6 @@ po::options_description describe(TrainConfig* c) {
     ("help,h", "print this help")
     ("config", po::value(&c->config_file), "INI file with any of these options as key = value (the command line wins)")
     ("run-dir", po::value(&c->run_dir), "run directory (required; created)")
-    ("resume", po::value(&c->resume)->default_value(c->resume)->implicit_value(true), "continue the run in --run-dir")
     ("steps", po::value(&c->steps)->default_value(c->steps), "optimizer steps to run")
     ("global-batch", po::value(&c->global_batch)->default_value(c->global_batch), "samples per step (B)")
     ("micro-shards", po::value(&c->micro_shards)->default_value(c->micro_shards), "micro-shards per step (M: a power of two, B divisible by M, world size <= M)")
@@ -27,15 +32,15 @@ po::options_description describe(TrainConfig* c) {
     ("model", po::value(&c->model)->default_value(c->model), "mlp | cnn | gpt | torchscript:PATH")
     ("data", po::value(&c->data)->default_value(c->data), "synthetic | hdf5:PATH (datasets x and y)")
     ("samples", po::value(&c->samples)->default_value(c->samples), "synthetic data: number of samples")
-    ("sample-shape", po::value<std::string>()->default_value(""), "synthetic data: sample shape, e.g. 1,16,16 (empty: the model's default)")
+    ("sample-shape", po::value<std::string>()->default_value("", "auto"), "synthetic data: sample shape, e.g. 1,16,16 (empty: the model's default)")
     ("classes", po::value(&c->classes)->default_value(c->classes), "synthetic data: classes (gpt: vocabulary); 0: the model's default")
     ("optimizer", po::value(&c->optimizer)->default_value(c->optimizer), "sgd | adamw")
-    ("lr", po::value(&c->lr)->default_value(c->lr), "peak learning rate")
-    ("momentum", po::value(&c->momentum)->default_value(c->momentum), "sgd: momentum")
+    ("lr", po::value(&c->lr)->default_value(c->lr, num(c->lr)), "peak learning rate")
+    ("momentum", po::value(&c->momentum)->default_value(c->momentum, num(c->momentum)), "sgd: momentum")
     ("nesterov", po::value(&c->nesterov)->default_value(c->nesterov)->implicit_value(true), "sgd: Nesterov momentum")
-    ("weight-decay", po::value(&c->weight_decay)->default_value(c->weight_decay), "weight decay (adamw: decoupled)")
+    ("weight-decay", po::value(&c->weight_decay)->default_value(c->weight_decay, num(c->weight_decay)), "weight decay (adamw: decoupled)")
     ("betas", po::value<std::string>()->default_value("0.9,0.999"), "adamw: beta1,beta2")
-    ("eps", po::value(&c->eps)->default_value(c->eps), "adamw: epsilon")
+    ("eps", po::value(&c->eps)->default_value(c->eps, num(c->eps)), "adamw: epsilon")
     ("lr-schedule", po::value(&c->lr_schedule)->default_value(c->lr_schedule), "constant | cosine (over --steps)")
     ("warmup-steps", po::value(&c->warmup_steps)->default_value(c->warmup_steps), "linear warm-up steps")
     ("threads", po::value(&c->threads)->default_value(c->threads), "intra-op threads per rank")

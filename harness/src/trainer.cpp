@@ -116,6 +116,7 @@ class Trainer {
   std::unique_ptr<torch::optim::Optimizer> opt_;
   std::unique_ptr<TreeAccumulator> acc_;
   std::vector<float> reduced_;
+  TreeWorkspace tree_ws_;
   at::Tensor x_all_, y_all_;
   std::int64_t order_epoch_ = -1;
   at::Tensor order_;
@@ -252,7 +253,7 @@ void Trainer::step(std::int64_t s) {
     leaf[P_] = loss.item<float>();
     acc_->push(k);
   }
-  tree_allreduce(comm_, static_cast<int>(M), *acc_, reduced_.data());
+  tree_allreduce(comm_, static_cast<int>(M), *acc_, reduced_.data(), &tree_ws_);
 
   // The reduced gradient becomes every parameter's gradient; the optimizer steps.
   auto grads = torch::from_blob(reduced_.data(), {P_ + 1}, torch::kFloat32);

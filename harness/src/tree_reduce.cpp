@@ -75,7 +75,10 @@ std::size_t chunk_off(std::size_t n, int world, int c) {
 }
 }  // namespace
 
-void tree_allreduce(const Comm& comm, int micro_shards, const TreeAccumulator& acc, float* out) {
+void tree_allreduce(const Comm& comm, int micro_shards, const TreeAccumulator& acc, float* out,
+                    TreeWorkspace* ws) {
+  TreeWorkspace local;
+  if (!ws) ws = &local;
   const int W = comm.size;
   const std::size_t n = acc.length();
   const auto& mine = acc.blocks();
@@ -94,7 +97,7 @@ void tree_allreduce(const Comm& comm, int micro_shards, const TreeAccumulator& a
     nblocks[r] = static_cast<int>(canonical_blocks(shard_range(r, W, micro_shards)).size());
   const std::size_t my_off = chunk_off(n, W, comm.rank);
   const std::size_t my_len = chunk_off(n, W, comm.rank + 1) - my_off;
-  std::vector<float> packed;
+  std::vector<float>& packed = ws->packed;
   const float* sendbuf = mine[0].data.data();
   if (nb == 1) {
     for (int c = 0; c < W; ++c) {
@@ -121,7 +124,8 @@ void tree_allreduce(const Comm& comm, int micro_shards, const TreeAccumulator& a
     rcount[r] = static_cast<int>(my_len * nblocks[r]);
     rtotal += my_len * nblocks[r];
   }
-  std::vector<float> recv(rtotal);
+  std::vector<float>& recv = ws->recv;
+  recv.resize(rtotal);
   CULPRIT_MPI_CHECK(MPI_Alltoallv(sendbuf, scount.data(), sdispl.data(), MPI_FLOAT, recv.data(),
                                   rcount.data(), rdispl.data(), MPI_FLOAT, comm.comm));
   // Combine this chunk's nodes bottom-up, in tree order, in place in the receive buffer.

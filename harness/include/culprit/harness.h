@@ -12,7 +12,6 @@ namespace culprit::harness {
 
 struct TrainConfig {
   std::string run_dir;
-  bool resume = false;
   std::int64_t steps = 20;
   std::int64_t global_batch = 32;
   int micro_shards = 8;
@@ -23,7 +22,7 @@ struct TrainConfig {
   std::vector<std::int64_t> sample_shape;  // synthetic sample shape; empty: the model's default
   int classes = 0;                 // synthetic classes (vocabulary for gpt); 0: model's default
   std::string optimizer = "sgd";   // sgd | adamw
-  double lr = 0.05;
+  double lr = 0.1;
   double momentum = 0.9;
   bool nesterov = false;
   double weight_decay = 0.0;

@@ -57,10 +57,17 @@ class TreeAccumulator {
 // Adds `right` into `left`, elementwise: the one floating-point operation of the tree.
 void tree_add(float* left, const float* right, std::size_t n);
 
+// Buffers tree_allreduce reuses from call to call (a step's reduction allocates nothing).
+struct TreeWorkspace {
+  std::vector<float> recv;
+  std::vector<float> packed;
+};
+
 // Collective over comm: combines every rank's accumulated blocks (acc holds leaves
 // shard_range(comm.rank, comm.size, micro_shards)) into the root; every rank gets the same n
 // values in `out`.
-void tree_allreduce(const Comm& comm, int micro_shards, const TreeAccumulator& acc, float* out);
+void tree_allreduce(const Comm& comm, int micro_shards, const TreeAccumulator& acc, float* out,
+                    TreeWorkspace* ws = nullptr);
 
 // Bytes this rank sends in tree_allreduce (both phases), for the benchmark and the docs.
 std::size_t tree_allreduce_bytes_sent(int rank, int world, int micro_shards, std::size_t n);

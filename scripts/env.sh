@@ -1,0 +1,4 @@
+# Sourced by the scripts: Open MPI refuses to run as root without these (containers, CI).
+if [ "$(id -u)" -eq 0 ]; then
+  export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+fi
