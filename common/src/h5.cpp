@@ -110,3 +110,205 @@ Status read_array(const Handle& file, const std::string& path, const std::string
 }
 
 }  // namespace culprit::h5
+
+namespace culprit::h5 {
+
+Status open_rw(const std::string& path, Handle* file) {
+  hid_t id = H5Fopen(path.c_str(), H5F_ACC_RDWR, H5P_DEFAULT);
+  if (id < 0) return Status::Error("cannot open HDF5 file '" + path + "' for writing: " + error_stack());
+  *file = Handle(id, H5Fclose);
+  return Status::OK();
+}
+
+Status create(const std::string& path, MPI_Comm comm, Handle* file) {
+  Handle fapl(H5Pcreate(H5P_FILE_ACCESS), H5Pclose);
+  if (comm != MPI_COMM_NULL && H5Pset_fapl_mpio(fapl.id(), comm, MPI_INFO_NULL) < 0)
+    return Status::Error("H5Pset_fapl_mpio: " + error_stack());
+  hid_t id = H5Fcreate(path.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, fapl.id());
+  if (id < 0) return Status::Error("cannot create HDF5 file '" + path + "': " + error_stack());
+  *file = Handle(id, H5Fclose);
+  return Status::OK();
+}
+
+Status create_group(hid_t parent, const std::string& name, Handle* group) {
+  hid_t id = H5Gcreate2(parent, name.c_str(), H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT);
+  if (id < 0) return Status::Error("cannot create group '" + name + "': " + error_stack());
+  *group = Handle(id, H5Gclose);
+  return Status::OK();
+}
+
+hid_t native_type(DType t) {
+  switch (t) {
+    case DType::kFloat32: return H5T_NATIVE_FLOAT;
+    case DType::kFloat64: return H5T_NATIVE_DOUBLE;
+    case DType::kInt64: return H5T_NATIVE_INT64;
+    case DType::kInt32: return H5T_NATIVE_INT32;
+    case DType::kUInt8: case DType::kBool: return H5T_NATIVE_UINT8;
+    case DType::kBFloat16: case DType::kFloat16: return H5T_NATIVE_UINT16;
+  }
+  return H5T_NATIVE_UINT8;
+}
+
+namespace {
+Handle make_space(const std::vector<std::int64_t>& shape) {
+  if (shape.empty()) return Handle(H5Screate(H5S_SCALAR), H5Sclose);
+  std::vector<hsize_t> dims(shape.begin(), shape.end());
+  return Handle(H5Screate_simple(static_cast<int>(dims.size()), dims.data(), nullptr), H5Sclose);
+}
+}  // namespace
+
+Status create_dataset(hid_t parent, const std::string& name, DType t, const std::vector<std::int64_t>& shape,
+                      Handle* ds) {
+  Handle space = make_space(shape);
+  Handle dcpl(H5Pcreate(H5P_DATASET_CREATE), H5Pclose);
+  // Allocate at creation so ranks can write disjoint slices independently.
+  H5Pset_alloc_time(dcpl.id(), H5D_ALLOC_TIME_EARLY);
+  H5Pset_fill_time(dcpl.id(), H5D_FILL_TIME_NEVER);
+  hid_t id = H5Dcreate2(parent, name.c_str(), native_type(t), space.id(), H5P_DEFAULT, dcpl.id(), H5P_DEFAULT);
+  if (id < 0) return Status::Error("cannot create dataset '" + name + "': " + error_stack());
+  *ds = Handle(id, H5Dclose);
+  return Status::OK();
+}
+
+Status write_rows(const Handle& ds, DType t, const std::vector<std::int64_t>& shape, std::int64_t row0,
+                  std::int64_t rows, const void* data) {
+  herr_t rc;
+  if (shape.empty() || rows < 0) {
+    rc = H5Dwrite(ds.id(), native_type(t), H5S_ALL, H5S_ALL, H5P_DEFAULT, data);
+  } else {
+    if (rows == 0) return Status::OK();
+    Handle fspace(H5Dget_space(ds.id()), H5Sclose);
+    std::vector<hsize_t> start(shape.size(), 0), count(shape.begin(), shape.end());
+    start[0] = static_cast<hsize_t>(row0);
+    count[0] = static_cast<hsize_t>(rows);
+    H5Sselect_hyperslab(fspace.id(), H5S_SELECT_SET, start.data(), nullptr, count.data(), nullptr);
+    Handle mspace(H5Screate_simple(static_cast<int>(count.size()), count.data(), nullptr), H5Sclose);
+    rc = H5Dwrite(ds.id(), native_type(t), mspace.id(), fspace.id(), H5P_DEFAULT, data);
+  }
+  if (rc < 0) return Status::Error("H5Dwrite: " + error_stack());
+  return Status::OK();
+}
+
+namespace {
+Status write_attr_raw(hid_t obj, const std::string& name, hid_t type, const void* value) {
+  if (H5Aexists(obj, name.c_str()) > 0) H5Adelete(obj, name.c_str());
+  Handle space(H5Screate(H5S_SCALAR), H5Sclose);
+  Handle a(H5Acreate2(obj, name.c_str(), type, space.id(), H5P_DEFAULT, H5P_DEFAULT), H5Aclose);
+  if (!a.valid() || H5Awrite(a.id(), type, value) < 0)
+    return Status::Error("cannot write attribute '" + name + "': " + error_stack());
+  return Status::OK();
+}
+}  // namespace
+
+Status write_attr(hid_t obj, const std::string& name, const std::string& value) {
+  Handle type(H5Tcopy(H5T_C_S1), H5Tclose);
+  H5Tset_size(type.id(), value.empty() ? 1 : value.size());
+  H5Tset_strpad(type.id(), H5T_STR_NULLPAD);
+  std::string v = value.empty() ? std::string(1, '\0') : value;
+  return write_attr_raw(obj, name, type.id(), v.data());
+}
+Status write_attr(hid_t obj, const std::string& name, std::int64_t value) {
+  return write_attr_raw(obj, name, H5T_NATIVE_INT64, &value);
+}
+Status write_attr_u64(hid_t obj, const std::string& name, std::uint64_t value) {
+  return write_attr_raw(obj, name, H5T_NATIVE_UINT64, &value);
+}
+
+bool has_attr(hid_t obj, const std::string& name) {
+  htri_t e = H5Aexists(obj, name.c_str());
+  if (e < 0) H5Eclear2(H5E_DEFAULT);
+  return e > 0;
+}
+
+Status read_attr(hid_t obj, const std::string& name, std::string* value) {
+  if (!has_attr(obj, name)) return Status::Error("attribute '" + name + "' is missing");
+  Handle a(H5Aopen(obj, name.c_str(), H5P_DEFAULT), H5Aclose);
+  Handle type(H5Aget_type(a.id()), H5Tclose);
+  if (!a.valid() || !type.valid() || H5Tget_class(type.id()) != H5T_STRING)
+    return Status::Error("attribute '" + name + "' is not a string");
+  if (H5Tis_variable_str(type.id()) > 0) return Status::Error("attribute '" + name + "' is a variable-length string");
+  const std::size_t n = H5Tget_size(type.id());
+  if (n == 0 || n > (64u << 20)) return Status::Error("attribute '" + name + "' has an implausible size");
+  Handle space(H5Aget_space(a.id()), H5Sclose);
+  if (H5Sget_simple_extent_npoints(space.id()) != 1) return Status::Error("attribute '" + name + "' is not a scalar");
+  std::string buf(n, '\0');
+  Handle mem(H5Tcopy(H5T_C_S1), H5Tclose);
+  H5Tset_size(mem.id(), n);
+  H5Tset_strpad(mem.id(), H5T_STR_NULLPAD);
+  if (H5Aread(a.id(), mem.id(), buf.data()) < 0)
+    return Status::Error("cannot read attribute '" + name + "': " + error_stack());
+  buf.resize(std::strlen(buf.c_str()));
+  *value = buf;
+  return Status::OK();
+}
+
+namespace {
+Status read_attr_num(hid_t obj, const std::string& name, hid_t mem, void* value) {
+  if (!has_attr(obj, name)) return Status::Error("attribute '" + name + "' is missing");
+  Handle a(H5Aopen(obj, name.c_str(), H5P_DEFAULT), H5Aclose);
+  Handle type(H5Aget_type(a.id()), H5Tclose);
+  Handle space(H5Aget_space(a.id()), H5Sclose);
+  if (!a.valid() || !type.valid() || H5Tget_class(type.id()) != H5T_INTEGER ||
+      H5Sget_simple_extent_npoints(space.id()) != 1)
+    return Status::Error("attribute '" + name + "' is not an integer scalar");
+  if (H5Aread(a.id(), mem, value) < 0) return Status::Error("cannot read attribute '" + name + "': " + error_stack());
+  return Status::OK();
+}
+}  // namespace
+
+Status read_attr(hid_t obj, const std::string& name, std::int64_t* value) {
+  return read_attr_num(obj, name, H5T_NATIVE_INT64, value);
+}
+Status read_attr_u64(hid_t obj, const std::string& name, std::uint64_t* value) {
+  return read_attr_num(obj, name, H5T_NATIVE_UINT64, value);
+}
+
+Status read_exact(hid_t parent, const std::string& name, const std::string& what, std::uint64_t max_bytes,
+                  Array* out) {
+  Handle ds(H5Dopen2(parent, name.c_str(), H5P_DEFAULT), H5Dclose);
+  if (!ds.valid()) return Status::Error("cannot open " + what + ": " + error_stack());
+  Handle type(H5Dget_type(ds.id()), H5Tclose);
+  Handle space(H5Dget_space(ds.id()), H5Sclose);
+  if (!type.valid() || !space.valid()) return Status::Error("cannot read the type of " + what + ": " + error_stack());
+  const H5T_class_t cls = H5Tget_class(type.id());
+  const std::size_t size = H5Tget_size(type.id());
+  if (cls == H5T_FLOAT && size == 4) out->dtype = DType::kFloat32;
+  else if (cls == H5T_FLOAT && size == 8) out->dtype = DType::kFloat64;
+  else if (cls == H5T_INTEGER && size == 8) out->dtype = DType::kInt64;
+  else if (cls == H5T_INTEGER && size == 4) out->dtype = DType::kInt32;
+  else if (cls == H5T_INTEGER && size == 1) out->dtype = DType::kUInt8;
+  else return Status::Error(what + " has an unsupported element type");
+  const int rank = H5Sget_simple_extent_ndims(space.id());
+  if (rank < 0 || rank > 16) return Status::Error(what + " has an unreadable shape");
+  std::vector<hsize_t> dims(rank);
+  if (rank) H5Sget_simple_extent_dims(space.id(), dims.data(), nullptr);
+  out->shape.assign(dims.begin(), dims.end());
+  std::uint64_t n = 1;
+  for (hsize_t d : dims) {
+    if (d != 0 && n > max_bytes / d) return Status::Error(what + " claims more bytes than the file holds");
+    n *= d;
+  }
+  const std::uint64_t bytes = n * dtype_size(out->dtype);
+  if (bytes > max_bytes) return Status::Error(what + " claims more bytes than the file holds");
+  out->bytes.assign(bytes, 0);
+  if (bytes && H5Dread(ds.id(), native_type(out->dtype), H5S_ALL, H5S_ALL, H5P_DEFAULT, out->bytes.data()) < 0)
+    return Status::Error("cannot read " + what + ": " + error_stack());
+  return Status::OK();
+}
+
+namespace {
+herr_t collect_name(hid_t, const char* name, const H5L_info_t*, void* data) {
+  static_cast<std::vector<std::string>*>(data)->push_back(name);
+  return 0;
+}
+}  // namespace
+
+Status list_group(hid_t group, std::vector<std::string>* names) {
+  names->clear();
+  hsize_t idx = 0;
+  if (H5Literate(group, H5_INDEX_NAME, H5_ITER_INC, &idx, collect_name, names) < 0)
+    return Status::Error("cannot list group: " + error_stack());
+  return Status::OK();
+}
+
+}  // namespace culprit::h5

@@ -1,5 +1,7 @@
 // `culprit train` options: parsing (Boost.Program_options), INI config files, validation.
 #include <boost/program_options.hpp>
+#include <filesystem>
+#include <nlohmann/json.hpp>
 #include <cmath>
 #include <fstream>
 #include <sstream>
@@ -25,6 +27,13 @@ po::options_description describe(TrainConfig* c) {
     ("help,h", "print this help")
     ("config", po::value(&c->config_file), "INI file with any of these options as key = value (the command line wins)")
     ("run-dir", po::value(&c->run_dir), "run directory (required; created)")
+    ("resume", po::value(&c->resume)->default_value(c->resume)->implicit_value(true), "continue the run in --run-dir from its newest valid checkpoint (its configuration is the default)")
+    ("resume-from", po::value(&c->resume_from)->default_value(""), "continue the run in --run-dir from this checkpoint file")
+    ("checkpoint-every", po::value(&c->checkpoint_every)->default_value(c->checkpoint_every), "checkpoint every K steps (0: only after the last step, which is always checkpointed)")
+    ("keep-last", po::value(&c->keep_last)->default_value(c->keep_last), "keep the newest N checkpoints")
+    ("keep-every", po::value(&c->keep_every)->default_value(c->keep_every), "also keep every checkpoint whose step is a multiple of E (0: none)")
+    ("async-checkpoint", po::value(&c->async_checkpoint)->default_value(c->async_checkpoint)->implicit_value(true), "write checkpoints in a background thread (training waits only for the copy to host memory)")
+    ("trace", po::value(&c->trace)->default_value(c->trace), "off | step | layer: per-step fingerprint trace in RUN/trace/ (layer: also every layer's forward output and backward gradient)")
     ("steps", po::value(&c->steps)->default_value(c->steps), "optimizer steps to run")
     ("global-batch", po::value(&c->global_batch)->default_value(c->global_batch), "samples per step (B)")
     ("micro-shards", po::value(&c->micro_shards)->default_value(c->micro_shards), "micro-shards per step (M: a power of two, B divisible by M, world size <= M)")
@@ -66,6 +75,20 @@ Status parse_list(const std::string& opt, const std::string& text, std::vector<d
   return Status::OK();
 }
 
+// The resolved configuration a run recorded in RUN/run.json.
+Status stored_config(const std::string& run_dir, std::string* ini) {
+  const auto path = std::filesystem::path(run_dir) / "run.json";
+  std::ifstream in(path);
+  if (!in) return Status::Error("cannot resume: '" + run_dir + "' holds no run (no run.json)");
+  try {
+    auto j = nlohmann::json::parse(in);
+    *ini = j.at("config").get<std::string>();
+  } catch (const std::exception& e) {
+    return Status::Error("cannot resume: '" + path.string() + "' is not a culprit run.json");
+  }
+  return Status::OK();
+}
+
 std::string join(const std::vector<std::int64_t>& v) {
   std::string s;
   for (std::size_t i = 0; i < v.size(); ++i) s += (i ? "," : "") + std::to_string(v[i]);
@@ -99,7 +122,42 @@ Status parse_train_options(const std::vector<std::string>& args, TrainConfig* cf
       // Values already given on the command line are kept: store() never overwrites.
       po::store(po::parse_config_file(in, desc, /*allow_unregistered=*/false), vm);
     }
-    po::notify(vm);
+    const bool resuming = (vm.count("resume") && vm["resume"].as<bool>()) ||
+                          (vm.count("resume-from") && !vm["resume-from"].as<std::string>().empty());
+    if (resuming) {
+      // The run's own configuration fills every option not given here.
+      if (!vm.count("run-dir")) return Status::Error("option '--run-dir' is required");
+      std::string stored;
+      CULPRIT_RETURN_IF_ERROR(stored_config(vm["run-dir"].as<std::string>(), &stored));
+      std::istringstream in(stored);
+      po::store(po::parse_config_file(in, desc, /*allow_unregistered=*/true), vm);
+      TrainConfig orig;
+      auto odesc = describe(&orig);
+      po::variables_map ovm;
+      std::istringstream in2(stored);
+      po::store(po::parse_config_file(in2, odesc, true), ovm);
+      po::notify(ovm);
+      po::notify(vm);
+      for (const auto& key : determinism_critical_options()) {
+        auto text = [&](const po::variables_map& m) {
+          if (!m.count(key)) return std::string();
+          const auto& v = m[key].value();
+          if (auto* p = boost::any_cast<std::string>(&v)) return *p;
+          if (auto* p = boost::any_cast<std::int64_t>(&v)) return std::to_string(*p);
+          if (auto* p = boost::any_cast<int>(&v)) return std::to_string(*p);
+          if (auto* p = boost::any_cast<std::uint64_t>(&v)) return std::to_string(*p);
+          if (auto* p = boost::any_cast<bool>(&v)) return std::string(*p ? "true" : "false");
+          if (auto* p = boost::any_cast<double>(&v)) return num(*p);
+          return std::string("?");
+        };
+        if (text(vm) != text(ovm))
+          return Status::Error("option '--" + key + "' is " + text(vm) + " but the run in '" +
+                               vm["run-dir"].as<std::string>() + "' was trained with " + text(ovm) +
+                               "; a resumed run must keep it");
+      }
+    } else {
+      po::notify(vm);
+    }
   } catch (const po::error& e) {
     return Status::Error(e.what());
   }
@@ -116,6 +174,12 @@ Status parse_train_options(const std::vector<std::string>& args, TrainConfig* cf
     cfg->sample_shape.push_back(static_cast<std::int64_t>(d));
   }
   return Status::OK();
+}
+
+std::vector<std::string> determinism_critical_options() {
+  return {"global-batch", "micro-shards", "seed", "model", "data", "samples", "sample-shape", "classes",
+          "optimizer", "lr", "momentum", "nesterov", "weight-decay", "betas", "eps", "lr-schedule",
+          "warmup-steps", "threads", "trace"};
 }
 
 std::string to_ini(const TrainConfig& c) {
@@ -140,7 +204,12 @@ std::string to_ini(const TrainConfig& c) {
      << "eps = " << c.eps << "\n"
      << "lr-schedule = " << c.lr_schedule << "\n"
      << "warmup-steps = " << c.warmup_steps << "\n"
-     << "threads = " << c.threads << "\n";
+     << "threads = " << c.threads << "\n"
+     << "checkpoint-every = " << c.checkpoint_every << "\n"
+     << "keep-last = " << c.keep_last << "\n"
+     << "keep-every = " << c.keep_every << "\n"
+     << "async-checkpoint = " << (c.async_checkpoint ? "true" : "false") << "\n"
+     << "trace = " << c.trace << "\n";
   return os.str();
 }
 
@@ -181,6 +250,11 @@ Status validate(const TrainConfig& c, int world) {
     return Status::Error("option '--lr-schedule': unknown schedule '" + c.lr_schedule + "' (valid: constant, cosine)");
   if (c.warmup_steps < 0) return Status::Error("option '--warmup-steps' must not be negative");
   if (c.threads < 1) return Status::Error("option '--threads' must be at least 1");
+  if (c.checkpoint_every < 0) return Status::Error("option '--checkpoint-every' must not be negative");
+  if (c.keep_last < 1) return Status::Error("option '--keep-last' must be at least 1");
+  if (c.keep_every < 0) return Status::Error("option '--keep-every' must not be negative");
+  if (c.trace != "off" && c.trace != "step" && c.trace != "layer")
+    return Status::Error("option '--trace': unknown level '" + c.trace + "' (valid: off, step, layer)");
   return Status::OK();
 }
 

@@ -26,6 +26,9 @@ class LayerObserver {
   virtual at::Tensor on_forward(const std::string& layer, const at::Tensor& output) = 0;
 };
 
+// The pseudo-layer of an opaque (TorchScript) forward: the model's output.
+constexpr const char* kOutputLayer = "(output)";
+
 class Model {
  public:
   virtual ~Model() = default;
@@ -33,8 +36,10 @@ class Model {
   virtual std::vector<NamedTensor> parameters() = 0;  // state-dict order
   virtual std::vector<NamedTensor> buffers() = 0;
   virtual void set_training(bool on) = 0;
-  // The layers forward calls, in execution order (empty: forward is opaque, per model only).
+  // The layers forward calls, in execution order.
   virtual std::vector<std::string> layers() const = 0;
+  // False when forward is opaque and layers() is only the model's output (kOutputLayer).
+  virtual bool per_layer() const { return true; }
   void set_observer(LayerObserver* o) { observer_ = o; }
 
  protected:

@@ -182,7 +182,7 @@ class Scripted : public Model {
   at::Tensor forward(const at::Tensor& x) override {
     auto out = m_.forward({x});
     if (!out.isTensor()) throw std::runtime_error("TorchScript forward must return one tensor");
-    return tap("", out.toTensor());
+    return tap(kOutputLayer, out.toTensor());
   }
   std::vector<NamedTensor> parameters() override {
     std::vector<NamedTensor> out;
@@ -195,7 +195,9 @@ class Scripted : public Model {
     return out;
   }
   void set_training(bool on) override { m_.train(on); }
-  std::vector<std::string> layers() const override { return {}; }
+  // The module's forward is opaque: its output is the one observable layer.
+  std::vector<std::string> layers() const override { return {kOutputLayer}; }
+  bool per_layer() const override { return false; }
 
  private:
   torch::jit::Module m_;

@@ -75,6 +75,7 @@ Status write_run_json(const std::string& path, const RunInfo& i) {
   j["intra_op_threads"] = i.intra_op_threads;
   j["mpi_thread_level"] = i.mpi_thread_level;
   j["deterministic_algorithms"] = true;
+  if (!i.resumed_from.empty()) j["resumed_from"] = {{"checkpoint", i.resumed_from}, {"step", i.resumed_at_step}};
   j["config"] = i.config_ini;
   std::ofstream out(path);
   out << j.dump(2) << "\n";

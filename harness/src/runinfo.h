@@ -28,6 +28,8 @@ struct RunInfo {
   std::string model;
   std::string slurm_job_id;
   std::string created;  // ISO 8601 UTC
+  std::string resumed_from;  // checkpoint a resumed run started from
+  std::int64_t resumed_at_step = 0;
 };
 
 // Fills the MPI/HDF5 versions, the loaded BLAS, time and Slurm job id (local, no collectives).

@@ -7,12 +7,17 @@
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
+#include <fstream>
+#include <map>
 
+#include "culprit/checkpoint.h"
 #include "culprit/fingerprint.h"
 #include "culprit/harness.h"
+#include "culprit/trace.h"
 #include "culprit/tree_reduce.h"
 #include "data.h"
 #include "error_line.h"
+#include "io_worker.h"
 #include "model.h"
 #include "rng.h"
 #include "runinfo.h"
@@ -91,15 +96,23 @@ std::string json_float(float v) {
   return buf;
 }
 
+Status truncate_metrics(const std::string& path, std::int64_t keep);
+
 class Trainer {
  public:
   Trainer(const TrainConfig& cfg, const Comm& comm, const Dataset& data, Model& model)
       : cfg_(cfg), comm_(comm), data_(data), model_(model) {}
 
   Status init();
-  Status run();
+  // Restores parameters, buffers and optimizer state from a verified checkpoint.
+  Status restore(const ckpt::Checkpoint& c);
+  Status run(std::int64_t start_step, const std::string& resumed_from);
 
  private:
+  struct LayerTrace;  // per-micro-shard layer fingerprints (--trace layer)
+  ckpt::Checkpoint snapshot(std::int64_t step) const;
+  Status save_checkpoint(std::int64_t step);
+  Status open_trace(std::int64_t start_step);
   at::Tensor loss_of(const at::Tensor& out, const at::Tensor& y) const;
   void step(std::int64_t s);
   const at::Tensor& epoch_order(std::int64_t epoch);
@@ -122,6 +135,35 @@ class Trainer {
   at::Tensor order_;
   FILE* metrics_ = nullptr;
   RunInfo info_;
+  // Background HDF5 work (checkpoints, trace) on a communicator of its own.
+  MPI_Comm io_comm_ = MPI_COMM_NULL;
+  std::unique_ptr<IoWorker> io_;
+  bool checkpoint_in_flight_ = false;
+  trace::Writer trace_;
+  std::vector<trace::ShardRow> shard_rows_;
+  std::unique_ptr<LayerObserver> observer_;
+  std::vector<Fingerprint> fwd_, bwd_;  // the current micro-shard's layer fingerprints
+};
+
+// Records each layer's forward output fingerprint and, through a gradient hook, the fingerprint of
+// the gradient flowing back into it.
+struct Trainer::LayerTrace : LayerObserver {
+  LayerTrace(Trainer* t, std::vector<std::string> layers) : trainer(t) {
+    for (std::size_t i = 0; i < layers.size(); ++i) index[layers[i]] = i;
+  }
+  at::Tensor on_forward(const std::string& layer, const at::Tensor& out) override {
+    const auto it = index.find(layer);
+    if (it == index.end()) return out;
+    const std::size_t i = it->second;
+    trainer->fwd_[i] = tensor_fingerprint(out.detach());
+    if (out.requires_grad()) {
+      Trainer* t = trainer;
+      out.register_hook([t, i](const at::Tensor& g) { t->bwd_[i] = tensor_fingerprint(g); });
+    }
+    return out;
+  }
+  Trainer* trainer;
+  std::map<std::string, std::size_t> index;
 };
 
 Status Trainer::init() {
@@ -236,6 +278,8 @@ void Trainer::step(std::int64_t s) {
     auto y = y_all_.index_select(0, idx);
     torch::manual_seed(dropout_seed(cfg_.seed, s, k));
     for (auto& p : params_) p.tensor.mutable_grad().reset();
+    std::fill(fwd_.begin(), fwd_.end(), 0);
+    std::fill(bwd_.begin(), bwd_.end(), 0);
     auto loss = loss_of(model_.forward(x), y);
     loss.backward();
     float* leaf = acc_->leaf_buffer();
@@ -251,6 +295,19 @@ void Trainer::step(std::int64_t s) {
       }
     }
     leaf[P_] = loss.item<float>();
+    if (cfg_.trace != "off") {
+      trace::ShardRow row;
+      row.step = s;
+      row.shard = k;
+      row.rank = comm_.rank;
+      row.host = comm_.host;
+      row.device = "cpu";
+      row.loss = leaf[P_];
+      row.grad_fp = fingerprint_bytes(leaf, static_cast<std::size_t>(P_) * sizeof(float));
+      row.fwd = fwd_;
+      row.bwd = bwd_;
+      shard_rows_.push_back(std::move(row));
+    }
     acc_->push(k);
   }
   tree_allreduce(comm_, static_cast<int>(M), *acc_, reduced_.data(), &tree_ws_);
@@ -265,9 +322,204 @@ void Trainer::step(std::int64_t s) {
 
   double sq = 0;
   for (std::int64_t i = 0; i < P_; ++i) sq += static_cast<double>(reduced_[i]) * reduced_[i];
-  const Fingerprint fp = set_fingerprint(params_);
+  trace::StepRow row;
+  row.step = s;
+  row.loss = reduced_[P_];
+  row.lr = lr;
+  FingerprintSet set;
+  for (const auto& p : params_) {
+    const Fingerprint f = tensor_fingerprint(p.tensor);
+    row.param_fps.push_back(f);
+    auto sizes = p.tensor.sizes();
+    set.add(p.name, DType::kFloat32, std::vector<std::int64_t>(sizes.begin(), sizes.end()), f);
+  }
+  const Fingerprint fp = set.finish();
+  if (cfg_.trace != "off") {
+    row.grad_fp = fingerprint_bytes(reduced_.data(), static_cast<std::size_t>(P_) * sizeof(float));
+    io_->submit([this, row = std::move(row), shards = std::move(shard_rows_)] { return trace_.append(row, shards); });
+    shard_rows_.clear();
+  }
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   write_metrics(s, lr, reduced_[P_], std::sqrt(sq), fp, secs);
+}
+
+ckpt::Checkpoint Trainer::snapshot(std::int64_t step) const {
+  ckpt::Checkpoint c;
+  c.step = step;
+  auto raw = [](const std::string& name, const at::Tensor& t) {
+    ckpt::RawTensor r;
+    r.name = name;
+    auto ct = t.detach().contiguous();
+    r.dtype = to_dtype(ct.scalar_type());
+    r.shape.assign(ct.sizes().begin(), ct.sizes().end());
+    const auto* p = static_cast<const unsigned char*>(ct.data_ptr());
+    r.bytes.assign(p, p + ct.numel() * ct.element_size());
+    return r;
+  };
+  for (const auto& p : params_) c.model.push_back(raw(p.name, p.tensor));
+  for (const auto& b : model_.buffers()) c.model.push_back(raw(b.name, b.tensor));
+  auto& state = opt_->state();
+  for (const auto& p : params_) {
+    auto it = state.find(c10::guts::to_string(p.tensor.unsafeGetTensorImpl()));
+    if (it == state.end()) continue;
+    if (cfg_.optimizer == "sgd") {
+      auto& st = static_cast<torch::optim::SGDParamState&>(*it->second);
+      if (st.momentum_buffer().defined()) c.optimizer.push_back(raw(p.name + "/momentum_buffer", st.momentum_buffer()));
+    } else {
+      auto& st = static_cast<torch::optim::AdamWParamState&>(*it->second);
+      c.optimizer.push_back(raw(p.name + "/step", torch::tensor(st.step(), torch::kLong).reshape({})));
+      c.optimizer.push_back(raw(p.name + "/exp_avg", st.exp_avg()));
+      c.optimizer.push_back(raw(p.name + "/exp_avg_sq", st.exp_avg_sq()));
+    }
+  }
+  // Every rank reseeds before each micro-shard, so the live generator differs by rank; what is
+  // saved is the generator as micro-shard 0 of the next step starts it (the same on every rank).
+  auto next = at::detail::createCPUGenerator(dropout_seed(cfg_.seed, step + 1, 0));
+  c.rng.push_back(raw("cpu", next.get_state()));
+  const std::int64_t spe = data_.n / cfg_.global_batch;
+  c.epoch = step / spe;
+  c.cursor = (step % spe) * cfg_.global_batch;
+  c.meta = {{"config", to_ini(cfg_)},
+            {"model", cfg_.model},
+            {"optimizer", cfg_.optimizer},
+            {"data", data_.source},
+            {"culprit_version", info_.culprit_version},
+            {"libtorch_version", info_.torch_version},
+            {"mpi_version", info_.mpi_version},
+            {"hdf5_version", info_.hdf5_version},
+            {"blas", info_.blas_library},
+            {"created", info_.created},
+            {"slurm_job_id", info_.slurm_job_id}};
+  std::string hosts, devices;
+  for (int r = 0; r < comm_.size; ++r) {
+    hosts += (r ? "," : "") + info_.hosts[r];
+    devices += (r ? "," : "") + info_.devices[r];
+  }
+  c.meta["hosts"] = hosts;
+  c.meta["devices"] = devices;
+  c.meta_int = {{"seed", static_cast<std::int64_t>(cfg_.seed)},
+                {"world_size", comm_.size},
+                {"micro_shards", cfg_.micro_shards},
+                {"global_batch", cfg_.global_batch},
+                {"intra_op_threads", info_.intra_op_threads},
+                {"blas_threads", info_.blas_threads}};
+  return c;
+}
+
+// Copies the state to host memory (the only part training waits for when async) and hands the
+// write to the I/O thread.
+Status Trainer::save_checkpoint(std::int64_t step) {
+  if (checkpoint_in_flight_) CULPRIT_RETURN_IF_ERROR(agree(comm_, io_->drain()));
+  auto c = std::make_shared<ckpt::Checkpoint>(snapshot(step));
+  const std::string path = ckpt::path_for(cfg_.run_dir, step);
+  io_->submit([this, c, path, step] {
+    ckpt::compute_fingerprints(c.get());
+    Comm io{io_comm_, comm_.rank, comm_.size, comm_.host};
+    Status st = ckpt::write(io, path, *c);
+    if (st.ok() && comm_.rank == 0) st = ckpt::apply_retention(cfg_.run_dir, step, cfg_.keep_last, cfg_.keep_every);
+    return st;
+  });
+  checkpoint_in_flight_ = true;
+  if (!cfg_.async_checkpoint) {
+    checkpoint_in_flight_ = false;
+    return agree(comm_, io_->drain());
+  }
+  return Status::OK();
+}
+
+Status Trainer::restore(const ckpt::Checkpoint& c) {
+  std::map<std::string, const ckpt::RawTensor*> model, optim;
+  for (const auto& t : c.model) model[t.name] = &t;
+  for (const auto& t : c.optimizer) optim[t.name] = &t;
+  auto load = [&](const std::string& what, const at::Tensor& dst, const ckpt::RawTensor* src) {
+    if (!src) return Status::Error("checkpoint has no " + what);
+    std::vector<std::int64_t> shape(dst.sizes().begin(), dst.sizes().end());
+    if (src->shape != shape || src->dtype != to_dtype(dst.scalar_type()))
+      return Status::Error("checkpoint " + what + " is " + dtype_name(src->dtype) + " " + shape_str(src->shape) +
+                           ", the model's is " + dtype_name(to_dtype(dst.scalar_type())) + " " + shape_str(shape));
+    torch::NoGradGuard ng;
+    auto from = torch::from_blob(const_cast<unsigned char*>(src->bytes.data()), dst.sizes(),
+                                 torch::TensorOptions().dtype(dst.scalar_type()));
+    dst.copy_(from);
+    return Status::OK();
+  };
+  std::size_t used = 0;
+  for (const auto& p : params_) {
+    CULPRIT_RETURN_IF_ERROR(load("parameter '" + p.name + "'", p.tensor, model.count(p.name) ? model[p.name] : nullptr));
+    ++used;
+  }
+  for (const auto& b : model_.buffers()) {
+    CULPRIT_RETURN_IF_ERROR(load("buffer '" + b.name + "'", b.tensor, model.count(b.name) ? model[b.name] : nullptr));
+    ++used;
+  }
+  if (used != c.model.size()) return Status::Error("checkpoint holds tensors the model does not have");
+  auto& state = opt_->state();
+  state.clear();
+  for (const auto& p : params_) {
+    const std::string key = c10::guts::to_string(p.tensor.unsafeGetTensorImpl());
+    auto tensor_of = [&](const std::string& name) -> at::Tensor {
+      auto it = optim.find(p.name + "/" + name);
+      if (it == optim.end()) return {};
+      auto t = torch::empty(it->second->shape, torch::TensorOptions().dtype(
+                                                   it->second->dtype == DType::kInt64 ? torch::kLong : torch::kFloat));
+      std::memcpy(t.data_ptr(), it->second->bytes.data(), it->second->bytes.size());
+      return t;
+    };
+    if (cfg_.optimizer == "sgd") {
+      auto buf = tensor_of("momentum_buffer");
+      if (!buf.defined()) continue;
+      if (!buf.sizes().equals(p.tensor.sizes())) return Status::Error("checkpoint momentum of '" + p.name + "' has the wrong shape");
+      auto st = std::make_unique<torch::optim::SGDParamState>();
+      st->momentum_buffer(buf);
+      state[key] = std::move(st);
+    } else {
+      auto step = tensor_of("step"), m = tensor_of("exp_avg"), v = tensor_of("exp_avg_sq");
+      if (!step.defined() && !m.defined()) continue;
+      if (!step.defined() || !m.defined() || !v.defined() || step.scalar_type() != torch::kLong ||
+          !m.sizes().equals(p.tensor.sizes()) || !v.sizes().equals(p.tensor.sizes()))
+        return Status::Error("checkpoint AdamW state of '" + p.name + "' is incomplete or misshapen");
+      auto st = std::make_unique<torch::optim::AdamWParamState>();
+      st->step(step.item<std::int64_t>());
+      st->exp_avg(m);
+      st->exp_avg_sq(v);
+      state[key] = std::move(st);
+    }
+  }
+  for (const auto& r : c.rng)
+    if (r.name == "cpu" && r.dtype == DType::kUInt8) {
+      auto t = torch::empty({static_cast<std::int64_t>(r.bytes.size())}, torch::kUInt8);
+      std::memcpy(t.data_ptr(), r.bytes.data(), r.bytes.size());
+      at::Generator gen = at::detail::getDefaultCPUGenerator();
+      gen.set_state(t);
+    }
+  return Status::OK();
+}
+
+Status Trainer::open_trace(std::int64_t start_step) {
+  if (cfg_.trace == "off") return Status::OK();
+  trace::Header h;
+  h.rank = comm_.rank;
+  h.world_size = comm_.size;
+  h.level = cfg_.trace;
+  h.forward_detail = model_.per_layer() ? "per-layer" : "per-model";
+  for (const auto& p : params_) h.params.push_back(p.name);
+  if (cfg_.trace == "layer") {
+    h.layers = model_.layers();
+    fwd_.assign(h.layers.size(), 0);
+    bwd_.assign(h.layers.size(), 0);
+    observer_ = std::make_unique<LayerTrace>(this, h.layers);
+    model_.set_observer(observer_.get());
+  }
+  Status st = trace_.open(trace::path_for(cfg_.run_dir, comm_.rank), h, start_step);
+  // Files of ranks beyond this world keep only what precedes the resume point.
+  if (st.ok() && comm_.rank == 0)
+    for (const auto& path : trace::list(cfg_.run_dir))
+      for (int r = comm_.size; st.ok() && r < 100000; ++r)
+        if (path == trace::path_for(cfg_.run_dir, r)) {
+          st = trace::truncate(path, start_step);
+          break;
+        }
+  return agree(comm_, st);
 }
 
 void Trainer::write_metrics(std::int64_t s, double lr, float loss, double grad_norm, Fingerprint fp,
@@ -285,7 +537,7 @@ void Trainer::write_metrics(std::int64_t s, double lr, float loss, double grad_n
   std::fflush(stdout);
 }
 
-Status Trainer::run() {
+Status Trainer::run(std::int64_t start_step, const std::string& resumed_from) {
   info_.config_ini = to_ini(cfg_);
   info_.world_size = comm_.size;
   info_.culprit_version = CULPRIT_VERSION;
@@ -296,19 +548,27 @@ Status Trainer::run() {
   info_.parameters = P_;
   info_.model = cfg_.model;
   info_.blas_threads = setup_determinism(cfg_.threads);
+  info_.resumed_from = resumed_from;
+  info_.resumed_at_step = start_step;
   fill_environment(&info_);
   gather_hosts(comm_, &info_);
   info_.devices.assign(comm_.size, "cpu");
   Status st;
   if (comm_.rank == 0) {
+    const std::string path = (fs::path(cfg_.run_dir) / "metrics.jsonl").string();
     st = write_run_json((fs::path(cfg_.run_dir) / "run.json").string(), info_);
+    if (st.ok()) st = truncate_metrics(path, start_step);
     if (st.ok()) {
-      const std::string path = (fs::path(cfg_.run_dir) / "metrics.jsonl").string();
-      metrics_ = std::fopen(path.c_str(), "w");
+      metrics_ = std::fopen(path.c_str(), "a");
       if (!metrics_) st = Status::Error("cannot write '" + path + "'");
     }
+    std::error_code ec;
+    fs::create_directories(fs::path(cfg_.run_dir) / "checkpoints", ec);
   }
   CULPRIT_RETURN_IF_ERROR(agree(comm_, st));
+  CULPRIT_RETURN_IF_ERROR(open_trace(start_step));
+  CULPRIT_MPI_CHECK(MPI_Comm_dup(comm_.comm, &io_comm_));
+  io_ = std::make_unique<IoWorker>();
   if (comm_.rank == 0 && !cfg_.quiet) {
     std::printf("culprit train: %s on %s (%lld samples), %lld parameters, %d rank(s), %d micro-shards, "
                 "global batch %lld\n  libtorch %s, BLAS %s (threads %d), intra-op threads %d\n",
@@ -316,32 +576,116 @@ Status Trainer::run() {
                 static_cast<long long>(P_), comm_.size, cfg_.micro_shards,
                 static_cast<long long>(cfg_.global_batch), info_.torch_version.c_str(), info_.blas_library.c_str(),
                 info_.blas_threads, info_.intra_op_threads);
+    if (!resumed_from.empty())
+      std::printf("  resumed from %s (step %lld)\n", resumed_from.c_str(), static_cast<long long>(start_step));
   }
   model_.set_training(true);
   const auto t0 = std::chrono::steady_clock::now();
-  Fingerprint last_fp = 0;
-  for (std::int64_t s = 1; s <= cfg_.steps; ++s) step(s);
-  last_fp = set_fingerprint(params_);
+  for (std::int64_t s = start_step + 1; s <= cfg_.steps && st.ok(); ++s) {
+    step(s);
+    const bool due = (cfg_.checkpoint_every > 0 && s % cfg_.checkpoint_every == 0) || s == cfg_.steps;
+    if (due) st = save_checkpoint(s);
+  }
+  const Status io_status = agree(comm_, io_->drain());
+  if (st.ok()) st = io_status;
+  io_.reset();
+  trace_.close();
+  MPI_Comm_free(&io_comm_);
+  const Fingerprint last_fp = set_fingerprint(params_);
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   if (comm_.rank == 0) {
     std::fclose(metrics_);
-    std::printf("summary: %lld steps in %.2f s (%.1f samples/s), final loss %.9g, final fingerprint %s\n",
-                static_cast<long long>(cfg_.steps), secs, cfg_.steps * cfg_.global_batch / secs,
-                static_cast<double>(reduced_[P_]), fingerprint_hex(last_fp).c_str());
-    std::fflush(stdout);
+    if (st.ok()) {
+      const std::int64_t ran = cfg_.steps - start_step;
+      std::printf("summary: %lld steps in %.2f s (%.1f samples/s), final loss %.9g, final fingerprint %s\n",
+                  static_cast<long long>(ran), secs, ran * cfg_.global_batch / std::max(secs, 1e-9),
+                  static_cast<double>(reduced_[P_]), fingerprint_hex(last_fp).c_str());
+      std::fflush(stdout);
+    }
   }
-  return Status::OK();
+  return st;
 }
+
+// Keeps the lines of metrics.jsonl up to step `keep` (a resumed run rewrites what follows).
+Status truncate_metrics(const std::string& path, std::int64_t keep) {
+  std::ifstream in(path);
+  if (!in) return Status::OK();
+  std::string line, kept;
+  while (std::getline(in, line)) {
+    const auto pos = line.find("\"step\": ");
+    if (pos == std::string::npos) continue;
+    if (std::stoll(line.substr(pos + 8)) > keep) break;
+    kept += line + "\n";
+  }
+  in.close();
+  std::ofstream out(path, std::ios::trunc);
+  out << kept;
+  return out ? Status::OK() : Status::Error("cannot rewrite '" + path + "'");
+}
+
+bool resuming(const TrainConfig& cfg) { return cfg.resume || !cfg.resume_from.empty(); }
 
 Status prepare_run_dir(const TrainConfig& cfg) {
   std::error_code ec;
+  if (resuming(cfg)) {
+    if (!fs::exists(fs::path(cfg.run_dir) / "run.json"))
+      return Status::Error("cannot resume: '" + cfg.run_dir + "' holds no run (no run.json)");
+    return Status::OK();
+  }
   fs::create_directories(cfg.run_dir, ec);
   if (ec) return Status::Error("cannot create run directory '" + cfg.run_dir + "': " + ec.message());
   for (const char* f : {"run.json", "metrics.jsonl"}) {
     if (fs::exists(fs::path(cfg.run_dir) / f))
       return Status::Error("run directory '" + cfg.run_dir + "' already holds a run (" + f +
-                           "); choose another --run-dir");
+                           "); pass --resume to continue it or choose another --run-dir");
   }
+  return Status::OK();
+}
+
+// The checkpoint to resume from: --resume-from, or the newest one that verifies. Damaged ones are
+// reported (file, dataset, fingerprints) and skipped, never used.
+Status find_checkpoint(const TrainConfig& cfg, const Comm& comm, ckpt::Checkpoint* c, std::string* from) {
+  std::vector<std::string> candidates;
+  if (!cfg.resume_from.empty()) {
+    candidates.push_back(cfg.resume_from);
+  } else {
+    auto all = ckpt::list(cfg.run_dir);
+    for (auto it = all.rbegin(); it != all.rend(); ++it) candidates.push_back(it->second);
+    if (candidates.empty())
+      return Status::Error("cannot resume: no checkpoint in '" + (fs::path(cfg.run_dir) / "checkpoints").string() + "'");
+  }
+  for (const auto& path : candidates) {
+    Status st = agree(comm, ckpt::read(path, c, /*verify=*/true));
+    if (st.ok()) {
+      *from = path;
+      return Status::OK();
+    }
+    if (!cfg.resume_from.empty()) return st;
+    if (comm.rank == 0) {
+      std::fprintf(stderr, "culprit: warning: skipping damaged checkpoint: %s\n", st.message().c_str());
+      std::fflush(stderr);
+    }
+  }
+  return Status::Error("cannot resume: none of the " + std::to_string(candidates.size()) + " checkpoint(s) in '" +
+                       cfg.run_dir + "' is valid");
+}
+
+// A checkpoint of another run (other seed, model, ...) must not be resumed silently.
+Status check_compatible(const TrainConfig& cfg, const Dataset& data, const ckpt::Checkpoint& c, const std::string& from) {
+  auto want = c.meta_int.find("seed");
+  if (want == c.meta_int.end() || static_cast<std::uint64_t>(want->second) != cfg.seed)
+    return Status::Error("checkpoint '" + from + "' belongs to another run (seed differs)");
+  for (const auto& [key, value] : {std::pair<std::string, std::string>{"model", cfg.model}, {"optimizer", cfg.optimizer}})
+    if (!c.meta.count(key) || c.meta.at(key) != value)
+      return Status::Error("checkpoint '" + from + "' belongs to another run (" + key + " " +
+                           (c.meta.count(key) ? c.meta.at(key) : "?") + ", not " + value + ")");
+  auto mi = c.meta_int.find("micro_shards"), gb = c.meta_int.find("global_batch");
+  if (mi == c.meta_int.end() || mi->second != cfg.micro_shards || gb == c.meta_int.end() || gb->second != cfg.global_batch)
+    return Status::Error("checkpoint '" + from + "' belongs to another run (global batch or micro-shards differ)");
+  const std::int64_t spe = data.n / cfg.global_batch;
+  if (c.epoch != c.step / spe || c.cursor != (c.step % spe) * cfg.global_batch)
+    return Status::Error("checkpoint '" + from + "': data position (epoch " + std::to_string(c.epoch) + ", cursor " +
+                         std::to_string(c.cursor) + ") does not match step " + std::to_string(c.step));
   return Status::OK();
 }
 
@@ -360,7 +704,22 @@ Status train(const TrainConfig& cfg, const Comm& comm) {
   CULPRIT_RETURN_IF_ERROR(agree(comm, guarded("model " + cfg.model, [&] { return make_model(cfg, data, &model); })));
   Trainer trainer(cfg, comm, data, *model);
   CULPRIT_RETURN_IF_ERROR(agree(comm, guarded("setup", [&] { return trainer.init(); })));
-  return trainer.run();
+  std::int64_t start = 0;
+  std::string from;
+  if (resuming(cfg)) {
+    ckpt::Checkpoint c;
+    CULPRIT_RETURN_IF_ERROR(find_checkpoint(cfg, comm, &c, &from));
+    CULPRIT_RETURN_IF_ERROR(agree(comm, check_compatible(cfg, data, c, from)));
+    CULPRIT_RETURN_IF_ERROR(agree(comm, guarded("restoring " + from, [&] { return trainer.restore(c); })));
+    start = c.step;
+    if (start >= cfg.steps) {
+      if (comm.rank == 0 && !cfg.quiet)
+        std::printf("culprit train: the run is complete: %s holds step %lld of --steps %lld\n", from.c_str(),
+                    static_cast<long long>(start), static_cast<long long>(cfg.steps));
+      return Status::OK();
+    }
+  }
+  return trainer.run(start, from);
 }
 
 }  // namespace culprit::harness

@@ -3,6 +3,7 @@
 // error printing is switched off (culprit reports errors itself, on one line).
 #pragma once
 #include <hdf5.h>
+#include <mpi.h>
 
 #include <cstdint>
 #include <string>
@@ -48,6 +49,38 @@ struct Array {
 };
 
 Status open_read(const std::string& path, Handle* file);
+// Opens for appending (serial, sec2 driver).
+Status open_rw(const std::string& path, Handle* file);
+// Creates (truncating) a file; with comm != MPI_COMM_NULL collectively through MPI-IO.
+Status create(const std::string& path, MPI_Comm comm, Handle* file);
+Status create_group(hid_t parent, const std::string& name, Handle* group);
+// The HDF5 native type of a DType.
+hid_t native_type(DType t);
+// Creates a contiguous dataset (rank 0: scalar). Collective when the file was opened via MPI-IO.
+Status create_dataset(hid_t parent, const std::string& name, DType t, const std::vector<std::int64_t>& shape,
+                      Handle* ds);
+// Writes rows [row0, row0 + rows) of a dataset (rows along dimension 0; the whole dataset when it
+// is a scalar or rows < 0). Independent I/O.
+Status write_rows(const Handle& ds, DType t, const std::vector<std::int64_t>& shape, std::int64_t row0,
+                  std::int64_t rows, const void* data);
+
+// Attributes (collective when the file was opened via MPI-IO). Overwrites an existing one.
+Status write_attr(hid_t obj, const std::string& name, const std::string& value);
+Status write_attr(hid_t obj, const std::string& name, std::int64_t value);
+Status write_attr_u64(hid_t obj, const std::string& name, std::uint64_t value);
+Status read_attr(hid_t obj, const std::string& name, std::string* value);
+Status read_attr(hid_t obj, const std::string& name, std::int64_t* value);
+Status read_attr_u64(hid_t obj, const std::string& name, std::uint64_t* value);
+bool has_attr(hid_t obj, const std::string& name);
+
+// Reads a dataset keeping its element type (float32/64, int64/32, uint8). Refuses datasets whose
+// size exceeds max_bytes (a corrupt header must not allocate gigabytes).
+// `what` names the dataset in messages ("checkpoint 'f.h5' dataset '/model/fc1.weight'").
+Status read_exact(hid_t parent, const std::string& name, const std::string& what, std::uint64_t max_bytes,
+                  Array* out);
+
+// Names of the links in a group, in name order.
+Status list_group(hid_t group, std::vector<std::string>* names);
 bool has_dataset(const Handle& file, const std::string& name);
 // Reads dataset `name` of `file` (opened from `path`, used in messages). Float32/64 and
 // integer datasets are accepted and converted by HDF5 to float32 or int64.

@@ -12,6 +12,13 @@ namespace culprit::harness {
 
 struct TrainConfig {
   std::string run_dir;
+  bool resume = false;             // continue from the newest valid checkpoint of run_dir
+  std::string resume_from;         // continue from this checkpoint file
+  std::int64_t checkpoint_every = 10;  // 0: only after the last step
+  int keep_last = 3;
+  std::int64_t keep_every = 0;
+  bool async_checkpoint = true;
+  std::string trace = "step";      // off | step | layer
   std::int64_t steps = 20;
   std::int64_t global_batch = 32;
   int micro_shards = 8;
@@ -42,6 +49,8 @@ Status parse_train_options(const std::vector<std::string>& args, TrainConfig* cf
 std::string train_options_help();
 // The fully resolved configuration as INI text (key = value per line), loadable with --config.
 std::string to_ini(const TrainConfig& cfg);
+// Options that fix a run's results: a resumed run must keep them.
+std::vector<std::string> determinism_critical_options();
 // Checks the configuration against the world size; no I/O.
 Status validate(const TrainConfig& cfg, int world_size);
 

@@ -1,0 +1,60 @@
+// culprit checkpoints: exact, fingerprint-verified, crash-safe HDF5 files, written in parallel.
+// No libtorch here: tensors travel as raw bytes with dtype and shape.
+#pragma once
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "culprit/fingerprint.h"
+#include "culprit/mpi_util.h"
+#include "culprit/status.h"
+
+namespace culprit::ckpt {
+
+struct RawTensor {
+  std::string name;  // path below the group: "fc1.weight", "fc1.weight/exp_avg", "cpu"
+  DType dtype = DType::kFloat32;
+  std::vector<std::int64_t> shape;
+  std::vector<unsigned char> bytes;
+  Fingerprint fingerprint = 0;  // computed on write; the stored one on read
+  std::int64_t numel() const;
+};
+
+struct Checkpoint {
+  std::int64_t step = 0;  // completed steps
+  std::map<std::string, std::string> meta;  // string attributes of /meta
+  std::map<std::string, std::int64_t> meta_int;
+  std::vector<RawTensor> model;      // state-dict order
+  std::vector<RawTensor> optimizer;  // "<param>/<state>"
+  std::vector<RawTensor> rng;
+  std::int64_t epoch = 0, cursor = 0;
+  Fingerprint state_fingerprint = 0;
+};
+
+// Fills every tensor's fingerprint and the state fingerprint (docs/checkpoint-format.md).
+void compute_fingerprints(Checkpoint* c);
+
+struct WriteStats {
+  double seconds = 0;
+  std::uint64_t bytes = 0;  // tensor bytes in the file
+};
+
+// Collective over comm: writes `c` to final_path atomically (temporary name, fsync, rename, fsync
+// of the directory). Ranks write disjoint slices of large tensors through MPI-IO.
+Status write(const Comm& comm, const std::string& final_path, const Checkpoint& c, WriteStats* stats = nullptr);
+
+// Reads a checkpoint (one process, no MPI). With verify, every dataset's fingerprint and the state
+// fingerprint are recomputed; a mismatch names the file, the dataset and both fingerprints.
+Status read(const std::string& path, Checkpoint* out, bool verify = true);
+
+// "RUN/checkpoints/step-00000012.h5".
+std::string path_for(const std::string& run_dir, std::int64_t step);
+// Checkpoints of a run (complete names only), sorted by step.
+std::vector<std::pair<std::int64_t, std::string>> list(const std::string& run_dir);
+
+// Deletes checkpoints beyond retention: keeps the newest keep_last, every one whose step is a
+// multiple of keep_every (> 0), `keep_step` itself and everything newer than it.
+Status apply_retention(const std::string& run_dir, std::int64_t keep_step, int keep_last, std::int64_t keep_every);
+
+}  // namespace culprit::ckpt

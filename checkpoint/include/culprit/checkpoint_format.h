@@ -1,0 +1,42 @@
+// The checkpoint and trace file formats as constants. Prose: docs/checkpoint-format.md.
+#pragma once
+#include <cstdint>
+
+namespace culprit::format {
+
+// ---- checkpoints: RUN/checkpoints/step-XXXXXXXX.h5 (8 digits: completed steps) ----
+constexpr std::int64_t kCheckpointVersion = 1;
+constexpr const char* kCheckpointDir = "checkpoints";
+constexpr const char* kCheckpointPrefix = "step-";
+constexpr const char* kCheckpointSuffix = ".h5";
+constexpr const char* kTempSuffix = ".tmp";  // written under this name, renamed when complete
+constexpr int kStepDigits = 8;
+
+// Groups.
+constexpr const char* kMeta = "meta";            // attributes only
+constexpr const char* kModel = "model";          // /model/<state-dict name>
+constexpr const char* kOptimizer = "optimizer";  // /optimizer/<param name>/<state name>
+constexpr const char* kRng = "rng";              // /rng/<generator>: its state bytes (uint8)
+constexpr const char* kData = "data";            // /data/epoch, /data/cursor (int64 scalars)
+
+// Attributes.
+constexpr const char* kAttrFingerprint = "fingerprint";            // uint64 on every dataset
+constexpr const char* kAttrFormatVersion = "format_version";       // int64, /meta
+constexpr const char* kAttrStateFingerprint = "state_fingerprint"; // uint64, /meta
+constexpr const char* kAttrFingerprintFormat = "fingerprint_format";  // "fp1", /meta
+
+// Tensors at least this large are split across ranks when written.
+constexpr std::uint64_t kSliceBytes = 1 << 20;
+
+// ---- trace: RUN/trace/rank-RRRRR.h5, one file per rank ----
+constexpr std::int64_t kTraceVersion = 1;
+constexpr const char* kTraceDir = "trace";
+constexpr const char* kTracePrefix = "rank-";
+constexpr int kRankDigits = 5;
+constexpr const char* kAttrStepsCommitted = "steps_committed";    // rows of /steps valid
+constexpr const char* kAttrShardsCommitted = "shards_committed";  // rows of /shards valid
+constexpr std::int64_t kTraceChunkRows = 64;
+constexpr int kHostChars = 64;
+constexpr int kDeviceChars = 16;
+
+}  // namespace culprit::format

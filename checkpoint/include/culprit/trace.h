@@ -1,0 +1,74 @@
+// The per-step fingerprint trace: RUN/trace/rank-RRRRR.h5, one file per rank, appended every step.
+// Rows are written first and the committed counts last, so a reader can tell a torn tail.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "culprit/fingerprint.h"
+#include "culprit/h5.h"
+#include "culprit/status.h"
+
+namespace culprit::trace {
+
+struct Header {
+  int rank = 0;
+  int world_size = 1;
+  std::string level = "step";  // "step" or "layer"
+  std::string forward_detail = "per-layer";  // or "per-model" (opaque TorchScript forward)
+  std::vector<std::string> params;  // parameter names, state-dict order
+  std::vector<std::string> layers;  // layer names in execution order (level "layer")
+};
+
+// One optimizer step as seen by one rank.
+struct StepRow {
+  std::int64_t step = 0;
+  float loss = 0;
+  double lr = 0;
+  Fingerprint grad_fp = 0;              // the reduced gradient
+  std::vector<Fingerprint> param_fps;   // every parameter after the update
+};
+
+// One micro-shard as computed by one rank.
+struct ShardRow {
+  std::int64_t step = 0;
+  std::int32_t shard = 0;
+  std::int32_t rank = 0;
+  std::string host, device;
+  float loss = 0;
+  Fingerprint grad_fp = 0;          // the micro-shard's gradient leaf
+  std::vector<Fingerprint> fwd;     // per layer: its forward output (level "layer")
+  std::vector<Fingerprint> bwd;     // per layer: the gradient flowing back into its output
+};
+
+std::string path_for(const std::string& run_dir, int rank);
+
+class Writer {
+ public:
+  // Creates the file, or reopens it and drops (logically) every row after `keep_through_step`.
+  Status open(const std::string& path, const Header& h, std::int64_t keep_through_step);
+  Status append(const StepRow& step, const std::vector<ShardRow>& shards);
+  void close() { file_.reset(); }
+  bool is_open() const { return file_.valid(); }
+
+ private:
+  h5::Handle file_;
+  Header header_;
+  std::int64_t steps_ = 0, shards_ = 0;
+};
+
+struct TraceFile {
+  Header header;
+  std::vector<StepRow> steps;
+  std::vector<ShardRow> shards;
+  std::int64_t torn_steps = 0, torn_shards = 0;  // rows present beyond the committed counts
+};
+
+// Reads one rank's trace; rows beyond the committed counts are counted in torn_*, not returned.
+Status read(const std::string& path, TraceFile* out);
+// Every rank-*.h5 of a run, sorted by rank.
+std::vector<std::string> list(const std::string& run_dir);
+// Sets the committed counts of an existing file to the rows with step <= keep_through_step.
+Status truncate(const std::string& path, std::int64_t keep_through_step);
+
+}  // namespace culprit::trace

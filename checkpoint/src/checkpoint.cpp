@@ -1,0 +1,356 @@
+#include "culprit/checkpoint.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <regex>
+#include <set>
+
+#include "culprit/checkpoint_format.h"
+#include "culprit/h5.h"
+
+namespace culprit::ckpt {
+
+namespace fs = std::filesystem;
+using namespace culprit::format;
+
+std::int64_t RawTensor::numel() const {
+  std::int64_t n = 1;
+  for (auto d : shape) n *= d;
+  return n;
+}
+
+namespace {
+
+std::string hex(Fingerprint f) { return fingerprint_hex(f); }
+
+RawTensor scalar_i64(const std::string& name, std::int64_t v) {
+  RawTensor t;
+  t.name = name;
+  t.dtype = DType::kInt64;
+  t.bytes.resize(8);
+  std::memcpy(t.bytes.data(), &v, 8);
+  return t;
+}
+
+// Every dataset of the file with its full path (no leading slash), for the state fingerprint.
+std::vector<std::pair<std::string, const RawTensor*>> all_datasets(const Checkpoint& c, RawTensor* epoch,
+                                                                   RawTensor* cursor) {
+  std::vector<std::pair<std::string, const RawTensor*>> v;
+  for (const auto& t : c.model) v.push_back({std::string(kModel) + "/" + t.name, &t});
+  for (const auto& t : c.optimizer) v.push_back({std::string(kOptimizer) + "/" + t.name, &t});
+  for (const auto& t : c.rng) v.push_back({std::string(kRng) + "/" + t.name, &t});
+  v.push_back({std::string(kData) + "/epoch", epoch});
+  v.push_back({std::string(kData) + "/cursor", cursor});
+  std::sort(v.begin(), v.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
+  return v;
+}
+
+Fingerprint state_fp(const Checkpoint& c) {
+  RawTensor e = scalar_i64("epoch", c.epoch), k = scalar_i64("cursor", c.cursor);
+  e.fingerprint = fingerprint_bytes(e.bytes.data(), e.bytes.size());
+  k.fingerprint = fingerprint_bytes(k.bytes.data(), k.bytes.size());
+  FingerprintSet set;
+  for (const auto& [path, t] : all_datasets(c, &e, &k)) set.add(path, t->dtype, t->shape, t->fingerprint);
+  return set.finish();
+}
+
+Status fsync_path(const std::string& path, bool directory) {
+  int fd = ::open(path.c_str(), directory ? O_RDONLY | O_DIRECTORY : O_RDONLY);
+  if (fd < 0) return Status::Error("cannot open '" + path + "' to fsync it");
+  const int rc = ::fsync(fd);
+  ::close(fd);
+  if (rc != 0) return Status::Error("fsync of '" + path + "' failed");
+  return Status::OK();
+}
+
+// Parent groups of "a/b/c" are created on demand.
+Status ensure_parent(hid_t root, const std::string& path, std::map<std::string, h5::Handle>* groups,
+                     hid_t* parent, std::string* leaf) {
+  const auto slash = path.rfind('/');
+  if (slash == std::string::npos) {
+    *parent = root;
+    *leaf = path;
+    return Status::OK();
+  }
+  const std::string dir = path.substr(0, slash);
+  *leaf = path.substr(slash + 1);
+  auto it = groups->find(dir);
+  if (it == groups->end()) {
+    hid_t up;
+    std::string name;
+    CULPRIT_RETURN_IF_ERROR(ensure_parent(root, dir, groups, &up, &name));
+    h5::Handle g;
+    CULPRIT_RETURN_IF_ERROR(h5::create_group(up, name, &g));
+    it = groups->emplace(dir, std::move(g)).first;
+  }
+  *parent = it->second.id();
+  return Status::OK();
+}
+
+Status write_tensor(const Comm& comm, hid_t group, std::map<std::string, h5::Handle>* groups,
+                    const std::string& gname, const RawTensor& t, std::size_t index) {
+  hid_t parent;
+  std::string leaf;
+  CULPRIT_RETURN_IF_ERROR(ensure_parent(group, t.name, groups, &parent, &leaf));
+  h5::Handle ds;
+  CULPRIT_RETURN_IF_ERROR(h5::create_dataset(parent, leaf, t.dtype, t.shape, &ds));
+  CULPRIT_RETURN_IF_ERROR(h5::write_attr_u64(ds.id(), kAttrFingerprint, t.fingerprint));
+  const int W = comm.size;
+  if (!t.shape.empty() && t.bytes.size() >= kSliceBytes && t.shape[0] >= W) {
+    // Large: every rank writes its rows.
+    const std::int64_t rows = t.shape[0];
+    const std::int64_t r0 = rows * comm.rank / W, r1 = rows * (comm.rank + 1) / W;
+    const std::size_t row_bytes = t.bytes.size() / static_cast<std::size_t>(rows);
+    return h5::write_rows(ds, t.dtype, t.shape, r0, r1 - r0, t.bytes.data() + r0 * row_bytes);
+  }
+  if (static_cast<int>(index % W) == comm.rank && !t.bytes.empty())
+    return h5::write_rows(ds, t.dtype, t.shape, 0, t.shape.empty() ? -1 : t.shape[0], t.bytes.data());
+  return Status::OK();
+}
+
+}  // namespace
+
+void compute_fingerprints(Checkpoint* c) {
+  for (auto* group : {&c->model, &c->optimizer, &c->rng})
+    for (auto& t : *group) t.fingerprint = fingerprint_bytes(t.bytes.data(), t.bytes.size());
+  c->state_fingerprint = state_fp(*c);
+}
+
+std::string path_for(const std::string& run_dir, std::int64_t step) {
+  char name[64];
+  std::snprintf(name, sizeof name, "%s%0*lld%s", kCheckpointPrefix, kStepDigits, static_cast<long long>(step),
+                kCheckpointSuffix);
+  return (fs::path(run_dir) / kCheckpointDir / name).string();
+}
+
+std::vector<std::pair<std::int64_t, std::string>> list(const std::string& run_dir) {
+  std::vector<std::pair<std::int64_t, std::string>> out;
+  const fs::path dir = fs::path(run_dir) / kCheckpointDir;
+  std::error_code ec;
+  if (!fs::is_directory(dir, ec)) return out;
+  static const std::regex re("step-([0-9]{8})\\.h5");
+  for (const auto& e : fs::directory_iterator(dir, ec)) {
+    std::smatch m;
+    const std::string name = e.path().filename().string();
+    if (std::regex_match(name, m, re)) out.push_back({std::stoll(m[1]), e.path().string()});
+  }
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+Status write(const Comm& comm, const std::string& final_path, const Checkpoint& c, WriteStats* stats) {
+  const auto t0 = std::chrono::steady_clock::now();
+  const std::string tmp = final_path + kTempSuffix;
+  Status st;
+  {
+    h5::Handle file;
+    st = agree(comm, h5::create(tmp, comm.comm, &file));
+    if (!st.ok()) return st;
+    // Metadata calls are collective: every rank makes them in the same order with the same values.
+    h5::Handle meta;
+    st = h5::create_group(file.id(), kMeta, &meta);
+    if (st.ok()) st = h5::write_attr(meta.id(), kAttrFormatVersion, kCheckpointVersion);
+    if (st.ok()) st = h5::write_attr(meta.id(), "step", c.step);
+    if (st.ok()) st = h5::write_attr(meta.id(), kAttrFingerprintFormat, std::string("fp1"));
+    if (st.ok()) st = h5::write_attr_u64(meta.id(), kAttrStateFingerprint, c.state_fingerprint);
+    if (st.ok()) st = h5::write_attr(meta.id(), "state_fingerprint_hex", hex(c.state_fingerprint));
+    for (const auto& [k, v] : c.meta)
+      if (st.ok()) st = h5::write_attr(meta.id(), k, v);
+    for (const auto& [k, v] : c.meta_int)
+      if (st.ok()) st = h5::write_attr(meta.id(), k, v);
+    std::map<std::string, h5::Handle> groups;
+    std::size_t index = 0;
+    std::uint64_t bytes = 0;
+    for (const auto& [gname, tensors] : {std::pair<const char*, const std::vector<RawTensor>*>{kModel, &c.model},
+                                         {kOptimizer, &c.optimizer},
+                                         {kRng, &c.rng}}) {
+      h5::Handle g;
+      if (st.ok()) st = h5::create_group(file.id(), gname, &g);
+      for (const auto& t : *tensors) {
+        if (st.ok()) st = write_tensor(comm, g.id(), &groups, gname, t, index++);
+        bytes += t.bytes.size();
+      }
+      groups.clear();
+    }
+    h5::Handle data;
+    if (st.ok()) st = h5::create_group(file.id(), kData, &data);
+    for (const auto& t : {scalar_i64("epoch", c.epoch), scalar_i64("cursor", c.cursor)}) {
+      RawTensor u = t;
+      u.fingerprint = fingerprint_bytes(u.bytes.data(), u.bytes.size());
+      if (st.ok()) st = write_tensor(comm, data.id(), &groups, kData, u, index++);
+    }
+    if (stats) stats->bytes = bytes;
+    st = agree(comm, st);
+    if (!st.ok()) return Status::Error("writing checkpoint '" + tmp + "': " + st.message());
+  }  // collective close
+  CULPRIT_MPI_CHECK(MPI_Barrier(comm.comm));
+  if (comm.rank == 0) {
+    st = fsync_path(tmp, false);
+    if (st.ok() && std::rename(tmp.c_str(), final_path.c_str()) != 0)
+      st = Status::Error("cannot rename '" + tmp + "' to '" + final_path + "'");
+    if (st.ok()) st = fsync_path(fs::path(final_path).parent_path().string(), true);
+  }
+  st = agree(comm, st);
+  if (stats) stats->seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return st;
+}
+
+namespace {
+
+herr_t collect_attr(hid_t, const char* name, const H5A_info_t*, void* data) {
+  static_cast<std::vector<std::string>*>(data)->push_back(name);
+  return 0;
+}
+
+// Reads the datasets of group `gname` of `file` (shown as `display`, e.g. "/optimizer/fc1.bias").
+Status read_group(hid_t file, const std::string& path, const std::string& gname, const std::string& display,
+                  bool nested, std::uint64_t max_bytes, std::vector<RawTensor>* out) {
+  const std::string where = "checkpoint '" + path + "'";
+  if (H5Lexists(file, gname.c_str(), H5P_DEFAULT) <= 0) {
+    H5Eclear2(H5E_DEFAULT);
+    return Status::Error(where + " has no group '" + display + "'");
+  }
+  h5::Handle g(H5Gopen2(file, gname.c_str(), H5P_DEFAULT), H5Gclose);
+  if (!g.valid()) return Status::Error(where + ": cannot open group '" + display + "': " + h5::error_stack());
+  std::vector<std::string> names;
+  CULPRIT_RETURN_IF_ERROR(h5::list_group(g.id(), &names));
+  for (const auto& name : names) {
+    H5O_info_t info;
+    if (H5Oget_info_by_name(g.id(), name.c_str(), &info, H5P_DEFAULT) < 0)
+      return Status::Error(where + ": cannot inspect '" + display + "/" + name + "': " + h5::error_stack());
+    if (info.type == H5O_TYPE_GROUP && nested) {
+      std::vector<RawTensor> inner;
+      CULPRIT_RETURN_IF_ERROR(read_group(g.id(), path, name, display + "/" + name, false, max_bytes, &inner));
+      for (auto& t : inner) {
+        t.name = name + "/" + t.name;
+        out->push_back(std::move(t));
+      }
+      continue;
+    }
+    const std::string what = where + " dataset '" + display + "/" + name + "'";
+    if (info.type != H5O_TYPE_DATASET) return Status::Error(where + ": '" + display + "/" + name + "' is not a dataset");
+    h5::Array a;
+    CULPRIT_RETURN_IF_ERROR(h5::read_exact(g.id(), name, what, max_bytes, &a));
+    RawTensor t;
+    t.name = name;
+    t.dtype = a.dtype;
+    t.shape = a.shape;
+    t.bytes = std::move(a.bytes);
+    h5::Handle ds(H5Dopen2(g.id(), name.c_str(), H5P_DEFAULT), H5Dclose);
+    Status st = h5::read_attr_u64(ds.id(), kAttrFingerprint, &t.fingerprint);
+    if (!st.ok()) return Status::Error(what + ": " + st.message());
+    out->push_back(std::move(t));
+  }
+  return Status::OK();
+}
+
+Status verify_tensor(const std::string& path, const std::string& group, const RawTensor& t) {
+  const Fingerprint actual = fingerprint_bytes(t.bytes.data(), t.bytes.size());
+  if (actual != t.fingerprint)
+    return Status::Error("checkpoint '" + path + "' dataset '/" + group + "/" + t.name +
+                         "': fingerprint mismatch: stored " + hex(t.fingerprint) + ", computed " + hex(actual));
+  return Status::OK();
+}
+
+}  // namespace
+
+Status read(const std::string& path, Checkpoint* out, bool verify) {
+  *out = Checkpoint();
+  const std::string where = "checkpoint '" + path + "'";
+  std::error_code ec;
+  const auto fsize = fs::file_size(path, ec);
+  h5::Handle file;
+  Status st = h5::open_read(path, &file);
+  if (!st.ok()) return Status::Error(where + ": " + st.message());
+  if (H5Lexists(file.id(), kMeta, H5P_DEFAULT) <= 0) {
+    H5Eclear2(H5E_DEFAULT);
+    return Status::Error(where + " has no group '/meta' (not a culprit checkpoint?)");
+  }
+  h5::Handle meta(H5Gopen2(file.id(), kMeta, H5P_DEFAULT), H5Gclose);
+  if (!meta.valid()) return Status::Error(where + ": cannot open '/meta': " + h5::error_stack());
+  std::int64_t version = 0;
+  st = h5::read_attr(meta.id(), kAttrFormatVersion, &version);
+  if (!st.ok()) return Status::Error(where + " /meta: " + st.message());
+  if (version != kCheckpointVersion)
+    return Status::Error(where + " has format version " + std::to_string(version) + "; this culprit reads " +
+                         std::to_string(kCheckpointVersion));
+  std::vector<std::string> attrs;
+  hsize_t idx = 0;
+  if (H5Aiterate2(meta.id(), H5_INDEX_NAME, H5_ITER_INC, &idx, collect_attr, &attrs) < 0)
+    return Status::Error(where + ": cannot list /meta attributes: " + h5::error_stack());
+  Fingerprint stored_state = 0;
+  for (const auto& a : attrs) {
+    if (a == kAttrStateFingerprint) {
+      st = h5::read_attr_u64(meta.id(), a, &stored_state);
+    } else {
+      h5::Handle h(H5Aopen(meta.id(), a.c_str(), H5P_DEFAULT), H5Aclose);
+      h5::Handle type(H5Aget_type(h.id()), H5Tclose);
+      if (!h.valid() || !type.valid()) return Status::Error(where + ": unreadable attribute /meta@" + a);
+      if (H5Tget_class(type.id()) == H5T_STRING) {
+        std::string v;
+        st = h5::read_attr(meta.id(), a, &v);
+        out->meta[a] = v;
+      } else {
+        std::int64_t v = 0;
+        st = h5::read_attr(meta.id(), a, &v);
+        out->meta_int[a] = v;
+      }
+    }
+    if (!st.ok()) return Status::Error(where + " /meta: " + st.message());
+  }
+  if (!out->meta_int.count("step")) return Status::Error(where + " /meta has no 'step'");
+  out->step = out->meta_int["step"];
+  const std::uint64_t max_bytes = fsize + (1u << 20);
+  CULPRIT_RETURN_IF_ERROR(read_group(file.id(), path, kModel, std::string("/") + kModel, false, max_bytes, &out->model));
+  CULPRIT_RETURN_IF_ERROR(read_group(file.id(), path, kOptimizer, std::string("/") + kOptimizer, true, max_bytes, &out->optimizer));
+  CULPRIT_RETURN_IF_ERROR(read_group(file.id(), path, kRng, std::string("/") + kRng, false, max_bytes, &out->rng));
+  std::vector<RawTensor> data;
+  CULPRIT_RETURN_IF_ERROR(read_group(file.id(), path, kData, std::string("/") + kData, false, max_bytes, &data));
+  RawTensor epoch, cursor;
+  for (auto& t : data) {
+    if (t.dtype != DType::kInt64 || !t.shape.empty())
+      return Status::Error(where + " dataset '/data/" + t.name + "' must be an int64 scalar");
+    if (t.name == "epoch") epoch = t;
+    if (t.name == "cursor") cursor = t;
+  }
+  if (epoch.bytes.size() != 8 || cursor.bytes.size() != 8)
+    return Status::Error(where + " lacks /data/epoch or /data/cursor");
+  std::memcpy(&out->epoch, epoch.bytes.data(), 8);
+  std::memcpy(&out->cursor, cursor.bytes.data(), 8);
+  out->state_fingerprint = stored_state;
+  if (!verify) return Status::OK();
+  for (const auto& t : out->model) CULPRIT_RETURN_IF_ERROR(verify_tensor(path, kModel, t));
+  for (const auto& t : out->optimizer) CULPRIT_RETURN_IF_ERROR(verify_tensor(path, kOptimizer, t));
+  for (const auto& t : out->rng) CULPRIT_RETURN_IF_ERROR(verify_tensor(path, kRng, t));
+  for (const auto* t : {&epoch, &cursor}) CULPRIT_RETURN_IF_ERROR(verify_tensor(path, kData, *t));
+  const Fingerprint actual = state_fp(*out);
+  if (actual != stored_state)
+    return Status::Error(where + ": state fingerprint mismatch: stored " + hex(stored_state) + ", computed " +
+                         hex(actual) + " (a dataset was added, removed or renamed)");
+  return Status::OK();
+}
+
+Status apply_retention(const std::string& run_dir, std::int64_t keep_step, int keep_last, std::int64_t keep_every) {
+  auto all = list(run_dir);
+  std::vector<std::pair<std::int64_t, std::string>> older;
+  for (const auto& e : all)
+    if (e.first < keep_step) older.push_back(e);
+  // keep_step itself counts as one of the newest keep_last.
+  const int keep_older = std::max(0, keep_last - 1);
+  for (std::size_t i = 0; i + keep_older < older.size(); ++i) {
+    const auto& [step, path] = older[i];
+    if (keep_every > 0 && step % keep_every == 0) continue;
+    std::error_code ec;
+    fs::remove(path, ec);
+    if (ec) return Status::Error("cannot delete old checkpoint '" + path + "': " + ec.message());
+  }
+  return Status::OK();
+}
+
+}  // namespace culprit::ckpt

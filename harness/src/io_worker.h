@@ -1,0 +1,71 @@
+// One background thread per rank that performs all HDF5 work while training runs (HDF5 is not
+// thread-safe here, so no other thread may call it meanwhile). Jobs run in submission order.
+#pragma once
+#include <condition_variable>
+#include <deque>
+#include <functional>
+#include <mutex>
+#include <thread>
+
+#include "culprit/status.h"
+
+namespace culprit::harness {
+
+class IoWorker {
+ public:
+  IoWorker() : thread_([this] { loop(); }) {}
+  ~IoWorker() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    thread_.join();
+  }
+  IoWorker(const IoWorker&) = delete;
+  IoWorker& operator=(const IoWorker&) = delete;
+
+  void submit(std::function<Status()> job) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      jobs_.push_back(std::move(job));
+    }
+    cv_.notify_all();
+  }
+
+  // Waits until every submitted job has run; returns the first error since the last drain.
+  Status drain() {
+    std::unique_lock<std::mutex> lock(mu_);
+    done_cv_.wait(lock, [this] { return jobs_.empty() && !busy_; });
+    Status s = error_;
+    error_ = Status::OK();
+    return s;
+  }
+
+ private:
+  void loop() {
+    std::unique_lock<std::mutex> lock(mu_);
+    while (true) {
+      cv_.wait(lock, [this] { return stop_ || !jobs_.empty(); });
+      if (jobs_.empty() && stop_) return;
+      auto job = std::move(jobs_.front());
+      jobs_.pop_front();
+      busy_ = true;
+      lock.unlock();
+      Status s = job();
+      lock.lock();
+      busy_ = false;
+      if (!s.ok() && error_.ok()) error_ = s;
+      if (jobs_.empty()) done_cv_.notify_all();
+    }
+  }
+
+  std::mutex mu_;
+  std::condition_variable cv_, done_cv_;
+  std::deque<std::function<Status()>> jobs_;
+  bool busy_ = false, stop_ = false;
+  Status error_;
+  std::thread thread_;
+};
+
+}  // namespace culprit::harness
