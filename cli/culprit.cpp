@@ -6,6 +6,9 @@
 #include <string>
 #include <vector>
 
+#include <boost/program_options.hpp>
+
+#include "culprit/checkpoint_tools.h"
 #include "culprit/exit_codes.h"
 #include "culprit/h5.h"
 #include "culprit/harness.h"
@@ -19,6 +22,9 @@ const char* kUsage =
     "\n"
     "commands:\n"
     "  train    deterministic, world-size-invariant data-parallel training\n"
+    "  inspect  show a checkpoint or trace file (--json for machines)\n"
+    "  verify   recheck every fingerprint of a checkpoint, or of a run directory's checkpoints and traces\n"
+    "  diff     compare two checkpoints tensor by tensor\n"
     "\n"
     "'culprit <command> --help' lists a command's options. Every option can also come from an INI\n"
     "file given with --config FILE (key = value, the option's name without dashes; the command line\n"
@@ -51,6 +57,64 @@ int run_train(const std::vector<std::string>& args) {
   return code;
 }
 
+namespace po = boost::program_options;
+
+// inspect / verify / diff: one process, no MPI needed.
+const char* kToolsHelp =
+    "culprit inspect FILE [--json]   a checkpoint or trace file as a table (or JSON)\n"
+    "culprit verify RUN|FILE         recheck fingerprints; exit 0 clean, 4 damaged\n"
+    "culprit diff A B                compare two checkpoints; exit 0 identical, 5 different\n";
+
+int run_tool(const std::string& cmd, const std::vector<std::string>& args) {
+  po::options_description d("options");
+  d.add_options()("help,h", "print this help")("json", "inspect: print JSON");
+  po::options_description hidden;
+  hidden.add_options()("files", po::value<std::vector<std::string>>(), "files");
+  po::options_description all;
+  all.add(d).add(hidden);
+  po::positional_options_description pos;
+  pos.add("files", -1);
+  po::variables_map vm;
+  try {
+    po::store(po::command_line_parser(args).options(all).positional(pos).run(), vm);
+    po::notify(vm);
+  } catch (const po::error& e) {
+    error_line(e.what());
+    return culprit::kExitUsage;
+  }
+  if (vm.count("help")) {
+    std::printf("%s", kToolsHelp);
+    return culprit::kExitOk;
+  }
+  const auto files = vm.count("files") ? vm["files"].as<std::vector<std::string>>() : std::vector<std::string>{};
+  const std::size_t want = cmd == "diff" ? 2 : 1;
+  if (files.size() != want) {
+    error_line(cmd + " takes " + std::to_string(want) + " path" + (want > 1 ? "s" : "") + " (see culprit " + cmd + " --help)");
+    return culprit::kExitUsage;
+  }
+  culprit::h5::init();
+  std::string out;
+  culprit::Status st;
+  int code = culprit::kExitOk;
+  if (cmd == "inspect") {
+    st = culprit::ckpt::inspect(files[0], vm.count("json") > 0, &out);
+  } else if (cmd == "verify") {
+    bool clean = false;
+    st = culprit::ckpt::verify(files[0], &out, &clean);
+    if (!clean) code = culprit::kExitDamaged;
+  } else {
+    bool same = false;
+    st = culprit::ckpt::diff(files[0], files[1], &out, &same);
+    if (!same) code = culprit::kExitDiffers;
+  }
+  if (!st.ok()) {
+    error_line(st.message());
+    return cmd == "verify" ? culprit::kExitDamaged : culprit::kExitUsage;
+  }
+  std::fputs(out.c_str(), stdout);
+  return code;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -63,7 +127,8 @@ int main(int argc, char** argv) {
   args.erase(args.begin());
   if (cmd == "--help" || cmd == "-h" || cmd == "help") {
     std::printf("%s\n", kUsage);
-    std::printf("culprit train:\n%s", culprit::harness::train_options_help().c_str());
+    std::printf("culprit train:\n%s\n", culprit::harness::train_options_help().c_str());
+    std::printf("culprit inspect / verify / diff:\n%s", kToolsHelp);
     return culprit::kExitOk;
   }
   if (cmd == "--version") {
@@ -71,6 +136,7 @@ int main(int argc, char** argv) {
     return culprit::kExitOk;
   }
   if (cmd == "train") return run_train(args);
-  error_line("unknown command '" + cmd + "' (valid: train; see culprit --help)");
+  if (cmd == "inspect" || cmd == "verify" || cmd == "diff") return run_tool(cmd, args);
+  error_line("unknown command '" + cmd + "' (valid: train, inspect, verify, diff; see culprit --help)");
   return culprit::kExitUsage;
 }

@@ -261,13 +261,18 @@ Status verify_tensor(const std::string& path, const std::string& group, const Ra
 }  // namespace
 
 Status read(const std::string& path, Checkpoint* out, bool verify) {
-  *out = Checkpoint();
-  const std::string where = "checkpoint '" + path + "'";
   std::error_code ec;
   const auto fsize = fs::file_size(path, ec);
   h5::Handle file;
   Status st = h5::open_read(path, &file);
-  if (!st.ok()) return Status::Error(where + ": " + st.message());
+  if (!st.ok()) return Status::Error("checkpoint '" + path + "': " + st.message());
+  return read_open(file, path, ec ? 0 : fsize, out, verify);
+}
+
+Status read_open(const h5::Handle& file, const std::string& path, std::uint64_t fsize, Checkpoint* out, bool verify) {
+  *out = Checkpoint();
+  const std::string where = "checkpoint '" + path + "'";
+  Status st;
   if (H5Lexists(file.id(), kMeta, H5P_DEFAULT) <= 0) {
     H5Eclear2(H5E_DEFAULT);
     return Status::Error(where + " has no group '/meta' (not a culprit checkpoint?)");

@@ -175,23 +175,34 @@ std::vector<std::string> list(const std::string& run_dir) {
   return out;
 }
 
-Status Writer::open(const std::string& path, const Header& h, std::int64_t keep_through_step) {
+Status Writer::open(const std::string& path, const Header& h, std::int64_t keep_through_step, std::string* warning) {
   header_ = h;
   const std::string where = "trace '" + path + "'";
   std::error_code ec;
   if (fs::exists(path, ec)) {
-    Status st = h5::open_rw(path, &file_);
-    if (!st.ok()) return Status::Error(where + ": " + st.message());
     Header old;
-    st = read_header(file_.id(), &old);
-    if (!st.ok()) return Status::Error(where + ": " + st.message());
-    if (old.params != h.params || old.level != h.level || old.layers != h.layers)
+    Status st = h5::open_rw(path, &file_);
+    if (st.ok()) st = read_header(file_.id(), &old);
+    if (st.ok() && (old.params != h.params || old.level != h.level || old.layers != h.layers))
       return Status::Error(where + " was written for another model or trace level (" + old.level + ")");
-    CULPRIT_RETURN_IF_ERROR(truncate(path, keep_through_step));
-    CULPRIT_RETURN_IF_ERROR(h5::read_attr(file_.id(), kAttrStepsCommitted, &steps_));
-    CULPRIT_RETURN_IF_ERROR(h5::read_attr(file_.id(), kAttrShardsCommitted, &shards_));
-    // The file's rank and world describe its latest writer.
-    return write_header(file_.id(), h);
+    if (st.ok()) {
+      file_.reset();
+      st = truncate(path, keep_through_step);
+      if (st.ok()) st = h5::open_rw(path, &file_);
+      if (st.ok()) st = h5::read_attr(file_.id(), kAttrStepsCommitted, &steps_);
+      if (st.ok()) st = h5::read_attr(file_.id(), kAttrShardsCommitted, &shards_);
+      // The file's rank and world describe its latest writer.
+      if (st.ok()) return write_header(file_.id(), h);
+    }
+    file_.reset();
+    std::string aside;
+    for (int n = 1;; ++n) {
+      aside = path + ".damaged-" + std::to_string(n);
+      if (!fs::exists(aside, ec)) break;
+    }
+    fs::rename(path, aside, ec);
+    if (ec) return Status::Error(where + " is damaged (" + st.message() + ") and cannot be moved aside");
+    *warning = where + " was damaged (" + st.message() + "); moved to '" + aside + "', a new trace starts";
   }
   fs::create_directories(fs::path(path).parent_path(), ec);
   hid_t id = H5Fcreate(path.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT);
@@ -295,12 +306,16 @@ Status truncate(const std::string& path, std::int64_t keep) {
 }
 
 Status read(const std::string& path, TraceFile* out) {
-  *out = TraceFile();
-  const std::string where = "trace '" + path + "'";
   h5::Handle f;
   Status st = h5::open_read(path, &f);
-  if (!st.ok()) return Status::Error(where + ": " + st.message());
-  st = read_header(f.id(), &out->header);
+  if (!st.ok()) return Status::Error("trace '" + path + "': " + st.message());
+  return read_open(f, path, out);
+}
+
+Status read_open(const h5::Handle& f, const std::string& path, TraceFile* out) {
+  *out = TraceFile();
+  const std::string where = "trace '" + path + "'";
+  Status st = read_header(f.id(), &out->header);
   if (!st.ok()) return Status::Error(where + ": " + st.message());
   std::int64_t steps = 0, shards = 0;
   st = h5::read_attr(f.id(), kAttrStepsCommitted, &steps);

@@ -40,6 +40,7 @@ po::options_description describe(TrainConfig* c) {
     ("seed", po::value(&c->seed)->default_value(c->seed), "seed of data order, initialisation, dropout and synthetic data")
     ("model", po::value(&c->model)->default_value(c->model), "mlp | cnn | gpt | torchscript:PATH")
     ("data", po::value(&c->data)->default_value(c->data), "synthetic | hdf5:PATH (datasets x and y)")
+    ("hidden", po::value(&c->hidden)->default_value(c->hidden), "mlp: hidden units per layer")
     ("samples", po::value(&c->samples)->default_value(c->samples), "synthetic data: number of samples")
     ("sample-shape", po::value<std::string>()->default_value("", "auto"), "synthetic data: sample shape, e.g. 1,16,16 (empty: the model's default)")
     ("classes", po::value(&c->classes)->default_value(c->classes), "synthetic data: classes (gpt: vocabulary); 0: the model's default")
@@ -177,7 +178,7 @@ Status parse_train_options(const std::vector<std::string>& args, TrainConfig* cf
 }
 
 std::vector<std::string> determinism_critical_options() {
-  return {"global-batch", "micro-shards", "seed", "model", "data", "samples", "sample-shape", "classes",
+  return {"global-batch", "micro-shards", "seed", "model", "hidden", "data", "samples", "sample-shape", "classes",
           "optimizer", "lr", "momentum", "nesterov", "weight-decay", "betas", "eps", "lr-schedule",
           "warmup-steps", "threads", "trace"};
 }
@@ -192,6 +193,7 @@ std::string to_ini(const TrainConfig& c) {
      << "seed = " << c.seed << "\n"
      << "model = " << c.model << "\n"
      << "data = " << c.data << "\n"
+     << "hidden = " << c.hidden << "\n"
      << "samples = " << c.samples << "\n"
      << "sample-shape = " << join(c.sample_shape) << "\n"
      << "classes = " << c.classes << "\n"
@@ -236,6 +238,7 @@ Status validate(const TrainConfig& c, int world) {
                          "' (valid: synthetic, hdf5:PATH)");
   if (c.data == "hdf5:") return Status::Error("option '--data': hdf5: needs a path");
   if (c.samples < 1) return Status::Error("option '--samples' must be at least 1");
+  if (c.hidden < 1) return Status::Error("option '--hidden' must be at least 1");
   if (c.classes < 0) return Status::Error("option '--classes' must not be negative");
   if (c.optimizer != "sgd" && c.optimizer != "adamw")
     return Status::Error("option '--optimizer': unknown optimizer '" + c.optimizer + "' (valid: sgd, adamw)");

@@ -95,7 +95,7 @@ class BuiltinModel : public Model {
 
 class Mlp : public BuiltinModel {
  public:
-  Mlp(std::int64_t in, std::int64_t out) : net_(std::make_shared<MlpNet>(in, 64, out)) {}
+  Mlp(std::int64_t in, std::int64_t hidden, std::int64_t out) : net_(std::make_shared<MlpNet>(in, hidden, out)) {}
   at::Tensor forward(const at::Tensor& x) override {
     auto h = tap("fc1", net_->fc1(x.flatten(1)));
     h = tap("fc2", net_->fc2(torch::relu(h)));
@@ -216,7 +216,7 @@ Status make_model(const TrainConfig& cfg, const Dataset& d, std::unique_ptr<Mode
   const std::string& m = cfg.model;
   if (m == "mlp") {
     CULPRIT_RETURN_IF_ERROR(need_float_samples(m, d));
-    *out = std::make_unique<Mlp>(d.x_numel(), out_features(d));
+    *out = std::make_unique<Mlp>(d.x_numel(), cfg.hidden, out_features(d));
   } else if (m == "cnn") {
     CULPRIT_RETURN_IF_ERROR(need_float_samples(m, d));
     const auto& s = d.x_shape;

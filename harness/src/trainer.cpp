@@ -409,14 +409,30 @@ ckpt::Checkpoint Trainer::snapshot(std::int64_t step) const {
 // Copies the state to host memory (the only part training waits for when async) and hands the
 // write to the I/O thread.
 Status Trainer::save_checkpoint(std::int64_t step) {
+  using clock = std::chrono::steady_clock;
+  const auto t0 = clock::now();
   if (checkpoint_in_flight_) CULPRIT_RETURN_IF_ERROR(agree(comm_, io_->drain()));
+  const auto t1 = clock::now();
   auto c = std::make_shared<ckpt::Checkpoint>(snapshot(step));
+  const auto t2 = clock::now();
+  const double wait = std::chrono::duration<double>(t1 - t0).count();
+  const double copy = std::chrono::duration<double>(t2 - t1).count();
   const std::string path = ckpt::path_for(cfg_.run_dir, step);
-  io_->submit([this, c, path, step] {
+  io_->submit([this, c, path, step, wait, copy] {
+    const auto w0 = clock::now();
     ckpt::compute_fingerprints(c.get());
     Comm io{io_comm_, comm_.rank, comm_.size, comm_.host};
-    Status st = ckpt::write(io, path, *c);
-    if (st.ok() && comm_.rank == 0) st = ckpt::apply_retention(cfg_.run_dir, step, cfg_.keep_last, cfg_.keep_every);
+    ckpt::WriteStats stats;
+    Status st = ckpt::write(io, path, *c, &stats);
+    if (st.ok() && comm_.rank == 0) {
+      st = ckpt::apply_retention(cfg_.run_dir, step, cfg_.keep_last, cfg_.keep_every);
+      // One line per checkpoint: what it cost (docs/performance.md).
+      std::ofstream log(fs::path(cfg_.run_dir) / "checkpoints.jsonl", std::ios::app);
+      log << "{\"step\": " << step << ", \"bytes\": " << stats.bytes << ", \"copy_seconds\": " << copy
+          << ", \"wait_seconds\": " << wait << ", \"write_seconds\": " << stats.seconds
+          << ", \"total_io_seconds\": " << std::chrono::duration<double>(clock::now() - w0).count()
+          << ", \"async\": " << (cfg_.async_checkpoint ? "true" : "false") << "}\n";
+    }
     return st;
   });
   checkpoint_in_flight_ = true;
@@ -510,15 +526,22 @@ Status Trainer::open_trace(std::int64_t start_step) {
     observer_ = std::make_unique<LayerTrace>(this, h.layers);
     model_.set_observer(observer_.get());
   }
-  Status st = trace_.open(trace::path_for(cfg_.run_dir, comm_.rank), h, start_step);
+  std::string warning;
+  Status st = trace_.open(trace::path_for(cfg_.run_dir, comm_.rank), h, start_step, &warning);
+  if (!warning.empty()) {
+    std::fprintf(stderr, "culprit: warning: rank %d: %s\n", comm_.rank, warning.c_str());
+    std::fflush(stderr);
+  }
   // Files of ranks beyond this world keep only what precedes the resume point.
-  if (st.ok() && comm_.rank == 0)
-    for (const auto& path : trace::list(cfg_.run_dir))
-      for (int r = comm_.size; st.ok() && r < 100000; ++r)
-        if (path == trace::path_for(cfg_.run_dir, r)) {
-          st = trace::truncate(path, start_step);
-          break;
-        }
+  if (st.ok() && comm_.rank == 0) {
+    for (const auto& path : trace::list(cfg_.run_dir)) {
+      bool in_world = false;
+      for (int r = 0; r < comm_.size; ++r) in_world = in_world || path == trace::path_for(cfg_.run_dir, r);
+      if (in_world) continue;
+      Status t = trace::truncate(path, start_step);
+      if (!t.ok()) std::fprintf(stderr, "culprit: warning: %s\n", t.message().c_str());
+    }
+  }
   return agree(comm_, st);
 }
 

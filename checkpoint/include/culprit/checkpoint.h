@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "culprit/fingerprint.h"
+#include "culprit/h5.h"
 #include "culprit/mpi_util.h"
 #include "culprit/status.h"
 
@@ -47,6 +48,8 @@ Status write(const Comm& comm, const std::string& final_path, const Checkpoint& 
 // Reads a checkpoint (one process, no MPI). With verify, every dataset's fingerprint and the state
 // fingerprint are recomputed; a mismatch names the file, the dataset and both fingerprints.
 Status read(const std::string& path, Checkpoint* out, bool verify = true);
+// The same from an open file of `size` bytes (`name` for messages): the fuzz target's entry point.
+Status read_open(const h5::Handle& file, const std::string& name, std::uint64_t size, Checkpoint* out, bool verify);
 
 // "RUN/checkpoints/step-00000012.h5".
 std::string path_for(const std::string& run_dir, std::int64_t step);

@@ -46,7 +46,9 @@ std::string path_for(const std::string& run_dir, int rank);
 class Writer {
  public:
   // Creates the file, or reopens it and drops (logically) every row after `keep_through_step`.
-  Status open(const std::string& path, const Header& h, std::int64_t keep_through_step);
+  // A file that cannot be reopened (a crash inside an HDF5 flush can leave one) is renamed to
+  // PATH.damaged-N and a new one started; *warning then says so.
+  Status open(const std::string& path, const Header& h, std::int64_t keep_through_step, std::string* warning);
   Status append(const StepRow& step, const std::vector<ShardRow>& shards);
   void close() { file_.reset(); }
   bool is_open() const { return file_.valid(); }
@@ -66,6 +68,8 @@ struct TraceFile {
 
 // Reads one rank's trace; rows beyond the committed counts are counted in torn_*, not returned.
 Status read(const std::string& path, TraceFile* out);
+// The same from an open file (`name` for messages): the fuzz target's entry point.
+Status read_open(const h5::Handle& file, const std::string& name, TraceFile* out);
 // Every rank-*.h5 of a run, sorted by rank.
 std::vector<std::string> list(const std::string& run_dir);
 // Sets the committed counts of an existing file to the rows with step <= keep_through_step.

@@ -26,6 +26,7 @@ struct TrainConfig {
   std::string model = "mlp";       // mlp | cnn | gpt | torchscript:PATH
   std::string data = "synthetic";  // synthetic | hdf5:PATH
   std::int64_t samples = 2048;     // synthetic data set size
+  std::int64_t hidden = 64;        // mlp: hidden width
   std::vector<std::int64_t> sample_shape;  // synthetic sample shape; empty: the model's default
   int classes = 0;                 // synthetic classes (vocabulary for gpt); 0: model's default
   std::string optimizer = "sgd";   // sgd | adamw

@@ -1,0 +1,19 @@
+// `culprit inspect`, `verify` and `diff`: reading checkpoints and traces for people and scripts.
+#pragma once
+#include <string>
+
+#include "culprit/status.h"
+
+namespace culprit::ckpt {
+
+// A readable table (or JSON) of a checkpoint or trace file. Damaged datasets are marked, not fatal.
+Status inspect(const std::string& path, bool json, std::string* out);
+
+// Rechecks every fingerprint of a checkpoint file, or of every checkpoint and trace of a run
+// directory. *report gets one line per file; *clean is false on any damage.
+Status verify(const std::string& path, std::string* report, bool* clean);
+
+// Compares two checkpoints tensor by tensor. *identical is true when every tensor matches bitwise.
+Status diff(const std::string& a, const std::string& b, std::string* report, bool* identical);
+
+}  // namespace culprit::ckpt
