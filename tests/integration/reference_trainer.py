@@ -85,6 +85,7 @@ def main():
     p.add_argument("--eps", type=float, default=1e-8)
     p.add_argument("--lr-schedule", default="constant")
     p.add_argument("--warmup-steps", type=int, default=0)
+    p.add_argument("--save-state", help="torch.save the final state dict here")
     a = p.parse_args()
 
     torch.set_num_threads(1)
@@ -143,6 +144,8 @@ def main():
         opt.step()
         print(json.dumps({"step": s, "loss": float(total[-1]), "lr": lr,
                           "fingerprint": "%016x" % set_fingerprint(named)}))
+    if a.save_state:
+        torch.save({k: v.detach().clone() for k, v in model.state_dict().items()}, a.save_state)
 
 
 if __name__ == "__main__":
