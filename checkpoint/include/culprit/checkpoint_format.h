@@ -25,6 +25,13 @@ constexpr const char* kAttrFormatVersion = "format_version";       // int64, /me
 constexpr const char* kAttrStateFingerprint = "state_fingerprint"; // uint64, /meta
 constexpr const char* kAttrFingerprintFormat = "fingerprint_format";  // "fp1", /meta
 
+// The other /meta attributes (int64 and string), read by name.
+constexpr const char* kMetaInts[] = {"format_version", "step", "seed", "world_size", "micro_shards", "global_batch",
+                                     "intra_op_threads", "blas_threads"};
+constexpr const char* kMetaStrings[] = {"fingerprint_format", "state_fingerprint_hex", "config", "model", "optimizer",
+                                        "data", "culprit_version", "libtorch_version", "mpi_version", "hdf5_version",
+                                        "blas", "created", "slurm_job_id", "hosts", "devices"};
+
 // Tensors at least this large are split across ranks when written.
 constexpr std::uint64_t kSliceBytes = 1 << 20;
 

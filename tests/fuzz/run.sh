@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# Builds the libFuzzer target (preset "fuzz": clang, ASan) and fuzzes the checkpoint and trace readers
+# for FUZZ_SECONDS (default 30) from a corpus of real files made by build/culprit, with a fixed seed.
+# Every crash is re-run and classified by its innermost frame:
+#   - inside culprit's code: a culprit bug -> exit 1;
+#   - inside libhdf5 (HDF5 1.10's own parser on a damaged header): reported, listed in
+#     $OUT/hdf5-defects.txt, not failing: culprit cannot fix the library it links.
+# Longer run: FUZZ_SECONDS=3600 tests/fuzz/run.sh
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+. scripts/env.sh
+seconds="${FUZZ_SECONDS:-30}"
+out="${FUZZ_OUT:-build-fuzz/fuzz-out}"
+cmake --preset fuzz >/dev/null
+cmake --build --preset fuzz >/dev/null
+rm -rf "$out" && mkdir -p "$out/corpus" "$out/artifacts"
+run_dir="$out/run"
+build/culprit train --run-dir "$run_dir" --steps 3 --checkpoint-every 2 --micro-shards 2 --global-batch 8 \
+  --samples 64 --hidden 8 --trace layer --quiet >/dev/null
+cp "$run_dir"/checkpoints/*.h5 "$run_dir"/trace/*.h5 "$out/corpus/"
+export ASAN_OPTIONS=detect_leaks=0
+build-fuzz/tests/fuzz_readers -fork=1 -ignore_crashes=1 -seed=1 -max_total_time="$seconds" -rss_limit_mb=2048 \
+  -artifact_prefix="$out/artifacts/" "$out/corpus" >"$out/fuzz.log" 2>&1 || true
+grep -E "stat::number_of_executed_units|INFO: fuzzed for|crashes:" "$out/fuzz.log" | tail -n 3 || true
+ours=0 hdf5=0
+: >"$out/hdf5-defects.txt"
+for a in "$out"/artifacts/crash-* "$out"/artifacts/leak-* "$out"/artifacts/timeout-* "$out"/artifacts/oom-*; do
+  [ -e "$a" ] || continue
+  report=$(build-fuzz/tests/fuzz_readers "$a" 2>&1 || true)
+  frame=$(printf '%s\n' "$report" | grep -E '^ +#[0-9]+ ' | grep -v -E '__interceptor|__asan|__sanitizer|fuzzer::|__memcpy|__memmove|__memset|__str|sysdeps|in malloc|in calloc|in realloc|in free|in operator new' | head -n 1)
+  if printf '%s' "$frame" | grep -q 'libhdf5'; then
+    hdf5=$((hdf5 + 1))
+    echo "$a: $frame" >>"$out/hdf5-defects.txt"
+  else
+    ours=$((ours + 1))
+    echo "fuzz: culprit defect in $a:" >&2
+    printf '%s\n' "$report" | grep -E 'ERROR|^ +#' | head -n 12 >&2
+  fi
+done
+echo "fuzz: ${seconds}s, $ours crash(es) in culprit, $hdf5 inside libhdf5 (listed in $out/hdf5-defects.txt)"
+[ "$ours" -eq 0 ]
