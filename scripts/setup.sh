@@ -13,6 +13,7 @@ PACKAGES=(
   libboost-program-options-dev
   libxxhash-dev nlohmann-json3-dev
   googletest libgtest-dev
+  clang libclang-rt-14-dev           # libFuzzer target (tests/fuzz)
   python3-torch python3-h5py python3-xxhash python3-numpy  # reference and interop tests
 )
 

@@ -110,7 +110,7 @@ class Trainer {
 
  private:
   struct LayerTrace;  // per-micro-shard layer fingerprints (--trace layer)
-  ckpt::Checkpoint snapshot(std::int64_t step) const;
+  void snapshot(std::int64_t step, ckpt::Checkpoint* c) const;
   Status save_checkpoint(std::int64_t step);
   Status open_trace(std::int64_t start_step);
   at::Tensor loss_of(const at::Tensor& out, const at::Tensor& y) const;
@@ -139,6 +139,9 @@ class Trainer {
   MPI_Comm io_comm_ = MPI_COMM_NULL;
   std::unique_ptr<IoWorker> io_;
   bool checkpoint_in_flight_ = false;
+  std::shared_ptr<ckpt::Checkpoint> snap_;  // host copy of the state, reused checkpoint to checkpoint
+  bool serial_io_ = false;
+  Status io_error_;  // a trace write that failed while I/O was serialised
   trace::Writer trace_;
   std::vector<trace::ShardRow> shard_rows_;
   std::unique_ptr<LayerObserver> observer_;
@@ -338,44 +341,55 @@ void Trainer::step(std::int64_t s) {
     row.grad_fp = fingerprint_bytes(reduced_.data(), static_cast<std::size_t>(P_) * sizeof(float));
     io_->submit([this, row = std::move(row), shards = std::move(shard_rows_)] { return trace_.append(row, shards); });
     shard_rows_.clear();
+    if (serial_io_) {
+      Status st = io_->drain();
+      if (!st.ok()) io_error_ = st;
+    }
   }
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   write_metrics(s, lr, reduced_[P_], std::sqrt(sq), fp, secs);
 }
 
-ckpt::Checkpoint Trainer::snapshot(std::int64_t step) const {
-  ckpt::Checkpoint c;
+// Copies the state into *c, reusing its buffers from the previous checkpoint: fresh pages cost a
+// page fault each, which dominates the copy on some machines.
+void Trainer::snapshot(std::int64_t step, ckpt::Checkpoint* cp) const {
+  ckpt::Checkpoint& c = *cp;
   c.step = step;
-  auto raw = [](const std::string& name, const at::Tensor& t) {
-    ckpt::RawTensor r;
+  auto put = [](std::vector<ckpt::RawTensor>& group, std::size_t& i, const std::string& name, const at::Tensor& t) {
+    if (group.size() <= i) group.resize(i + 1);
+    ckpt::RawTensor& r = group[i++];
     r.name = name;
     auto ct = t.detach().contiguous();
     r.dtype = to_dtype(ct.scalar_type());
     r.shape.assign(ct.sizes().begin(), ct.sizes().end());
-    const auto* p = static_cast<const unsigned char*>(ct.data_ptr());
-    r.bytes.assign(p, p + ct.numel() * ct.element_size());
-    return r;
+    const std::size_t n = ct.numel() * ct.element_size();
+    r.bytes.resize(n);
+    if (n) std::memcpy(r.bytes.data(), ct.data_ptr(), n);
   };
-  for (const auto& p : params_) c.model.push_back(raw(p.name, p.tensor));
-  for (const auto& b : model_.buffers()) c.model.push_back(raw(b.name, b.tensor));
+  std::size_t nm = 0, no = 0, nr = 0;
+  for (const auto& p : params_) put(c.model, nm, p.name, p.tensor);
+  for (const auto& b : model_.buffers()) put(c.model, nm, b.name, b.tensor);
   auto& state = opt_->state();
   for (const auto& p : params_) {
     auto it = state.find(c10::guts::to_string(p.tensor.unsafeGetTensorImpl()));
     if (it == state.end()) continue;
     if (cfg_.optimizer == "sgd") {
       auto& st = static_cast<torch::optim::SGDParamState&>(*it->second);
-      if (st.momentum_buffer().defined()) c.optimizer.push_back(raw(p.name + "/momentum_buffer", st.momentum_buffer()));
+      if (st.momentum_buffer().defined()) put(c.optimizer, no, p.name + "/momentum_buffer", st.momentum_buffer());
     } else {
       auto& st = static_cast<torch::optim::AdamWParamState&>(*it->second);
-      c.optimizer.push_back(raw(p.name + "/step", torch::tensor(st.step(), torch::kLong).reshape({})));
-      c.optimizer.push_back(raw(p.name + "/exp_avg", st.exp_avg()));
-      c.optimizer.push_back(raw(p.name + "/exp_avg_sq", st.exp_avg_sq()));
+      put(c.optimizer, no, p.name + "/step", torch::tensor(st.step(), torch::kLong).reshape({}));
+      put(c.optimizer, no, p.name + "/exp_avg", st.exp_avg());
+      put(c.optimizer, no, p.name + "/exp_avg_sq", st.exp_avg_sq());
     }
   }
+  c.model.resize(nm);
+  c.optimizer.resize(no);
   // Every rank reseeds before each micro-shard, so the live generator differs by rank; what is
   // saved is the generator as micro-shard 0 of the next step starts it (the same on every rank).
   auto next = at::detail::createCPUGenerator(dropout_seed(cfg_.seed, step + 1, 0));
-  c.rng.push_back(raw("cpu", next.get_state()));
+  put(c.rng, nr, "cpu", next.get_state());
+  c.rng.resize(nr);
   const std::int64_t spe = data_.n / cfg_.global_batch;
   c.epoch = step / spe;
   c.cursor = (step % spe) * cfg_.global_batch;
@@ -403,7 +417,6 @@ ckpt::Checkpoint Trainer::snapshot(std::int64_t step) const {
                 {"global_batch", cfg_.global_batch},
                 {"intra_op_threads", info_.intra_op_threads},
                 {"blas_threads", info_.blas_threads}};
-  return c;
 }
 
 // Copies the state to host memory (the only part training waits for when async) and hands the
@@ -413,7 +426,10 @@ Status Trainer::save_checkpoint(std::int64_t step) {
   const auto t0 = clock::now();
   if (checkpoint_in_flight_) CULPRIT_RETURN_IF_ERROR(agree(comm_, io_->drain()));
   const auto t1 = clock::now();
-  auto c = std::make_shared<ckpt::Checkpoint>(snapshot(step));
+  // The previous checkpoint is written (drained above): its buffers are free for this one.
+  if (!snap_) snap_ = std::make_shared<ckpt::Checkpoint>();
+  auto c = snap_;
+  snapshot(step, c.get());
   const auto t2 = clock::now();
   const double wait = std::chrono::duration<double>(t1 - t0).count();
   const double copy = std::chrono::duration<double>(t2 - t1).count();
@@ -436,7 +452,7 @@ Status Trainer::save_checkpoint(std::int64_t step) {
     return st;
   });
   checkpoint_in_flight_ = true;
-  if (!cfg_.async_checkpoint) {
+  if (!cfg_.async_checkpoint || serial_io_) {
     checkpoint_in_flight_ = false;
     return agree(comm_, io_->drain());
   }
@@ -592,6 +608,14 @@ Status Trainer::run(std::int64_t start_step, const std::string& resumed_from) {
   CULPRIT_RETURN_IF_ERROR(open_trace(start_step));
   CULPRIT_MPI_CHECK(MPI_Comm_dup(comm_.comm, &io_comm_));
   io_ = std::make_unique<IoWorker>();
+  // The I/O thread calls MPI while the main thread does: that needs MPI_THREAD_MULTIPLE. With less,
+  // every I/O job is waited for at once (no two threads in MPI at the same time).
+  int level = MPI_THREAD_SINGLE;
+  MPI_Query_thread(&level);
+  serial_io_ = level < MPI_THREAD_MULTIPLE;
+  if (serial_io_ && comm_.rank == 0)
+    std::fprintf(stderr, "culprit: warning: MPI provides thread level %s, not multiple: checkpoints and trace are "
+                 "written synchronously\n", info_.mpi_thread_level.c_str());
   if (comm_.rank == 0 && !cfg_.quiet) {
     std::printf("culprit train: %s on %s (%lld samples), %lld parameters, %d rank(s), %d micro-shards, "
                 "global batch %lld\n  libtorch %s, BLAS %s (threads %d), intra-op threads %d\n",
@@ -603,13 +627,18 @@ Status Trainer::run(std::int64_t start_step, const std::string& resumed_from) {
       std::printf("  resumed from %s (step %lld)\n", resumed_from.c_str(), static_cast<long long>(start_step));
   }
   model_.set_training(true);
+  // Fault in the host buffers of the checkpoint copy now rather than at the first checkpoint.
+  snap_ = std::make_shared<ckpt::Checkpoint>();
+  snapshot(start_step, snap_.get());
   const auto t0 = std::chrono::steady_clock::now();
   for (std::int64_t s = start_step + 1; s <= cfg_.steps && st.ok(); ++s) {
     step(s);
     const bool due = (cfg_.checkpoint_every > 0 && s % cfg_.checkpoint_every == 0) || s == cfg_.steps;
     if (due) st = save_checkpoint(s);
   }
-  const Status io_status = agree(comm_, io_->drain());
+  Status io_status = io_->drain();
+  if (io_status.ok()) io_status = io_error_;
+  io_status = agree(comm_, io_status);
   if (st.ok()) st = io_status;
   io_.reset();
   trace_.close();

@@ -7,6 +7,8 @@ import tempfile
 import unittest
 
 CULPRIT = os.environ.get("CULPRIT_BIN", os.path.join(os.path.dirname(__file__), "../../build/culprit"))
+if os.environ.get("CULPRIT_REQUIRE_BIN") == "1" and not os.path.exists(CULPRIT):
+    raise SystemExit("culprit binary %s is missing (scripts/test.sh builds it)" % CULPRIT)
 MPIRUN = ["mpirun", "--oversubscribe", "--bind-to", "none"]
 TIMEOUT = int(os.environ.get("CULPRIT_TEST_TIMEOUT", "300"))
 
