@@ -4,6 +4,7 @@
 #include <string>
 #include <vector>
 
+#include "culprit/buffer.h"
 #include "culprit/fingerprint.h"
 #include "culprit/harness.h"
 #include "culprit/status.h"
@@ -15,10 +16,10 @@ struct Dataset {
   std::int64_t n = 0;
   DType x_dtype = DType::kFloat32;     // float32, or int64 token ids
   std::vector<std::int64_t> x_shape;   // one sample
-  std::vector<unsigned char> x;        // n samples, row-major
+  ByteBuffer x;                        // n samples, row-major
   DType y_dtype = DType::kInt64;       // int64: class labels (cross entropy); float32: targets (MSE)
   std::vector<std::int64_t> y_shape;   // one sample's target
-  std::vector<unsigned char> y;
+  ByteBuffer y;
   std::int64_t classes = 0;            // int64 labels: max label + 1
   bool classification() const { return y_dtype == DType::kInt64; }
   std::int64_t x_numel() const;        // elements of one sample

@@ -17,7 +17,7 @@ struct RawTensor {
   std::string name;  // path below the group: "fc1.weight", "fc1.weight/exp_avg", "cpu"
   DType dtype = DType::kFloat32;
   std::vector<std::int64_t> shape;
-  std::vector<unsigned char> bytes;
+  ByteBuffer bytes;
   Fingerprint fingerprint = 0;  // computed on write; the stored one on read
   std::int64_t numel() const;
 };

@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "culprit/buffer.h"
 #include "culprit/fingerprint.h"
 #include "culprit/status.h"
 
@@ -44,7 +45,7 @@ std::string error_stack();
 struct Array {
   DType dtype = DType::kFloat32;
   std::vector<std::int64_t> shape;
-  std::vector<unsigned char> bytes;
+  ByteBuffer bytes;
   std::int64_t numel() const;
 };
 
