@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Checkpoint cost for a model of >= 100 MB of state (mlp --hidden 4096 with SGD momentum: 135 MB):
 #  - write throughput of culprit's checkpoint (W = 1 and 2) against a plain sequential write of the
-#    same number of bytes to the same disk (pwrite + fsync, median of 5);
+#    same number of bytes to the same disk (pwrite + fsync, median of 6);
 #  - the training stall per checkpoint with --async-checkpoint on and off, against an in-memory copy
 #    of the same bytes.
 # Needs a build in ./build. Writes under ${BENCH_DIR:-/tmp/culprit-bench}.
@@ -21,11 +21,15 @@ bytes=$(stat -c %s "$dir/async-w1/checkpoints/step-00000012.h5")
 import json, re, sys, time
 import numpy as np
 d, size = sys.argv[1], int(sys.argv[2])
-# The plain write: the same number of (random) bytes, 64 MiB pwrites, fsync; median of 5.
+# The plain write: the same number of (random) bytes, 64 MiB pwrites, fsync; median of 6. Like
+# checkpoints under --keep-last 1, each new file is written while the previous one still exists,
+# which is then deleted: on a VM, page-cache pages recycled from a just-deleted file are much
+# cheaper than fresh ones, so deleting first would flatter the plain write.
 import os
 blob = np.random.default_rng(0).standard_normal(size // 4).astype(np.float32).tobytes()
 rates = []
-for i in range(5):
+prev = None
+for i in range(6):
     path = "%s/plain-%d.bin" % (d, i)
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
     t = time.perf_counter()
@@ -34,8 +38,11 @@ for i in range(5):
     os.fsync(fd)
     rates.append(len(blob) / (time.perf_counter() - t))
     os.close(fd)
-    os.unlink(path)
-plain = sorted(rates)[2]
+    if prev:
+        os.unlink(prev)
+    prev = path
+os.unlink(prev)
+plain = sorted(rates)[3]
 def log(name):
     return [json.loads(l) for l in open("%s/%s/checkpoints.jsonl" % (d, name))]
 src = np.ones(size // 4, dtype=np.float32)
@@ -44,7 +51,7 @@ copies = []
 for _ in range(5):
     t = time.perf_counter(); np.copyto(dst, src); copies.append(time.perf_counter() - t)
 copy = sorted(copies)[2]
-print("checkpoint file: %.1f MB; plain sequential write (pwrite + fsync, median of 5): %.0f MB/s; in-memory copy: %.1f ms"
+print("checkpoint file: %.1f MB; plain sequential write (pwrite + fsync, median of 6): %.0f MB/s; in-memory copy: %.1f ms"
       % (size / 1e6, plain / 1e6, copy * 1e3))
 print("%-10s %14s %12s %18s %18s" % ("run", "write MB/s", "vs plain", "stall ms (median)", "stall / copy"))
 for name in ("async-w1", "async-w2", "sync-w1"):

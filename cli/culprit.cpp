@@ -1,4 +1,5 @@
 // culprit: find the step, the layer and the GPU behind a broken training run.
+#include <malloc.h>
 #include <mpi.h>
 
 #include <cstdio>
@@ -36,6 +37,12 @@ void error_line(const std::string& msg) {
 }
 
 int run_train(const std::vector<std::string>& args) {
+  // Keep freed memory in the process: libtorch allocates and frees step-sized buffers every step,
+  // and glibc would hand each large one back to the kernel and fault it in again. On virtual
+  // machines a fresh page is expensive (docs/performance.md), and the page cache of checkpoint
+  // writes then competes for fresh pages too.
+  mallopt(M_MMAP_THRESHOLD, 1 << 30);
+  mallopt(M_TRIM_THRESHOLD, -1);
   int provided = 0;
   MPI_Init_thread(nullptr, nullptr, MPI_THREAD_MULTIPLE, &provided);
   culprit::h5::init();
