@@ -57,7 +57,7 @@ int run_train(const std::vector<std::string>& args) {
     if (st.ok()) st = culprit::harness::train(cfg, comm);
     if (!st.ok()) {
       if (comm.rank == 0) error_line(st.message());
-      code = culprit::kExitUsage;
+      code = st.code();
     }
   }
   MPI_Finalize();

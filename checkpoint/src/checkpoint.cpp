@@ -341,7 +341,7 @@ Status apply_retention(const std::string& run_dir, std::int64_t keep_step, int k
   const int keep_older = std::max(0, keep_last - 1);
   for (std::size_t i = 0; i + keep_older < older.size(); ++i) {
     const auto& [step, path] = older[i];
-    if (keep_every > 0 && step % keep_every == 0) continue;
+    if (keep_every > 0 && step > 0 && step % keep_every == 0) continue;
     std::error_code ec;
     fs::remove(path, ec);
     if (ec) return Status::Error("cannot delete old checkpoint '" + path + "': " + ec.message());

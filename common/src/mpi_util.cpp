@@ -58,11 +58,13 @@ Status agree(const Comm& comm, const Status& local) {
   CULPRIT_MPI_CHECK(MPI_Bcast(&n, 1, MPI_UNSIGNED_LONG_LONG, first, comm.comm));
   std::string msg = comm.rank == first ? local.message() : std::string(n, '\0');
   if (n) CULPRIT_MPI_CHECK(MPI_Bcast(msg.data(), static_cast<int>(n), MPI_CHAR, first, comm.comm));
+  int code = comm.rank == first ? local.code() : 0;
+  CULPRIT_MPI_CHECK(MPI_Bcast(&code, 1, MPI_INT, first, comm.comm));
   // Same message on every rank: the problem is not rank-specific.
   int same = (!local.ok() && local.message() == msg) ? 1 : 0, nsame = 0;
   CULPRIT_MPI_CHECK(MPI_Allreduce(&same, &nsame, 1, MPI_INT, MPI_SUM, comm.comm));
-  if (nsame == comm.size) return Status::Error(msg);
-  return Status::Error("rank " + std::to_string(first) + ": " + msg);
+  if (nsame == comm.size) return Status::Error(msg, code);
+  return Status::Error("rank " + std::to_string(first) + ": " + msg, code);
 }
 
 }  // namespace culprit

@@ -33,6 +33,10 @@ po::options_description describe(TrainConfig* c) {
     ("keep-last", po::value(&c->keep_last)->default_value(c->keep_last), "keep the newest N checkpoints")
     ("keep-every", po::value(&c->keep_every)->default_value(c->keep_every), "also keep every checkpoint whose step is a multiple of E (0: none)")
     ("async-checkpoint", po::value(&c->async_checkpoint)->default_value(c->async_checkpoint)->implicit_value(true), "write checkpoints in a background thread (training waits only for the copy to host memory)")
+    ("inject", po::value(&c->inject)->composing(), "inject a fault (repeatable): step=S,rank=R,layer=NAME,phase=P,kind=K[,index=I,bit=B,factor=F,mode=M,p=P] (docs/detection.md)")
+    ("on-detect", po::value(&c->on_detect)->default_value(c->on_detect), "halt | warn: what a detection does (halt: every rank exits with the class's code)")
+    ("detect-nonfinite", po::value(&c->detect_nonfinite)->default_value(c->detect_nonfinite)->implicit_value(true), "detect NaN/Inf in micro-shard losses and gradients and in the parameters")
+    ("replica-check-every", po::value(&c->replica_check_every)->default_value(c->replica_check_every), "compare parameter and optimizer-state fingerprints across ranks every N steps (0: off)")
     ("trace", po::value(&c->trace)->default_value(c->trace), "off | step | layer: per-step fingerprint trace in RUN/trace/ (layer: also every layer's forward output and backward gradient)")
     ("steps", po::value(&c->steps)->default_value(c->steps), "optimizer steps to run")
     ("global-batch", po::value(&c->global_batch)->default_value(c->global_batch), "samples per step (B)")
@@ -211,7 +215,11 @@ std::string to_ini(const TrainConfig& c) {
      << "keep-last = " << c.keep_last << "\n"
      << "keep-every = " << c.keep_every << "\n"
      << "async-checkpoint = " << (c.async_checkpoint ? "true" : "false") << "\n"
-     << "trace = " << c.trace << "\n";
+     << "trace = " << c.trace << "\n"
+     << "on-detect = " << c.on_detect << "\n"
+     << "detect-nonfinite = " << (c.detect_nonfinite ? "true" : "false") << "\n"
+     << "replica-check-every = " << c.replica_check_every << "\n";
+  for (const auto& spec : c.inject) os << "inject = " << spec << "\n";
   return os.str();
 }
 
@@ -256,6 +264,9 @@ Status validate(const TrainConfig& c, int world) {
   if (c.checkpoint_every < 0) return Status::Error("option '--checkpoint-every' must not be negative");
   if (c.keep_last < 1) return Status::Error("option '--keep-last' must be at least 1");
   if (c.keep_every < 0) return Status::Error("option '--keep-every' must not be negative");
+  if (c.on_detect != "halt" && c.on_detect != "warn")
+    return Status::Error("option '--on-detect': unknown action '" + c.on_detect + "' (valid: halt, warn)");
+  if (c.replica_check_every < 0) return Status::Error("option '--replica-check-every' must not be negative");
   if (c.trace != "off" && c.trace != "step" && c.trace != "layer")
     return Status::Error("option '--trace': unknown level '" + c.trace + "' (valid: off, step, layer)");
   return Status::OK();

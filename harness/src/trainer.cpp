@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <algorithm>
 #include <map>
 
 #include "culprit/checkpoint.h"
@@ -15,8 +16,11 @@
 #include "culprit/harness.h"
 #include "culprit/trace.h"
 #include "culprit/tree_reduce.h"
+#include "culprit/inject.h"
 #include "data.h"
+#include "detect.h"
 #include "error_line.h"
+#include "faults.h"
 #include "io_worker.h"
 #include "model.h"
 #include "rng.h"
@@ -146,7 +150,31 @@ class Trainer {
   std::vector<trace::ShardRow> shard_rows_;
   std::unique_ptr<LayerObserver> observer_;
   std::vector<Fingerprint> fwd_, bwd_;  // the current micro-shard's layer fingerprints
+  // Fault injection and detection (docs/detection.md).
+  std::vector<FaultSpec> faults_;
+  std::int64_t cur_step_ = 0;
+  int first_shard_ = 0;
+  int bad_shard_ = -1;  // first micro-shard of this step with a non-finite loss or gradient
+  Status halt_;         // set when a detection halts the run
+  std::vector<Fingerprint> param_fps_;  // this step's parameter fingerprints
+  bool fires(const FaultSpec& f, Phase phase, int occurrence, bool per_shard) const;
+  int layer_param(const std::string& layer) const;  // first parameter of a layer, or -1
+  void detect(std::int64_t s, const std::vector<Fingerprint>& param_fps);
+  void incident(Incident inc);
 };
+
+bool Trainer::fires(const FaultSpec& f, Phase phase, int occurrence, bool per_shard) const {
+  if (f.phase != phase) return false;
+  // A transient fault hits once: the first micro-shard the rank computes in that step.
+  if (f.mode == FaultMode::kTransient && per_shard && occurrence != first_shard_) return false;
+  return fault_fires(f, comm_.rank, cur_step_, /*replay=*/false, cfg_.seed, static_cast<std::uint64_t>(occurrence));
+}
+
+int Trainer::layer_param(const std::string& layer) const {
+  for (std::size_t i = 0; i < params_.size(); ++i)
+    if (params_[i].name.rfind(layer + ".", 0) == 0) return static_cast<int>(i);
+  return -1;
+}
 
 // Records each layer's forward output fingerprint and, through a gradient hook, the fingerprint of
 // the gradient flowing back into it.
@@ -154,17 +182,29 @@ struct Trainer::LayerTrace : LayerObserver {
   LayerTrace(Trainer* t, std::vector<std::string> layers) : trainer(t) {
     for (std::size_t i = 0; i < layers.size(); ++i) index[layers[i]] = i;
   }
-  at::Tensor on_forward(const std::string& layer, const at::Tensor& out) override {
-    const auto it = index.find(layer);
-    if (it == index.end()) return out;
-    const std::size_t i = it->second;
-    trainer->fwd_[i] = tensor_fingerprint(out.detach());
-    if (out.requires_grad()) {
-      Trainer* t = trainer;
-      out.register_hook([t, i](const at::Tensor& g) { t->bwd_[i] = tensor_fingerprint(g); });
+  at::Tensor on_forward(const std::string& layer, const at::Tensor& output) override {
+    at::Tensor out = output;
+    Trainer* t = trainer;
+    for (const auto& f : t->faults_) {
+      if (f.layer != layer) continue;
+      if (t->fires(f, Phase::kForward, shard, true)) out = corrupt_output(f, out);
+      if (out.requires_grad() && t->fires(f, Phase::kBackward, shard, true)) {
+        const FaultSpec spec = f;
+        out.register_hook([spec](const at::Tensor& g) {
+          auto bad = g.clone();
+          corrupt_in_place(spec, bad);
+          return bad;
+        });
+      }
     }
+    const auto it = index.find(layer);
+    if (it == index.end() || t->fwd_.empty()) return out;
+    const std::size_t i = it->second;
+    t->fwd_[i] = tensor_fingerprint(out.detach());
+    if (out.requires_grad()) out.register_hook([t, i](const at::Tensor& g) { t->bwd_[i] = tensor_fingerprint(g); });
     return out;
   }
+  int shard = 0;  // the micro-shard being computed
   Trainer* trainer;
   std::map<std::string, std::size_t> index;
 };
@@ -211,6 +251,38 @@ Status Trainer::init() {
                             torch::TensorOptions().dtype(to_scalar(data_.x_dtype)));
   y_all_ = torch::from_blob(const_cast<unsigned char*>(data_.y.data()), shape_with_n(data_.y_shape),
                             torch::TensorOptions().dtype(to_scalar(data_.y_dtype)));
+
+  // Faults to inject: layer names are the model's layers and its parameters' modules.
+  const std::vector<std::string> model_layers = model_.layers();
+  std::vector<std::string> layers = model_layers;
+  for (const auto& p : params_) {
+    const std::string prefix = p.name.substr(0, p.name.rfind('.'));
+    if (std::find(layers.begin(), layers.end(), prefix) == layers.end()) layers.push_back(prefix);
+  }
+  bool hooks = cfg_.trace == "layer";
+  for (const auto& text : cfg_.inject) {
+    FaultSpec f;
+    CULPRIT_RETURN_IF_ERROR(parse_fault(text, layers, &f));
+    const bool at_output = f.phase == Phase::kForward || f.phase == Phase::kBackward;
+    if (at_output && std::find(model_layers.begin(), model_layers.end(), f.layer) == model_layers.end())
+      return Status::Error("--inject: phase " + std::string(phase_name(f.phase)) + " needs a layer forward calls; '" +
+                           f.layer + "' is not one");
+    if (!at_output && f.phase != Phase::kData && layer_param(f.layer) < 0)
+      return Status::Error("--inject: layer '" + f.layer + "' has no parameters");
+    if (f.rank >= comm_.size)
+      return Status::Error("--inject: rank " + std::to_string(f.rank) + " does not exist (world size " +
+                           std::to_string(comm_.size) + ")");
+    hooks = hooks || at_output;
+    faults_.push_back(f);
+  }
+  if (hooks) {
+    observer_ = std::make_unique<LayerTrace>(this, model_layers);
+    model_.set_observer(observer_.get());
+  }
+  if (cfg_.trace == "layer") {
+    fwd_.assign(model_layers.size(), 0);
+    bwd_.assign(model_layers.size(), 0);
+  }
 
   // The model must accept the data and produce outputs the loss can use.
   CULPRIT_RETURN_IF_ERROR(guarded("model " + cfg_.model + " does not accept samples of shape " +
@@ -275,10 +347,19 @@ void Trainer::step(std::int64_t s) {
   // Forward and backward of this rank's micro-shards, summed along the tree.
   acc_->clear();
   const ShardRange mine = shard_range(comm_.rank, comm_.size, static_cast<int>(M));
+  cur_step_ = s;
+  first_shard_ = mine.lo;
+  bad_shard_ = -1;
   for (int k = mine.lo; k < mine.hi; ++k) {
+    if (observer_) static_cast<LayerTrace*>(observer_.get())->shard = k;
     auto idx = order.narrow(0, start + k * (B / M), B / M);
     auto x = x_all_.index_select(0, idx);
     auto y = y_all_.index_select(0, idx);
+    for (const auto& f : faults_) {
+      if (!fires(f, Phase::kData, k, true)) continue;
+      if (x.scalar_type() == torch::kLong) corrupt_tokens(f, x, data_.classes);
+      else corrupt_in_place(f, x);
+    }
     torch::manual_seed(dropout_seed(cfg_.seed, s, k));
     for (auto& p : params_) p.tensor.mutable_grad().reset();
     std::fill(fwd_.begin(), fwd_.end(), 0);
@@ -298,6 +379,19 @@ void Trainer::step(std::int64_t s) {
       }
     }
     leaf[P_] = loss.item<float>();
+    for (const auto& f : faults_) {
+      const int pi = layer_param(f.layer);
+      if (pi < 0 || !fires(f, Phase::kGrad, k, true)) continue;
+      const std::int64_t n = params_[pi].tensor.numel();
+      float& v = leaf[offsets_[pi] + f.index % n];
+      v = corrupt_value(f, v);
+    }
+    if (cfg_.detect_nonfinite && bad_shard_ < 0)
+      for (std::int64_t i = 0; i <= P_; ++i)
+        if (!std::isfinite(leaf[i])) {
+          bad_shard_ = k;
+          break;
+        }
     if (cfg_.trace != "off") {
       trace::ShardRow row;
       row.step = s;
@@ -313,7 +407,17 @@ void Trainer::step(std::int64_t s) {
     }
     acc_->push(k);
   }
-  tree_allreduce(comm_, static_cast<int>(M), *acc_, reduced_.data(), &tree_ws_);
+  const SendFault* send_fault = nullptr;
+  SendFault sf;
+  for (const auto& f : faults_) {
+    const int pi = layer_param(f.layer);
+    if (pi < 0 || !fires(f, Phase::kComm, 0, false)) continue;
+    sf.offset = static_cast<std::size_t>(offsets_[pi] + f.index % params_[pi].tensor.numel());
+    sf.ctx = &f;
+    sf.apply = [](const void* ctx, float v) { return corrupt_value(*static_cast<const FaultSpec*>(ctx), v); };
+    send_fault = &sf;
+  }
+  tree_allreduce(comm_, static_cast<int>(M), *acc_, reduced_.data(), &tree_ws_, send_fault);
 
   // The reduced gradient becomes every parameter's gradient; the optimizer steps.
   auto grads = torch::from_blob(reduced_.data(), {P_ + 1}, torch::kFloat32);
@@ -322,6 +426,21 @@ void Trainer::step(std::int64_t s) {
     t.mutable_grad() = grads.narrow(0, offsets_[i], t.numel()).view(t.sizes());
   }
   opt_->step();
+  // Faults at rest: this rank's copy of a layer's parameters or optimizer state.
+  for (const auto& f : faults_) {
+    const int pi = layer_param(f.layer);
+    if (pi < 0) continue;
+    if (fires(f, Phase::kParam, 0, false)) corrupt_in_place(f, params_[pi].tensor);
+    if (fires(f, Phase::kOptimizer, 0, false)) {
+      auto it = opt_->state().find(c10::guts::to_string(params_[pi].tensor.unsafeGetTensorImpl()));
+      if (it != opt_->state().end()) {
+        if (cfg_.optimizer == "sgd")
+          corrupt_in_place(f, static_cast<torch::optim::SGDParamState&>(*it->second).momentum_buffer());
+        else
+          corrupt_in_place(f, static_cast<torch::optim::AdamWParamState&>(*it->second).exp_avg());
+      }
+    }
+  }
 
   double sq = 0;
   for (std::int64_t i = 0; i < P_; ++i) sq += static_cast<double>(reduced_[i]) * reduced_[i];
@@ -337,6 +456,7 @@ void Trainer::step(std::int64_t s) {
     set.add(p.name, DType::kFloat32, std::vector<std::int64_t>(sizes.begin(), sizes.end()), f);
   }
   const Fingerprint fp = set.finish();
+  param_fps_ = row.param_fps;
   if (cfg_.trace != "off") {
     row.grad_fp = fingerprint_bytes(reduced_.data(), static_cast<std::size_t>(P_) * sizeof(float));
     io_->submit([this, row = std::move(row), shards = std::move(shard_rows_)] { return trace_.append(row, shards); });
@@ -348,6 +468,73 @@ void Trainer::step(std::int64_t s) {
   }
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   write_metrics(s, lr, reduced_[P_], std::sqrt(sq), fp, secs);
+  detect(s, param_fps_);
+}
+
+void Trainer::incident(Incident inc) {
+  if (inc.rank >= 0) {
+    inc.host = info_.hosts[inc.rank];
+    inc.device = info_.devices[inc.rank];
+  }
+  if (comm_.rank == 0) {
+    std::fprintf(stderr, "culprit: incident: step %lld %s (%s): %s\n", static_cast<long long>(inc.step),
+                 inc.detector.c_str(), class_name(inc.cls), inc.message.c_str());
+    std::fflush(stderr);
+    Status st = log_incident(cfg_.run_dir, inc);
+    if (!st.ok()) std::fprintf(stderr, "culprit: warning: %s\n", st.message().c_str());
+  }
+  if (cfg_.on_detect == "halt" && halt_.ok())
+    halt_ = Status::Error("halted at step " + std::to_string(inc.step) + " by the " + inc.detector + " detector (" +
+                              class_name(inc.cls) + "): " + inc.message,
+                          exit_code_for(inc.cls));
+}
+
+// The detectors of one step. Every decision comes out of a collective, so all ranks act alike.
+void Trainer::detect(std::int64_t s, const std::vector<Fingerprint>& param_fps) {
+  if (cfg_.detect_nonfinite) {
+    bool bad_params = false;
+    const float* p = flat_params_.data_ptr<float>();
+    for (std::int64_t i = 0; i < P_ && !bad_params; ++i) bad_params = !std::isfinite(p[i]);
+    const int shard_rank = first_flagged(comm_, bad_shard_ >= 0);
+    int shard = bad_shard_;
+    if (shard_rank >= 0) CULPRIT_MPI_CHECK(MPI_Bcast(&shard, 1, MPI_INT, shard_rank, comm_.comm));
+    const int param_rank = first_flagged(comm_, bad_params);
+    bool bad_reduced = false;
+    for (std::int64_t i = 0; i <= P_ && !bad_reduced; ++i) bad_reduced = !std::isfinite(reduced_[i]);
+    if (shard_rank >= 0) {
+      incident({s, "nonfinite", IncidentClass::kNumerical, shard_rank, "", "",
+                "NaN/Inf in the loss or gradient of micro-shard " + std::to_string(shard) + " computed on rank " +
+                    std::to_string(shard_rank)});
+    } else if (bad_reduced) {
+      incident({s, "nonfinite", IncidentClass::kNumerical, -1, "", "",
+                "NaN/Inf in the reduced gradient or loss, though every micro-shard was finite"});
+    } else if (param_rank >= 0) {
+      incident({s, "nonfinite", IncidentClass::kNumerical, param_rank, "", "",
+                "NaN/Inf in the parameters of rank " + std::to_string(param_rank) + " after the update"});
+    }
+  }
+  if (cfg_.replica_check_every > 0 && s % cfg_.replica_check_every == 0 && comm_.size > 1) {
+    // Parameters and optimizer state must be bitwise identical on every rank.
+    std::vector<Fingerprint> fps = param_fps;
+    std::vector<std::string> names;
+    for (const auto& p : params_) names.push_back(p.name);
+    for (const auto& p : params_) {
+      auto it = opt_->state().find(c10::guts::to_string(p.tensor.unsafeGetTensorImpl()));
+      at::Tensor t;
+      if (it != opt_->state().end())
+        t = cfg_.optimizer == "sgd" ? static_cast<torch::optim::SGDParamState&>(*it->second).momentum_buffer()
+                                    : static_cast<torch::optim::AdamWParamState&>(*it->second).exp_avg();
+      fps.push_back(t.defined() ? tensor_fingerprint(t) : 0);
+      names.push_back(p.name + " (optimizer state)");
+    }
+    const ReplicaCheck rc = check_replicas(comm_, fps, names);
+    if (rc.diverged) {
+      std::string ranks;
+      for (int r : rc.odd_ranks) ranks += (ranks.empty() ? "" : ",") + std::to_string(r);
+      incident({s, "replica-divergence", IncidentClass::kHardware, rc.odd_ranks[0], "", "",
+                "rank(s) " + ranks + " differ from the other replicas, first in '" + rc.first_param + "'"});
+    }
+  }
 }
 
 // Copies the state into *c, reusing its buffers from the previous checkpoint: fresh pages cost a
@@ -535,13 +722,7 @@ Status Trainer::open_trace(std::int64_t start_step) {
   h.level = cfg_.trace;
   h.forward_detail = model_.per_layer() ? "per-layer" : "per-model";
   for (const auto& p : params_) h.params.push_back(p.name);
-  if (cfg_.trace == "layer") {
-    h.layers = model_.layers();
-    fwd_.assign(h.layers.size(), 0);
-    bwd_.assign(h.layers.size(), 0);
-    observer_ = std::make_unique<LayerTrace>(this, h.layers);
-    model_.set_observer(observer_.get());
-  }
+  if (cfg_.trace == "layer") h.layers = model_.layers();
   std::string warning;
   Status st = trace_.open(trace::path_for(cfg_.run_dir, comm_.rank), h, start_step, &warning);
   if (!warning.empty()) {
@@ -627,12 +808,16 @@ Status Trainer::run(std::int64_t start_step, const std::string& resumed_from) {
       std::printf("  resumed from %s (step %lld)\n", resumed_from.c_str(), static_cast<long long>(start_step));
   }
   model_.set_training(true);
-  // Fault in the host buffers of the checkpoint copy now rather than at the first checkpoint.
-  snap_ = std::make_shared<ckpt::Checkpoint>();
-  snapshot(start_step, snap_.get());
+  // A fresh run checkpoints its initial state, so a valid checkpoint from before any fault exists
+  // (this also faults in the host buffers of the state copy before training starts).
+  if (start_step == 0) st = save_checkpoint(0);
   const auto t0 = std::chrono::steady_clock::now();
   for (std::int64_t s = start_step + 1; s <= cfg_.steps && st.ok(); ++s) {
     step(s);
+    if (!halt_.ok()) {
+      st = halt_;  // no checkpoint of a state the detectors rejected
+      break;
+    }
     const bool due = (cfg_.checkpoint_every > 0 && s % cfg_.checkpoint_every == 0) || s == cfg_.steps;
     if (due) st = save_checkpoint(s);
   }

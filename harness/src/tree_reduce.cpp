@@ -76,7 +76,7 @@ std::size_t chunk_off(std::size_t n, int world, int c) {
 }  // namespace
 
 void tree_allreduce(const Comm& comm, int micro_shards, const TreeAccumulator& acc, float* out,
-                    TreeWorkspace* ws) {
+                    TreeWorkspace* ws, const SendFault* fault) {
   TreeWorkspace local;
   if (!ws) ws = &local;
   const int W = comm.size;
@@ -99,7 +99,7 @@ void tree_allreduce(const Comm& comm, int micro_shards, const TreeAccumulator& a
   const std::size_t my_len = chunk_off(n, W, comm.rank + 1) - my_off;
   std::vector<float>& packed = ws->packed;
   const float* sendbuf = mine[0].data.data();
-  if (nb == 1) {
+  if (nb == 1 && !fault) {
     for (int c = 0; c < W; ++c) {
       sdispl[c] = static_cast<int>(chunk_off(n, W, c));
       scount[c] = static_cast<int>(chunk_off(n, W, c + 1) - chunk_off(n, W, c));
@@ -117,6 +117,15 @@ void tree_allreduce(const Comm& comm, int micro_shards, const TreeAccumulator& a
       }
     }
     sendbuf = packed.data();
+    if (fault && fault->offset < n) {
+      int c = 0;
+      while (chunk_off(n, W, c + 1) <= fault->offset) ++c;
+      const std::size_t len = chunk_off(n, W, c + 1) - chunk_off(n, W, c);
+      for (int j = 0; j < nb; ++j) {
+        float& v = packed[sdispl[c] + j * len + (fault->offset - chunk_off(n, W, c))];
+        v = fault->apply(fault->ctx, v);
+      }
+    }
   }
   std::size_t rtotal = 0;
   for (int r = 0; r < W; ++r) {

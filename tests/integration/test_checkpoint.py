@@ -122,7 +122,7 @@ class Tools(TempDirTest):
         self.train("t", ["--steps", "6", "--trace", "layer"] + BASE, world=2)
         v = run(["verify", self.path("t")])
         self.assertEqual(v.code, 0, v.out + v.err)
-        self.assertEqual(v.out.count("ok "), 2 + 2)  # two checkpoints (5, 6), two trace files
+        self.assertEqual(v.out.count("ok "), 3 + 2)  # three checkpoints (0, 5, 6), two trace files
         j = run(["inspect", "--json", ckpt(self.path("t"), 6)])
         self.assertEqual(j.code, 0, j.err)
         doc = json.loads(j.out)

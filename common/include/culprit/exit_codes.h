@@ -10,6 +10,10 @@ enum ExitCode : int {
   kExitMpi = 3,         // an MPI call failed
   kExitDamaged = 4,     // verify: a checkpoint or trace is damaged
   kExitDiffers = 5,     // diff: the checkpoints differ
+  // train --on-detect halt: what the detectors suspect (docs/detection.md).
+  kExitHardware = 10,   // hardware suspected: replicas diverged, corrupted communication
+  kExitNumerical = 11,  // numerical: NaN/Inf in loss, gradients or parameters
+  kExitInvariant = 12,  // a training invariant was violated
 };
 
 }  // namespace culprit

@@ -10,18 +10,22 @@ class Status {
  public:
   Status() = default;
   static Status OK() { return Status(); }
-  static Status Error(std::string message) {
+  // `code` is the process exit code this error leads to (culprit/exit_codes.h; 2: bad input).
+  static Status Error(std::string message, int code = 2) {
     Status s;
     s.ok_ = false;
     s.message_ = std::move(message);
+    s.code_ = code;
     return s;
   }
   bool ok() const { return ok_; }
   const std::string& message() const { return message_; }
+  int code() const { return ok_ ? 0 : code_; }
 
  private:
   bool ok_ = true;
   std::string message_;
+  int code_ = 0;
 };
 
 }  // namespace culprit

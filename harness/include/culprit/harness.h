@@ -19,6 +19,10 @@ struct TrainConfig {
   std::int64_t keep_every = 0;
   bool async_checkpoint = true;
   std::string trace = "step";      // off | step | layer
+  std::vector<std::string> inject;  // fault specs (culprit/inject.h)
+  std::string on_detect = "halt";  // halt | warn
+  bool detect_nonfinite = true;
+  std::int64_t replica_check_every = 1;  // 0: off
   std::int64_t steps = 20;
   std::int64_t global_batch = 32;
   int micro_shards = 8;

@@ -66,8 +66,15 @@ struct TreeWorkspace {
 // Collective over comm: combines every rank's accumulated blocks (acc holds leaves
 // shard_range(comm.rank, comm.size, micro_shards)) into the root; every rank gets the same n
 // values in `out`.
+// `corrupt`, when given, is applied to element `corrupt_offset` of every block this rank sends
+// (after it leaves the rank's hands: fault injection of a faulty link).
+struct SendFault {
+  std::size_t offset = 0;
+  float (*apply)(const void* ctx, float) = nullptr;
+  const void* ctx = nullptr;
+};
 void tree_allreduce(const Comm& comm, int micro_shards, const TreeAccumulator& acc, float* out,
-                    TreeWorkspace* ws = nullptr);
+                    TreeWorkspace* ws = nullptr, const SendFault* fault = nullptr);
 
 // Bytes this rank sends in tree_allreduce (both phases), for the benchmark and the docs.
 std::size_t tree_allreduce_bytes_sent(int rank, int world, int micro_shards, std::size_t n);

@@ -1,0 +1,90 @@
+#include "detect.h"
+
+#include <chrono>
+#include <ctime>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <nlohmann/json.hpp>
+
+#include "culprit/exit_codes.h"
+
+namespace culprit::harness {
+
+const char* class_name(IncidentClass c) {
+  switch (c) {
+    case IncidentClass::kHardware: return "hardware";
+    case IncidentClass::kNumerical: return "numerical";
+    case IncidentClass::kInvariant: return "invariant";
+  }
+  return "?";
+}
+
+int exit_code_for(IncidentClass c) {
+  switch (c) {
+    case IncidentClass::kHardware: return kExitHardware;
+    case IncidentClass::kNumerical: return kExitNumerical;
+    case IncidentClass::kInvariant: return kExitInvariant;
+  }
+  return kExitFailure;
+}
+
+Status log_incident(const std::string& run_dir, const Incident& inc) {
+  char when[32];
+  const std::time_t t = std::time(nullptr);
+  std::strftime(when, sizeof when, "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&t));
+  const char* job = std::getenv("SLURM_JOB_ID");
+  const std::string slurm = job ? job : "";
+  namespace fs = std::filesystem;
+  std::ofstream log(fs::path(run_dir) / "incidents.log", std::ios::app);
+  // Values are quoted when they hold spaces; the message last.
+  log << "time=" << when << " step=" << inc.step << " detector=" << inc.detector << " class=" << class_name(inc.cls)
+      << " rank=" << inc.rank << " host=" << (inc.host.empty() ? "-" : inc.host)
+      << " device=" << (inc.device.empty() ? "-" : inc.device) << " slurm_job_id=" << (slurm.empty() ? "-" : slurm)
+      << " message=\"" << inc.message << "\"\n";
+  nlohmann::ordered_json j = {{"time", when},      {"step", inc.step},    {"detector", inc.detector},
+                              {"class", class_name(inc.cls)}, {"rank", inc.rank}, {"host", inc.host},
+                              {"device", inc.device}, {"slurm_job_id", slurm}, {"message", inc.message}};
+  std::ofstream jl(fs::path(run_dir) / "incidents.jsonl", std::ios::app);
+  jl << j.dump() << "\n";
+  if (!log || !jl) return Status::Error("cannot append to the incident log in '" + run_dir + "'");
+  return Status::OK();
+}
+
+ReplicaCheck check_replicas(const Comm& comm, const std::vector<Fingerprint>& fps, const std::vector<std::string>& names) {
+  ReplicaCheck out;
+  if (comm.size == 1) return out;
+  const int n = static_cast<int>(fps.size());
+  std::vector<Fingerprint> all(static_cast<std::size_t>(n) * comm.size);
+  CULPRIT_MPI_CHECK(MPI_Allgather(fps.data(), n, MPI_UINT64_T, all.data(), n, MPI_UINT64_T, comm.comm));
+  // Each rank's set, compared as a whole; the majority set wins (ties: rank 0's).
+  std::map<std::vector<Fingerprint>, int> votes;
+  std::vector<std::vector<Fingerprint>> sets(comm.size);
+  for (int r = 0; r < comm.size; ++r) {
+    sets[r].assign(all.begin() + static_cast<std::ptrdiff_t>(r) * n, all.begin() + static_cast<std::ptrdiff_t>(r + 1) * n);
+    votes[sets[r]]++;
+  }
+  const std::vector<Fingerprint>* majority = &sets[0];
+  for (const auto& [set, count] : votes)
+    if (count > votes[*majority]) majority = &set;
+  for (int r = 0; r < comm.size; ++r) {
+    if (sets[r] == *majority) continue;
+    out.diverged = true;
+    out.odd_ranks.push_back(r);
+    if (out.first_param.empty())
+      for (int i = 0; i < n; ++i)
+        if (sets[r][i] != (*majority)[i]) {
+          out.first_param = names[i];
+          break;
+        }
+  }
+  return out;
+}
+
+int first_flagged(const Comm& comm, bool flag) {
+  int mine = flag ? comm.rank : comm.size, first = comm.size;
+  CULPRIT_MPI_CHECK(MPI_Allreduce(&mine, &first, 1, MPI_INT, MPI_MIN, comm.comm));
+  return first == comm.size ? -1 : first;
+}
+
+}  // namespace culprit::harness

@@ -1,0 +1,44 @@
+// Online detection: incident records, the replica-divergence check, exit codes per class.
+// No libtorch here.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "culprit/fingerprint.h"
+#include "culprit/mpi_util.h"
+#include "culprit/status.h"
+
+namespace culprit::harness {
+
+enum class IncidentClass { kHardware, kNumerical, kInvariant };
+const char* class_name(IncidentClass c);
+int exit_code_for(IncidentClass c);
+
+struct Incident {
+  std::int64_t step = 0;
+  std::string detector;  // "nonfinite", "replica-divergence", ...
+  IncidentClass cls = IncidentClass::kNumerical;
+  int rank = -1;         // the rank blamed, -1: none
+  std::string host, device;
+  std::string message;
+};
+
+// Appends to RUN/incidents.log (one key=value line) and RUN/incidents.jsonl. Rank 0 only.
+Status log_incident(const std::string& run_dir, const Incident& inc);
+
+// Collective: compares every rank's parameter fingerprints. On disagreement, the ranks whose set
+// differs from the majority are "odd" and first_param names the first parameter (state-dict order)
+// where an odd rank differs.
+struct ReplicaCheck {
+  bool diverged = false;
+  std::vector<int> odd_ranks;
+  std::string first_param;
+};
+ReplicaCheck check_replicas(const Comm& comm, const std::vector<Fingerprint>& param_fps,
+                            const std::vector<std::string>& names);
+
+// Collective: the lowest rank whose flag is set, or -1.
+int first_flagged(const Comm& comm, bool flag);
+
+}  // namespace culprit::harness

@@ -1,0 +1,179 @@
+#include "culprit/inject.h"
+
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <map>
+#include <sstream>
+
+#include "rng.h"
+
+namespace culprit::harness {
+
+const char* phase_name(Phase p) {
+  switch (p) {
+    case Phase::kForward: return "forward";
+    case Phase::kBackward: return "backward";
+    case Phase::kGrad: return "grad";
+    case Phase::kComm: return "comm";
+    case Phase::kParam: return "param";
+    case Phase::kOptimizer: return "optimizer";
+    case Phase::kData: return "data";
+  }
+  return "?";
+}
+const char* kind_name(FaultKind k) {
+  switch (k) {
+    case FaultKind::kBitflip: return "bitflip";
+    case FaultKind::kNan: return "nan";
+    case FaultKind::kScale: return "scale";
+    case FaultKind::kNoise: return "noise";
+  }
+  return "?";
+}
+const char* mode_name(FaultMode m) {
+  switch (m) {
+    case FaultMode::kTransient: return "transient";
+    case FaultMode::kPersistent: return "persistent";
+    case FaultMode::kIntermittent: return "intermittent";
+  }
+  return "?";
+}
+
+namespace {
+template <class E>
+Status lookup(const std::string& key, const std::string& value, const std::map<std::string, E>& table, E* out) {
+  auto it = table.find(value);
+  if (it != table.end()) {
+    *out = it->second;
+    return Status::OK();
+  }
+  std::string valid;
+  for (const auto& [k, v] : table) valid += (valid.empty() ? "" : ", ") + k;
+  return Status::Error("--inject: unknown " + key + " '" + value + "' (valid: " + valid + ")");
+}
+
+Status number(const std::string& key, const std::string& value, double* out) {
+  try {
+    std::size_t used = 0;
+    *out = std::stod(value, &used);
+    if (used == value.size()) return Status::OK();
+  } catch (const std::exception&) {
+  }
+  return Status::Error("--inject: " + key + "=" + value + " is not a number");
+}
+}  // namespace
+
+Status parse_fault(const std::string& text, const std::vector<std::string>& layers, FaultSpec* out) {
+  *out = FaultSpec();
+  out->text = text;
+  bool have_phase = false, have_layer = false;
+  std::stringstream ss(text);
+  std::string item;
+  while (std::getline(ss, item, ',')) {
+    const auto eq = item.find('=');
+    if (eq == std::string::npos) return Status::Error("--inject: '" + item + "' is not key=value");
+    const std::string key = item.substr(0, eq), value = item.substr(eq + 1);
+    double v = 0;
+    if (key == "step" || key == "rank" || key == "index" || key == "bit") {
+      CULPRIT_RETURN_IF_ERROR(number(key, value, &v));
+      if (v < 0 || v != std::floor(v)) return Status::Error("--inject: " + key + " must be a non-negative integer");
+      if (key == "step") out->step = static_cast<std::int64_t>(v);
+      if (key == "rank") out->rank = static_cast<int>(v);
+      if (key == "index") out->index = static_cast<std::int64_t>(v);
+      if (key == "bit") {
+        if (v > 31) return Status::Error("--inject: bit must be 0..31");
+        out->bit = static_cast<int>(v);
+      }
+    } else if (key == "factor") {
+      CULPRIT_RETURN_IF_ERROR(number(key, value, &out->factor));
+    } else if (key == "p") {
+      CULPRIT_RETURN_IF_ERROR(number(key, value, &out->p));
+      if (!(out->p >= 0 && out->p <= 1)) return Status::Error("--inject: p must be in [0, 1]");
+    } else if (key == "layer") {
+      out->layer = value;
+      have_layer = true;
+    } else if (key == "phase") {
+      CULPRIT_RETURN_IF_ERROR(lookup<Phase>(key, value,
+                                            {{"forward", Phase::kForward}, {"backward", Phase::kBackward},
+                                             {"grad", Phase::kGrad}, {"comm", Phase::kComm},
+                                             {"param", Phase::kParam}, {"optimizer", Phase::kOptimizer},
+                                             {"data", Phase::kData}},
+                                            &out->phase));
+      have_phase = true;
+    } else if (key == "kind") {
+      CULPRIT_RETURN_IF_ERROR(lookup<FaultKind>(
+          key, value,
+          {{"bitflip", FaultKind::kBitflip}, {"nan", FaultKind::kNan}, {"scale", FaultKind::kScale},
+           {"noise", FaultKind::kNoise}},
+          &out->kind));
+    } else if (key == "mode") {
+      CULPRIT_RETURN_IF_ERROR(lookup<FaultMode>(
+          key, value,
+          {{"transient", FaultMode::kTransient}, {"persistent", FaultMode::kPersistent},
+           {"intermittent", FaultMode::kIntermittent}},
+          &out->mode));
+    } else {
+      return Status::Error("--inject: unknown key '" + key +
+                           "' (valid: step, rank, layer, index, phase, kind, bit, factor, mode, p)");
+    }
+  }
+  if (!have_phase) return Status::Error("--inject: '" + text + "' needs phase=");
+  if (out->step < 1) return Status::Error("--inject: step must be at least 1");
+  if (out->phase != Phase::kData) {
+    std::string valid;
+    bool found = false;
+    for (const auto& l : layers) {
+      valid += (valid.empty() ? "" : ", ") + l;
+      found = found || l == out->layer;
+    }
+    if (!have_layer) return Status::Error("--inject: phase " + std::string(phase_name(out->phase)) +
+                                          " needs layer= (valid: " + valid + ")");
+    if (!found) return Status::Error("--inject: unknown layer '" + out->layer + "' (valid: " + valid + ")");
+  }
+  return Status::OK();
+}
+
+bool fault_fires(const FaultSpec& s, int rank, std::int64_t step, bool replay, std::uint64_t seed,
+                 std::uint64_t occurrence) {
+  if (rank != s.rank) return false;
+  switch (s.mode) {
+    case FaultMode::kTransient: return !replay && step == s.step;
+    case FaultMode::kPersistent: return step >= s.step;
+    case FaultMode::kIntermittent: {
+      if (step < s.step) return false;
+      const std::uint64_t h = splitmix64(splitmix64(seed ^ 0x1f1f) + static_cast<std::uint64_t>(step) * 1315423911ULL +
+                                         occurrence);
+      return static_cast<double>(h >> 11) * (1.0 / 9007199254740992.0) < s.p;
+    }
+  }
+  return false;
+}
+
+float corrupt_value(const FaultSpec& s, float v) {
+  switch (s.kind) {
+    case FaultKind::kBitflip: {
+      std::uint32_t u;
+      std::memcpy(&u, &v, 4);
+      u ^= (1u << s.bit);
+      std::memcpy(&v, &u, 4);
+      return v;
+    }
+    case FaultKind::kNan: return std::numeric_limits<float>::quiet_NaN();
+    case FaultKind::kScale: return static_cast<float>(v * s.factor);
+    case FaultKind::kNoise: {
+      // Differs every time it runs, like a nondeterministic kernel: a counter and the clock.
+      static std::atomic<std::uint64_t> counter{0};
+      const std::uint64_t h = splitmix64(counter.fetch_add(1) ^
+                                         static_cast<std::uint64_t>(
+                                             std::chrono::steady_clock::now().time_since_epoch().count()));
+      const float eps = (static_cast<float>(h >> 40) * (1.0f / 16777216.0f) + 0.5f) * 1e-3f;
+      return v + (v == 0.0f ? eps : v * eps);
+    }
+  }
+  return v;
+}
+
+}  // namespace culprit::harness
