@@ -36,6 +36,7 @@ po::options_description describe(TrainConfig* c) {
     ("inject", po::value(&c->inject)->composing(), "inject a fault (repeatable): step=S,rank=R,layer=NAME,phase=P,kind=K[,index=I,bit=B,factor=F,mode=M,p=P] (docs/detection.md)")
     ("on-detect", po::value(&c->on_detect)->default_value(c->on_detect), "halt | warn: what a detection does (halt: every rank exits with the class's code)")
     ("detect-nonfinite", po::value(&c->detect_nonfinite)->default_value(c->detect_nonfinite)->implicit_value(true), "detect NaN/Inf in micro-shard losses and gradients and in the parameters")
+    ("comm-check", po::value(&c->comm_check)->default_value(c->comm_check)->implicit_value(true), "fingerprint every reduction message as sent and as received; a mismatch names sender and receiver")
     ("replica-check-every", po::value(&c->replica_check_every)->default_value(c->replica_check_every), "compare parameter and optimizer-state fingerprints across ranks every N steps (0: off)")
     ("trace", po::value(&c->trace)->default_value(c->trace), "off | step | layer: per-step fingerprint trace in RUN/trace/ (layer: also every layer's forward output and backward gradient)")
     ("steps", po::value(&c->steps)->default_value(c->steps), "optimizer steps to run")
@@ -218,6 +219,7 @@ std::string to_ini(const TrainConfig& c) {
      << "trace = " << c.trace << "\n"
      << "on-detect = " << c.on_detect << "\n"
      << "detect-nonfinite = " << (c.detect_nonfinite ? "true" : "false") << "\n"
+     << "comm-check = " << (c.comm_check ? "true" : "false") << "\n"
      << "replica-check-every = " << c.replica_check_every << "\n";
   for (const auto& spec : c.inject) os << "inject = " << spec << "\n";
   return os.str();

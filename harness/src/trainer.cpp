@@ -417,7 +417,16 @@ void Trainer::step(std::int64_t s) {
     sf.apply = [](const void* ctx, float v) { return corrupt_value(*static_cast<const FaultSpec*>(ctx), v); };
     send_fault = &sf;
   }
-  tree_allreduce(comm_, static_cast<int>(M), *acc_, reduced_.data(), &tree_ws_, send_fault);
+  CommCheck cc;
+  cc.enabled = cfg_.comm_check;
+  tree_allreduce(comm_, static_cast<int>(M), *acc_, reduced_.data(), &tree_ws_, send_fault, &cc);
+  if (!cc.mismatches.empty()) {
+    std::string pairs;
+    for (const auto& [from, to] : cc.mismatches)
+      pairs += (pairs.empty() ? "" : ", ") + std::to_string(from) + " -> " + std::to_string(to);
+    incident({s, "comm", IncidentClass::kHardware, cc.mismatches[0].first, "", "",
+              "reduction message(s) arrived unlike they were sent (sender -> receiver): " + pairs});
+  }
 
   // The reduced gradient becomes every parameter's gradient; the optimizer steps.
   auto grads = torch::from_blob(reduced_.data(), {P_ + 1}, torch::kFloat32);

@@ -76,7 +76,8 @@ std::size_t chunk_off(std::size_t n, int world, int c) {
 }  // namespace
 
 void tree_allreduce(const Comm& comm, int micro_shards, const TreeAccumulator& acc, float* out,
-                    TreeWorkspace* ws, const SendFault* fault) {
+                    TreeWorkspace* ws, const SendFault* fault, CommCheck* check) {
+  if (check) check->mismatches.clear();
   TreeWorkspace local;
   if (!ws) ws = &local;
   const int W = comm.size;
@@ -117,6 +118,12 @@ void tree_allreduce(const Comm& comm, int micro_shards, const TreeAccumulator& a
       }
     }
     sendbuf = packed.data();
+  }
+  // Phase-1 fingerprints of what this rank means to send, taken before it leaves its hands.
+  std::vector<Fingerprint> sent_fp(W, 0), expect_fp(W, 0);
+  if (check && check->enabled)
+    for (int c = 0; c < W; ++c) sent_fp[c] = fingerprint_bytes(sendbuf + sdispl[c], scount[c] * sizeof(float));
+  if (!packed.empty() && sendbuf == packed.data()) {
     if (fault && fault->offset < n) {
       int c = 0;
       while (chunk_off(n, W, c + 1) <= fault->offset) ++c;
@@ -137,6 +144,12 @@ void tree_allreduce(const Comm& comm, int micro_shards, const TreeAccumulator& a
   recv.resize(rtotal);
   CULPRIT_MPI_CHECK(MPI_Alltoallv(sendbuf, scount.data(), sdispl.data(), MPI_FLOAT, recv.data(),
                                   rcount.data(), rdispl.data(), MPI_FLOAT, comm.comm));
+  std::vector<int> bad(static_cast<std::size_t>(W) * W, 0);  // bad[sender * W + receiver]
+  if (check && check->enabled) {
+    CULPRIT_MPI_CHECK(MPI_Alltoall(sent_fp.data(), 1, MPI_UINT64_T, expect_fp.data(), 1, MPI_UINT64_T, comm.comm));
+    for (int r = 0; r < W; ++r)
+      if (fingerprint_bytes(recv.data() + rdispl[r], rcount[r] * sizeof(float)) != expect_fp[r]) bad[r * W + comm.rank] = 1;
+  }
   // Combine this chunk's nodes bottom-up, in tree order, in place in the receive buffer.
   struct Slot {
     TreeNode node;
@@ -163,8 +176,23 @@ void tree_allreduce(const Comm& comm, int micro_shards, const TreeAccumulator& a
     rdispl[c] = static_cast<int>(chunk_off(n, W, c));
     rcount[c] = static_cast<int>(chunk_off(n, W, c + 1) - chunk_off(n, W, c));
   }
+  Fingerprint mine_fp = 0;
+  if (check && check->enabled) mine_fp = fingerprint_bytes(out + my_off, my_len * sizeof(float));
   CULPRIT_MPI_CHECK(MPI_Allgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, out, rcount.data(),
                                    rdispl.data(), MPI_FLOAT, comm.comm));
+  if (check && check->enabled) {
+    // Phase 2: every reduced chunk as its owner sent it.
+    std::vector<Fingerprint> owner_fp(W, 0);
+    CULPRIT_MPI_CHECK(MPI_Allgather(&mine_fp, 1, MPI_UINT64_T, owner_fp.data(), 1, MPI_UINT64_T, comm.comm));
+    for (int c = 0; c < W; ++c)
+      if (c != comm.rank && fingerprint_bytes(out + rdispl[c], rcount[c] * sizeof(float)) != owner_fp[c])
+        bad[c * W + comm.rank] = 1;
+    std::vector<int> all(bad.size(), 0);
+    CULPRIT_MPI_CHECK(MPI_Allreduce(bad.data(), all.data(), static_cast<int>(bad.size()), MPI_INT, MPI_MAX, comm.comm));
+    for (int sndr = 0; sndr < W; ++sndr)
+      for (int rcvr = 0; rcvr < W; ++rcvr)
+        if (all[sndr * W + rcvr]) check->mismatches.push_back({sndr, rcvr});
+  }
 }
 
 std::size_t tree_allreduce_bytes_sent(int rank, int world, int micro_shards, std::size_t n) {

@@ -20,6 +20,8 @@ CASES = [
     ("backward", "nan", "", "nonfinite", NUMERICAL),
     ("grad", "nan", "", "nonfinite", NUMERICAL),
     ("data", "nan", "", "nonfinite", NUMERICAL),
+    ("comm", "bitflip", ",bit=3", "comm", HARDWARE),
+    ("comm", "nan", "", "comm", HARDWARE),
     ("param", "bitflip", ",bit=3", "replica-divergence", HARDWARE),
     ("param", "nan", "", "nonfinite", NUMERICAL),
     ("param", "scale", ",factor=2", "replica-divergence", HARDWARE),

@@ -22,6 +22,7 @@ struct TrainConfig {
   std::vector<std::string> inject;  // fault specs (culprit/inject.h)
   std::string on_detect = "halt";  // halt | warn
   bool detect_nonfinite = true;
+  bool comm_check = true;          // fingerprint every reduction message at both ends
   std::int64_t replica_check_every = 1;  // 0: off
   std::int64_t steps = 20;
   std::int64_t global_batch = 32;

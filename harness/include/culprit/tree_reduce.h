@@ -10,6 +10,7 @@
 #include <cstddef>
 #include <vector>
 
+#include "culprit/fingerprint.h"
 #include "culprit/mpi_util.h"
 
 namespace culprit {
@@ -73,8 +74,15 @@ struct SendFault {
   float (*apply)(const void* ctx, float) = nullptr;
   const void* ctx = nullptr;
 };
+// With `check`, every message is fingerprinted by its sender before it leaves and by its receiver
+// on arrival (both phases); mismatches are returned as (sender, receiver) pairs, the same list on
+// every rank.
+struct CommCheck {
+  bool enabled = false;
+  std::vector<std::pair<int, int>> mismatches;  // (sender, receiver)
+};
 void tree_allreduce(const Comm& comm, int micro_shards, const TreeAccumulator& acc, float* out,
-                    TreeWorkspace* ws = nullptr, const SendFault* fault = nullptr);
+                    TreeWorkspace* ws = nullptr, const SendFault* fault = nullptr, CommCheck* check = nullptr);
 
 // Bytes this rank sends in tree_allreduce (both phases), for the benchmark and the docs.
 std::size_t tree_allreduce_bytes_sent(int rank, int world, int micro_shards, std::size_t n);
