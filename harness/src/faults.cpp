@@ -2,6 +2,10 @@
 
 #include <torch/torch.h>
 
+#include <cmath>
+
+#include "trainer.h"
+
 namespace culprit::harness {
 
 void corrupt_in_place(const FaultSpec& spec, const at::Tensor& t) {
@@ -25,6 +29,118 @@ void corrupt_tokens(const FaultSpec& spec, const at::Tensor& t, std::int64_t voc
   if (t.numel() == 0 || t.scalar_type() != at::kLong) return;
   std::int64_t* p = t.data_ptr<std::int64_t>() + spec.index % t.numel();
   *p = (*p + 1) % vocab;
+}
+
+
+// ---- fault injection and detection inside the trainer (docs/detection.md) ----
+
+bool Trainer::fires(const FaultSpec& f, Phase phase, int occurrence, bool per_shard) const {
+  if (f.phase != phase) return false;
+  // A transient fault hits once: the first micro-shard the rank computes in that step.
+  if (f.mode == FaultMode::kTransient && per_shard && occurrence != first_shard_) return false;
+  return fault_fires(f, comm_.rank, cur_step_, /*replay=*/false, cfg_.seed, static_cast<std::uint64_t>(occurrence));
+}
+
+int Trainer::layer_param(const std::string& layer) const {
+  for (std::size_t i = 0; i < params_.size(); ++i)
+    if (params_[i].name.rfind(layer + ".", 0) == 0) return static_cast<int>(i);
+  return -1;
+}
+
+// Records each layer's forward output fingerprint and, through a gradient hook, the fingerprint of
+// the gradient flowing back into it.
+LayerTrace::LayerTrace(Trainer* t, std::vector<std::string> layers) : trainer(t) {
+  for (std::size_t i = 0; i < layers.size(); ++i) index[layers[i]] = i;
+}
+
+at::Tensor LayerTrace::on_forward(const std::string& layer, const at::Tensor& output) {
+  at::Tensor out = output;
+  Trainer* t = trainer;
+  for (const auto& f : t->faults_) {
+    if (f.layer != layer) continue;
+    if (t->fires(f, Phase::kForward, shard, true)) out = corrupt_output(f, out);
+    if (out.requires_grad() && t->fires(f, Phase::kBackward, shard, true)) {
+      const FaultSpec spec = f;
+      out.register_hook([spec](const at::Tensor& g) {
+        auto bad = g.clone();
+        corrupt_in_place(spec, bad);
+        return bad;
+      });
+    }
+  }
+  const auto it = index.find(layer);
+  if (it == index.end() || t->fwd_.empty()) return out;
+  const std::size_t i = it->second;
+  t->fwd_[i] = tensor_fingerprint(out.detach());
+  if (out.requires_grad()) out.register_hook([t, i](const at::Tensor& g) { t->bwd_[i] = tensor_fingerprint(g); });
+  return out;
+}
+
+
+void Trainer::incident(Incident inc) {
+  if (inc.rank >= 0) {
+    inc.host = info_.hosts[inc.rank];
+    inc.device = info_.devices[inc.rank];
+  }
+  if (comm_.rank == 0) {
+    std::fprintf(stderr, "culprit: incident: step %lld %s (%s): %s\n", static_cast<long long>(inc.step),
+                 inc.detector.c_str(), class_name(inc.cls), inc.message.c_str());
+    std::fflush(stderr);
+    Status st = log_incident(cfg_.run_dir, inc);
+    if (!st.ok()) std::fprintf(stderr, "culprit: warning: %s\n", st.message().c_str());
+  }
+  if (cfg_.on_detect == "halt" && halt_.ok())
+    halt_ = Status::Error("halted at step " + std::to_string(inc.step) + " by the " + inc.detector + " detector (" +
+                              class_name(inc.cls) + "): " + inc.message,
+                          exit_code_for(inc.cls));
+}
+
+// The detectors of one step. Every decision comes out of a collective, so all ranks act alike.
+void Trainer::detect(std::int64_t s, const std::vector<Fingerprint>& param_fps) {
+  if (cfg_.detect_nonfinite) {
+    bool bad_params = false;
+    const float* p = flat_params_.data_ptr<float>();
+    for (std::int64_t i = 0; i < P_ && !bad_params; ++i) bad_params = !std::isfinite(p[i]);
+    const int shard_rank = first_flagged(comm_, bad_shard_ >= 0);
+    int shard = bad_shard_;
+    if (shard_rank >= 0) CULPRIT_MPI_CHECK(MPI_Bcast(&shard, 1, MPI_INT, shard_rank, comm_.comm));
+    const int param_rank = first_flagged(comm_, bad_params);
+    bool bad_reduced = false;
+    for (std::int64_t i = 0; i <= P_ && !bad_reduced; ++i) bad_reduced = !std::isfinite(reduced_[i]);
+    if (shard_rank >= 0) {
+      incident({s, "nonfinite", IncidentClass::kNumerical, shard_rank, "", "",
+                "NaN/Inf in the loss or gradient of micro-shard " + std::to_string(shard) + " computed on rank " +
+                    std::to_string(shard_rank)});
+    } else if (bad_reduced) {
+      incident({s, "nonfinite", IncidentClass::kNumerical, -1, "", "",
+                "NaN/Inf in the reduced gradient or loss, though every micro-shard was finite"});
+    } else if (param_rank >= 0) {
+      incident({s, "nonfinite", IncidentClass::kNumerical, param_rank, "", "",
+                "NaN/Inf in the parameters of rank " + std::to_string(param_rank) + " after the update"});
+    }
+  }
+  if (cfg_.replica_check_every > 0 && s % cfg_.replica_check_every == 0 && comm_.size > 1) {
+    // Parameters and optimizer state must be bitwise identical on every rank.
+    std::vector<Fingerprint> fps = param_fps;
+    std::vector<std::string> names;
+    for (const auto& p : params_) names.push_back(p.name);
+    for (const auto& p : params_) {
+      auto it = opt_->state().find(c10::guts::to_string(p.tensor.unsafeGetTensorImpl()));
+      at::Tensor t;
+      if (it != opt_->state().end())
+        t = cfg_.optimizer == "sgd" ? static_cast<torch::optim::SGDParamState&>(*it->second).momentum_buffer()
+                                    : static_cast<torch::optim::AdamWParamState&>(*it->second).exp_avg();
+      fps.push_back(t.defined() ? tensor_fingerprint(t) : 0);
+      names.push_back(p.name + " (optimizer state)");
+    }
+    const ReplicaCheck rc = check_replicas(comm_, fps, names);
+    if (rc.diverged) {
+      std::string ranks;
+      for (int r : rc.odd_ranks) ranks += (ranks.empty() ? "" : ",") + std::to_string(r);
+      incident({s, "replica-divergence", IncidentClass::kHardware, rc.odd_ranks[0], "", "",
+                "rank(s) " + ranks + " differ from the other replicas, first in '" + rc.first_param + "'"});
+    }
+  }
 }
 
 }  // namespace culprit::harness

@@ -11,7 +11,6 @@
 #include <algorithm>
 #include <map>
 
-#include "culprit/checkpoint.h"
 #include "culprit/fingerprint.h"
 #include "culprit/harness.h"
 #include "culprit/trace.h"
@@ -23,12 +22,45 @@
 #include "faults.h"
 #include "io_worker.h"
 #include "model.h"
+#include "trainer.h"
 #include "rng.h"
 #include "runinfo.h"
 
 namespace culprit::harness {
 
 namespace fs = std::filesystem;
+
+DType to_dtype(at::ScalarType t) {
+  switch (t) {
+    case at::kFloat: return DType::kFloat32;
+    case at::kDouble: return DType::kFloat64;
+    case at::kLong: return DType::kInt64;
+    case at::kInt: return DType::kInt32;
+    case at::kByte: return DType::kUInt8;
+    case at::kBFloat16: return DType::kBFloat16;
+    case at::kHalf: return DType::kFloat16;
+    case at::kBool: return DType::kBool;
+    default: throw std::runtime_error("unsupported dtype " + std::string(c10::toString(t)));
+  }
+}
+
+Fingerprint tensor_fingerprint(const at::Tensor& t) {
+  auto c = t.contiguous();
+  return fingerprint_bytes(c.data_ptr(), c.numel() * c.element_size());
+}
+
+Fingerprint set_fingerprint(const std::vector<NamedTensor>& tensors) {
+  FingerprintSet set;
+  for (const auto& nt : tensors) {
+    auto sizes = nt.tensor.sizes();
+    set.add(nt.name, to_dtype(nt.tensor.scalar_type()), std::vector<std::int64_t>(sizes.begin(), sizes.end()),
+            tensor_fingerprint(nt.tensor));
+  }
+  return set.finish();
+}
+
+at::ScalarType to_scalar(DType t) { return t == DType::kInt64 ? at::kLong : at::kFloat; }
+
 
 namespace {
 
@@ -62,37 +94,6 @@ int setup_determinism(int threads) {
   return 0;
 }
 
-DType to_dtype(at::ScalarType t) {
-  switch (t) {
-    case at::kFloat: return DType::kFloat32;
-    case at::kDouble: return DType::kFloat64;
-    case at::kLong: return DType::kInt64;
-    case at::kInt: return DType::kInt32;
-    case at::kByte: return DType::kUInt8;
-    case at::kBFloat16: return DType::kBFloat16;
-    case at::kHalf: return DType::kFloat16;
-    case at::kBool: return DType::kBool;
-    default: throw std::runtime_error("unsupported dtype " + std::string(c10::toString(t)));
-  }
-}
-
-Fingerprint tensor_fingerprint(const at::Tensor& t) {
-  auto c = t.contiguous();
-  return fingerprint_bytes(c.data_ptr(), c.numel() * c.element_size());
-}
-
-Fingerprint set_fingerprint(const std::vector<NamedTensor>& tensors) {
-  FingerprintSet set;
-  for (const auto& nt : tensors) {
-    auto sizes = nt.tensor.sizes();
-    set.add(nt.name, to_dtype(nt.tensor.scalar_type()), std::vector<std::int64_t>(sizes.begin(), sizes.end()),
-            tensor_fingerprint(nt.tensor));
-  }
-  return set.finish();
-}
-
-at::ScalarType to_scalar(DType t) { return t == DType::kInt64 ? at::kLong : at::kFloat; }
-
 std::string json_float(float v) {
   if (!std::isfinite(v)) return "null";
   char buf[32];
@@ -100,114 +101,7 @@ std::string json_float(float v) {
   return buf;
 }
 
-Status truncate_metrics(const std::string& path, std::int64_t keep);
-
-class Trainer {
- public:
-  Trainer(const TrainConfig& cfg, const Comm& comm, const Dataset& data, Model& model)
-      : cfg_(cfg), comm_(comm), data_(data), model_(model) {}
-
-  Status init();
-  // Restores parameters, buffers and optimizer state from a verified checkpoint.
-  Status restore(const ckpt::Checkpoint& c);
-  Status run(std::int64_t start_step, const std::string& resumed_from);
-
- private:
-  struct LayerTrace;  // per-micro-shard layer fingerprints (--trace layer)
-  void snapshot(std::int64_t step, ckpt::Checkpoint* c) const;
-  Status save_checkpoint(std::int64_t step);
-  Status open_trace(std::int64_t start_step);
-  at::Tensor loss_of(const at::Tensor& out, const at::Tensor& y) const;
-  void step(std::int64_t s);
-  const at::Tensor& epoch_order(std::int64_t epoch);
-  void write_metrics(std::int64_t s, double lr, float loss, double grad_norm, Fingerprint fp, double secs);
-
-  const TrainConfig& cfg_;
-  const Comm& comm_;
-  const Dataset& data_;
-  Model& model_;
-  std::vector<NamedTensor> params_;
-  std::vector<std::int64_t> offsets_;  // of each parameter in the flat buffers
-  std::int64_t P_ = 0;                 // parameter elements; the flat buffers hold P_ + 1 (loss)
-  at::Tensor flat_params_;
-  std::unique_ptr<torch::optim::Optimizer> opt_;
-  std::unique_ptr<TreeAccumulator> acc_;
-  std::vector<float> reduced_;
-  TreeWorkspace tree_ws_;
-  at::Tensor x_all_, y_all_;
-  std::int64_t order_epoch_ = -1;
-  at::Tensor order_;
-  FILE* metrics_ = nullptr;
-  RunInfo info_;
-  // Background HDF5 work (checkpoints, trace) on a communicator of its own.
-  MPI_Comm io_comm_ = MPI_COMM_NULL;
-  std::unique_ptr<IoWorker> io_;
-  bool checkpoint_in_flight_ = false;
-  std::shared_ptr<ckpt::Checkpoint> snap_;  // host copy of the state, reused checkpoint to checkpoint
-  bool serial_io_ = false;
-  Status io_error_;  // a trace write that failed while I/O was serialised
-  trace::Writer trace_;
-  std::vector<trace::ShardRow> shard_rows_;
-  std::unique_ptr<LayerObserver> observer_;
-  std::vector<Fingerprint> fwd_, bwd_;  // the current micro-shard's layer fingerprints
-  // Fault injection and detection (docs/detection.md).
-  std::vector<FaultSpec> faults_;
-  std::int64_t cur_step_ = 0;
-  int first_shard_ = 0;
-  int bad_shard_ = -1;  // first micro-shard of this step with a non-finite loss or gradient
-  Status halt_;         // set when a detection halts the run
-  std::vector<Fingerprint> param_fps_;  // this step's parameter fingerprints
-  bool fires(const FaultSpec& f, Phase phase, int occurrence, bool per_shard) const;
-  int layer_param(const std::string& layer) const;  // first parameter of a layer, or -1
-  void detect(std::int64_t s, const std::vector<Fingerprint>& param_fps);
-  void incident(Incident inc);
-};
-
-bool Trainer::fires(const FaultSpec& f, Phase phase, int occurrence, bool per_shard) const {
-  if (f.phase != phase) return false;
-  // A transient fault hits once: the first micro-shard the rank computes in that step.
-  if (f.mode == FaultMode::kTransient && per_shard && occurrence != first_shard_) return false;
-  return fault_fires(f, comm_.rank, cur_step_, /*replay=*/false, cfg_.seed, static_cast<std::uint64_t>(occurrence));
-}
-
-int Trainer::layer_param(const std::string& layer) const {
-  for (std::size_t i = 0; i < params_.size(); ++i)
-    if (params_[i].name.rfind(layer + ".", 0) == 0) return static_cast<int>(i);
-  return -1;
-}
-
-// Records each layer's forward output fingerprint and, through a gradient hook, the fingerprint of
-// the gradient flowing back into it.
-struct Trainer::LayerTrace : LayerObserver {
-  LayerTrace(Trainer* t, std::vector<std::string> layers) : trainer(t) {
-    for (std::size_t i = 0; i < layers.size(); ++i) index[layers[i]] = i;
-  }
-  at::Tensor on_forward(const std::string& layer, const at::Tensor& output) override {
-    at::Tensor out = output;
-    Trainer* t = trainer;
-    for (const auto& f : t->faults_) {
-      if (f.layer != layer) continue;
-      if (t->fires(f, Phase::kForward, shard, true)) out = corrupt_output(f, out);
-      if (out.requires_grad() && t->fires(f, Phase::kBackward, shard, true)) {
-        const FaultSpec spec = f;
-        out.register_hook([spec](const at::Tensor& g) {
-          auto bad = g.clone();
-          corrupt_in_place(spec, bad);
-          return bad;
-        });
-      }
-    }
-    const auto it = index.find(layer);
-    if (it == index.end() || t->fwd_.empty()) return out;
-    const std::size_t i = it->second;
-    t->fwd_[i] = tensor_fingerprint(out.detach());
-    if (out.requires_grad()) out.register_hook([t, i](const at::Tensor& g) { t->bwd_[i] = tensor_fingerprint(g); });
-    return out;
-  }
-  int shard = 0;  // the micro-shard being computed
-  Trainer* trainer;
-  std::map<std::string, std::size_t> index;
-};
+}  // namespace
 
 Status Trainer::init() {
   // Parameters become views of one flat float32 buffer (state-dict order).
@@ -480,277 +374,6 @@ void Trainer::step(std::int64_t s) {
   detect(s, param_fps_);
 }
 
-void Trainer::incident(Incident inc) {
-  if (inc.rank >= 0) {
-    inc.host = info_.hosts[inc.rank];
-    inc.device = info_.devices[inc.rank];
-  }
-  if (comm_.rank == 0) {
-    std::fprintf(stderr, "culprit: incident: step %lld %s (%s): %s\n", static_cast<long long>(inc.step),
-                 inc.detector.c_str(), class_name(inc.cls), inc.message.c_str());
-    std::fflush(stderr);
-    Status st = log_incident(cfg_.run_dir, inc);
-    if (!st.ok()) std::fprintf(stderr, "culprit: warning: %s\n", st.message().c_str());
-  }
-  if (cfg_.on_detect == "halt" && halt_.ok())
-    halt_ = Status::Error("halted at step " + std::to_string(inc.step) + " by the " + inc.detector + " detector (" +
-                              class_name(inc.cls) + "): " + inc.message,
-                          exit_code_for(inc.cls));
-}
-
-// The detectors of one step. Every decision comes out of a collective, so all ranks act alike.
-void Trainer::detect(std::int64_t s, const std::vector<Fingerprint>& param_fps) {
-  if (cfg_.detect_nonfinite) {
-    bool bad_params = false;
-    const float* p = flat_params_.data_ptr<float>();
-    for (std::int64_t i = 0; i < P_ && !bad_params; ++i) bad_params = !std::isfinite(p[i]);
-    const int shard_rank = first_flagged(comm_, bad_shard_ >= 0);
-    int shard = bad_shard_;
-    if (shard_rank >= 0) CULPRIT_MPI_CHECK(MPI_Bcast(&shard, 1, MPI_INT, shard_rank, comm_.comm));
-    const int param_rank = first_flagged(comm_, bad_params);
-    bool bad_reduced = false;
-    for (std::int64_t i = 0; i <= P_ && !bad_reduced; ++i) bad_reduced = !std::isfinite(reduced_[i]);
-    if (shard_rank >= 0) {
-      incident({s, "nonfinite", IncidentClass::kNumerical, shard_rank, "", "",
-                "NaN/Inf in the loss or gradient of micro-shard " + std::to_string(shard) + " computed on rank " +
-                    std::to_string(shard_rank)});
-    } else if (bad_reduced) {
-      incident({s, "nonfinite", IncidentClass::kNumerical, -1, "", "",
-                "NaN/Inf in the reduced gradient or loss, though every micro-shard was finite"});
-    } else if (param_rank >= 0) {
-      incident({s, "nonfinite", IncidentClass::kNumerical, param_rank, "", "",
-                "NaN/Inf in the parameters of rank " + std::to_string(param_rank) + " after the update"});
-    }
-  }
-  if (cfg_.replica_check_every > 0 && s % cfg_.replica_check_every == 0 && comm_.size > 1) {
-    // Parameters and optimizer state must be bitwise identical on every rank.
-    std::vector<Fingerprint> fps = param_fps;
-    std::vector<std::string> names;
-    for (const auto& p : params_) names.push_back(p.name);
-    for (const auto& p : params_) {
-      auto it = opt_->state().find(c10::guts::to_string(p.tensor.unsafeGetTensorImpl()));
-      at::Tensor t;
-      if (it != opt_->state().end())
-        t = cfg_.optimizer == "sgd" ? static_cast<torch::optim::SGDParamState&>(*it->second).momentum_buffer()
-                                    : static_cast<torch::optim::AdamWParamState&>(*it->second).exp_avg();
-      fps.push_back(t.defined() ? tensor_fingerprint(t) : 0);
-      names.push_back(p.name + " (optimizer state)");
-    }
-    const ReplicaCheck rc = check_replicas(comm_, fps, names);
-    if (rc.diverged) {
-      std::string ranks;
-      for (int r : rc.odd_ranks) ranks += (ranks.empty() ? "" : ",") + std::to_string(r);
-      incident({s, "replica-divergence", IncidentClass::kHardware, rc.odd_ranks[0], "", "",
-                "rank(s) " + ranks + " differ from the other replicas, first in '" + rc.first_param + "'"});
-    }
-  }
-}
-
-// Copies the state into *c, reusing its buffers from the previous checkpoint: fresh pages cost a
-// page fault each, which dominates the copy on some machines.
-void Trainer::snapshot(std::int64_t step, ckpt::Checkpoint* cp) const {
-  ckpt::Checkpoint& c = *cp;
-  c.step = step;
-  auto put = [](std::vector<ckpt::RawTensor>& group, std::size_t& i, const std::string& name, const at::Tensor& t) {
-    if (group.size() <= i) group.resize(i + 1);
-    ckpt::RawTensor& r = group[i++];
-    r.name = name;
-    auto ct = t.detach().contiguous();
-    r.dtype = to_dtype(ct.scalar_type());
-    r.shape.assign(ct.sizes().begin(), ct.sizes().end());
-    const std::size_t n = ct.numel() * ct.element_size();
-    r.bytes.resize(n);
-    if (n) std::memcpy(r.bytes.data(), ct.data_ptr(), n);
-  };
-  std::size_t nm = 0, no = 0, nr = 0;
-  for (const auto& p : params_) put(c.model, nm, p.name, p.tensor);
-  for (const auto& b : model_.buffers()) put(c.model, nm, b.name, b.tensor);
-  auto& state = opt_->state();
-  for (const auto& p : params_) {
-    auto it = state.find(c10::guts::to_string(p.tensor.unsafeGetTensorImpl()));
-    if (it == state.end()) continue;
-    if (cfg_.optimizer == "sgd") {
-      auto& st = static_cast<torch::optim::SGDParamState&>(*it->second);
-      if (st.momentum_buffer().defined()) put(c.optimizer, no, p.name + "/momentum_buffer", st.momentum_buffer());
-    } else {
-      auto& st = static_cast<torch::optim::AdamWParamState&>(*it->second);
-      put(c.optimizer, no, p.name + "/step", torch::tensor(st.step(), torch::kLong).reshape({}));
-      put(c.optimizer, no, p.name + "/exp_avg", st.exp_avg());
-      put(c.optimizer, no, p.name + "/exp_avg_sq", st.exp_avg_sq());
-    }
-  }
-  c.model.resize(nm);
-  c.optimizer.resize(no);
-  // Every rank reseeds before each micro-shard, so the live generator differs by rank; what is
-  // saved is the generator as micro-shard 0 of the next step starts it (the same on every rank).
-  auto next = at::detail::createCPUGenerator(dropout_seed(cfg_.seed, step + 1, 0));
-  put(c.rng, nr, "cpu", next.get_state());
-  c.rng.resize(nr);
-  const std::int64_t spe = data_.n / cfg_.global_batch;
-  c.epoch = step / spe;
-  c.cursor = (step % spe) * cfg_.global_batch;
-  c.meta = {{"config", to_ini(cfg_)},
-            {"model", cfg_.model},
-            {"optimizer", cfg_.optimizer},
-            {"data", data_.source},
-            {"culprit_version", info_.culprit_version},
-            {"libtorch_version", info_.torch_version},
-            {"mpi_version", info_.mpi_version},
-            {"hdf5_version", info_.hdf5_version},
-            {"blas", info_.blas_library},
-            {"created", info_.created},
-            {"slurm_job_id", info_.slurm_job_id}};
-  std::string hosts, devices;
-  for (int r = 0; r < comm_.size; ++r) {
-    hosts += (r ? "," : "") + info_.hosts[r];
-    devices += (r ? "," : "") + info_.devices[r];
-  }
-  c.meta["hosts"] = hosts;
-  c.meta["devices"] = devices;
-  c.meta_int = {{"seed", static_cast<std::int64_t>(cfg_.seed)},
-                {"world_size", comm_.size},
-                {"micro_shards", cfg_.micro_shards},
-                {"global_batch", cfg_.global_batch},
-                {"intra_op_threads", info_.intra_op_threads},
-                {"blas_threads", info_.blas_threads}};
-}
-
-// Copies the state to host memory (the only part training waits for when async) and hands the
-// write to the I/O thread.
-Status Trainer::save_checkpoint(std::int64_t step) {
-  using clock = std::chrono::steady_clock;
-  const auto t0 = clock::now();
-  if (checkpoint_in_flight_) CULPRIT_RETURN_IF_ERROR(agree(comm_, io_->drain()));
-  const auto t1 = clock::now();
-  // The previous checkpoint is written (drained above): its buffers are free for this one.
-  if (!snap_) snap_ = std::make_shared<ckpt::Checkpoint>();
-  auto c = snap_;
-  snapshot(step, c.get());
-  const auto t2 = clock::now();
-  const double wait = std::chrono::duration<double>(t1 - t0).count();
-  const double copy = std::chrono::duration<double>(t2 - t1).count();
-  const std::string path = ckpt::path_for(cfg_.run_dir, step);
-  io_->submit([this, c, path, step, wait, copy] {
-    const auto w0 = clock::now();
-    ckpt::compute_fingerprints(c.get());
-    Comm io{io_comm_, comm_.rank, comm_.size, comm_.host};
-    ckpt::WriteStats stats;
-    Status st = ckpt::write(io, path, *c, &stats);
-    if (st.ok() && comm_.rank == 0) {
-      st = ckpt::apply_retention(cfg_.run_dir, step, cfg_.keep_last, cfg_.keep_every);
-      // One line per checkpoint: what it cost (docs/performance.md).
-      std::ofstream log(fs::path(cfg_.run_dir) / "checkpoints.jsonl", std::ios::app);
-      log << "{\"step\": " << step << ", \"bytes\": " << stats.bytes << ", \"copy_seconds\": " << copy
-          << ", \"wait_seconds\": " << wait << ", \"write_seconds\": " << stats.seconds
-          << ", \"total_io_seconds\": " << std::chrono::duration<double>(clock::now() - w0).count()
-          << ", \"async\": " << (cfg_.async_checkpoint ? "true" : "false") << "}\n";
-    }
-    return st;
-  });
-  checkpoint_in_flight_ = true;
-  if (!cfg_.async_checkpoint || serial_io_) {
-    checkpoint_in_flight_ = false;
-    return agree(comm_, io_->drain());
-  }
-  return Status::OK();
-}
-
-Status Trainer::restore(const ckpt::Checkpoint& c) {
-  std::map<std::string, const ckpt::RawTensor*> model, optim;
-  for (const auto& t : c.model) model[t.name] = &t;
-  for (const auto& t : c.optimizer) optim[t.name] = &t;
-  auto load = [&](const std::string& what, const at::Tensor& dst, const ckpt::RawTensor* src) {
-    if (!src) return Status::Error("checkpoint has no " + what);
-    std::vector<std::int64_t> shape(dst.sizes().begin(), dst.sizes().end());
-    if (src->shape != shape || src->dtype != to_dtype(dst.scalar_type()))
-      return Status::Error("checkpoint " + what + " is " + dtype_name(src->dtype) + " " + shape_str(src->shape) +
-                           ", the model's is " + dtype_name(to_dtype(dst.scalar_type())) + " " + shape_str(shape));
-    torch::NoGradGuard ng;
-    auto from = torch::from_blob(const_cast<unsigned char*>(src->bytes.data()), dst.sizes(),
-                                 torch::TensorOptions().dtype(dst.scalar_type()));
-    dst.copy_(from);
-    return Status::OK();
-  };
-  std::size_t used = 0;
-  for (const auto& p : params_) {
-    CULPRIT_RETURN_IF_ERROR(load("parameter '" + p.name + "'", p.tensor, model.count(p.name) ? model[p.name] : nullptr));
-    ++used;
-  }
-  for (const auto& b : model_.buffers()) {
-    CULPRIT_RETURN_IF_ERROR(load("buffer '" + b.name + "'", b.tensor, model.count(b.name) ? model[b.name] : nullptr));
-    ++used;
-  }
-  if (used != c.model.size()) return Status::Error("checkpoint holds tensors the model does not have");
-  auto& state = opt_->state();
-  state.clear();
-  for (const auto& p : params_) {
-    const std::string key = c10::guts::to_string(p.tensor.unsafeGetTensorImpl());
-    auto tensor_of = [&](const std::string& name) -> at::Tensor {
-      auto it = optim.find(p.name + "/" + name);
-      if (it == optim.end()) return {};
-      auto t = torch::empty(it->second->shape, torch::TensorOptions().dtype(
-                                                   it->second->dtype == DType::kInt64 ? torch::kLong : torch::kFloat));
-      std::memcpy(t.data_ptr(), it->second->bytes.data(), it->second->bytes.size());
-      return t;
-    };
-    if (cfg_.optimizer == "sgd") {
-      auto buf = tensor_of("momentum_buffer");
-      if (!buf.defined()) continue;
-      if (!buf.sizes().equals(p.tensor.sizes())) return Status::Error("checkpoint momentum of '" + p.name + "' has the wrong shape");
-      auto st = std::make_unique<torch::optim::SGDParamState>();
-      st->momentum_buffer(buf);
-      state[key] = std::move(st);
-    } else {
-      auto step = tensor_of("step"), m = tensor_of("exp_avg"), v = tensor_of("exp_avg_sq");
-      if (!step.defined() && !m.defined()) continue;
-      if (!step.defined() || !m.defined() || !v.defined() || step.scalar_type() != torch::kLong ||
-          !m.sizes().equals(p.tensor.sizes()) || !v.sizes().equals(p.tensor.sizes()))
-        return Status::Error("checkpoint AdamW state of '" + p.name + "' is incomplete or misshapen");
-      auto st = std::make_unique<torch::optim::AdamWParamState>();
-      st->step(step.item<std::int64_t>());
-      st->exp_avg(m);
-      st->exp_avg_sq(v);
-      state[key] = std::move(st);
-    }
-  }
-  for (const auto& r : c.rng)
-    if (r.name == "cpu" && r.dtype == DType::kUInt8) {
-      auto t = torch::empty({static_cast<std::int64_t>(r.bytes.size())}, torch::kUInt8);
-      std::memcpy(t.data_ptr(), r.bytes.data(), r.bytes.size());
-      at::Generator gen = at::detail::getDefaultCPUGenerator();
-      gen.set_state(t);
-    }
-  return Status::OK();
-}
-
-Status Trainer::open_trace(std::int64_t start_step) {
-  if (cfg_.trace == "off") return Status::OK();
-  trace::Header h;
-  h.rank = comm_.rank;
-  h.world_size = comm_.size;
-  h.level = cfg_.trace;
-  h.forward_detail = model_.per_layer() ? "per-layer" : "per-model";
-  for (const auto& p : params_) h.params.push_back(p.name);
-  if (cfg_.trace == "layer") h.layers = model_.layers();
-  std::string warning;
-  Status st = trace_.open(trace::path_for(cfg_.run_dir, comm_.rank), h, start_step, &warning);
-  if (!warning.empty()) {
-    std::fprintf(stderr, "culprit: warning: rank %d: %s\n", comm_.rank, warning.c_str());
-    std::fflush(stderr);
-  }
-  // Files of ranks beyond this world keep only what precedes the resume point.
-  if (st.ok() && comm_.rank == 0) {
-    for (const auto& path : trace::list(cfg_.run_dir)) {
-      bool in_world = false;
-      for (int r = 0; r < comm_.size; ++r) in_world = in_world || path == trace::path_for(cfg_.run_dir, r);
-      if (in_world) continue;
-      Status t = trace::truncate(path, start_step);
-      if (!t.ok()) std::fprintf(stderr, "culprit: warning: %s\n", t.message().c_str());
-    }
-  }
-  return agree(comm_, st);
-}
-
 void Trainer::write_metrics(std::int64_t s, double lr, float loss, double grad_norm, Fingerprint fp,
                             double secs) {
   if (comm_.rank != 0) return;
@@ -868,6 +491,8 @@ Status truncate_metrics(const std::string& path, std::int64_t keep) {
   out << kept;
   return out ? Status::OK() : Status::Error("cannot rewrite '" + path + "'");
 }
+
+namespace {
 
 bool resuming(const TrainConfig& cfg) { return cfg.resume || !cfg.resume_from.empty(); }
 

@@ -1,0 +1,218 @@
+// The trainer's checkpoint and trace I/O: the state copy, the background write, restore on resume.
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+
+#include "rng.h"
+#include "trainer.h"
+
+namespace culprit::harness {
+
+namespace fs = std::filesystem;
+
+// Copies the state into *c, reusing its buffers from the previous checkpoint: fresh pages cost a
+// page fault each, which dominates the copy on some machines.
+void Trainer::snapshot(std::int64_t step, ckpt::Checkpoint* cp) const {
+  ckpt::Checkpoint& c = *cp;
+  c.step = step;
+  auto put = [](std::vector<ckpt::RawTensor>& group, std::size_t& i, const std::string& name, const at::Tensor& t) {
+    if (group.size() <= i) group.resize(i + 1);
+    ckpt::RawTensor& r = group[i++];
+    r.name = name;
+    auto ct = t.detach().contiguous();
+    r.dtype = to_dtype(ct.scalar_type());
+    r.shape.assign(ct.sizes().begin(), ct.sizes().end());
+    const std::size_t n = ct.numel() * ct.element_size();
+    r.bytes.resize(n);
+    if (n) std::memcpy(r.bytes.data(), ct.data_ptr(), n);
+  };
+  std::size_t nm = 0, no = 0, nr = 0;
+  for (const auto& p : params_) put(c.model, nm, p.name, p.tensor);
+  for (const auto& b : model_.buffers()) put(c.model, nm, b.name, b.tensor);
+  auto& state = opt_->state();
+  for (const auto& p : params_) {
+    auto it = state.find(c10::guts::to_string(p.tensor.unsafeGetTensorImpl()));
+    if (it == state.end()) continue;
+    if (cfg_.optimizer == "sgd") {
+      auto& st = static_cast<torch::optim::SGDParamState&>(*it->second);
+      if (st.momentum_buffer().defined()) put(c.optimizer, no, p.name + "/momentum_buffer", st.momentum_buffer());
+    } else {
+      auto& st = static_cast<torch::optim::AdamWParamState&>(*it->second);
+      put(c.optimizer, no, p.name + "/step", torch::tensor(st.step(), torch::kLong).reshape({}));
+      put(c.optimizer, no, p.name + "/exp_avg", st.exp_avg());
+      put(c.optimizer, no, p.name + "/exp_avg_sq", st.exp_avg_sq());
+    }
+  }
+  c.model.resize(nm);
+  c.optimizer.resize(no);
+  // Every rank reseeds before each micro-shard, so the live generator differs by rank; what is
+  // saved is the generator as micro-shard 0 of the next step starts it (the same on every rank).
+  auto next = at::detail::createCPUGenerator(dropout_seed(cfg_.seed, step + 1, 0));
+  put(c.rng, nr, "cpu", next.get_state());
+  c.rng.resize(nr);
+  const std::int64_t spe = data_.n / cfg_.global_batch;
+  c.epoch = step / spe;
+  c.cursor = (step % spe) * cfg_.global_batch;
+  c.meta = {{"config", to_ini(cfg_)},
+            {"model", cfg_.model},
+            {"optimizer", cfg_.optimizer},
+            {"data", data_.source},
+            {"culprit_version", info_.culprit_version},
+            {"libtorch_version", info_.torch_version},
+            {"mpi_version", info_.mpi_version},
+            {"hdf5_version", info_.hdf5_version},
+            {"blas", info_.blas_library},
+            {"created", info_.created},
+            {"slurm_job_id", info_.slurm_job_id}};
+  std::string hosts, devices;
+  for (int r = 0; r < comm_.size; ++r) {
+    hosts += (r ? "," : "") + info_.hosts[r];
+    devices += (r ? "," : "") + info_.devices[r];
+  }
+  c.meta["hosts"] = hosts;
+  c.meta["devices"] = devices;
+  c.meta_int = {{"seed", static_cast<std::int64_t>(cfg_.seed)},
+                {"world_size", comm_.size},
+                {"micro_shards", cfg_.micro_shards},
+                {"global_batch", cfg_.global_batch},
+                {"intra_op_threads", info_.intra_op_threads},
+                {"blas_threads", info_.blas_threads}};
+}
+
+// Copies the state to host memory (the only part training waits for when async) and hands the
+// write to the I/O thread.
+Status Trainer::save_checkpoint(std::int64_t step) {
+  using clock = std::chrono::steady_clock;
+  const auto t0 = clock::now();
+  if (checkpoint_in_flight_) CULPRIT_RETURN_IF_ERROR(agree(comm_, io_->drain()));
+  const auto t1 = clock::now();
+  // The previous checkpoint is written (drained above): its buffers are free for this one.
+  if (!snap_) snap_ = std::make_shared<ckpt::Checkpoint>();
+  auto c = snap_;
+  snapshot(step, c.get());
+  const auto t2 = clock::now();
+  const double wait = std::chrono::duration<double>(t1 - t0).count();
+  const double copy = std::chrono::duration<double>(t2 - t1).count();
+  const std::string path = ckpt::path_for(cfg_.run_dir, step);
+  io_->submit([this, c, path, step, wait, copy] {
+    const auto w0 = clock::now();
+    ckpt::compute_fingerprints(c.get());
+    Comm io{io_comm_, comm_.rank, comm_.size, comm_.host};
+    ckpt::WriteStats stats;
+    Status st = ckpt::write(io, path, *c, &stats);
+    if (st.ok() && comm_.rank == 0) {
+      st = ckpt::apply_retention(cfg_.run_dir, step, cfg_.keep_last, cfg_.keep_every);
+      // One line per checkpoint: what it cost (docs/performance.md).
+      std::ofstream log(fs::path(cfg_.run_dir) / "checkpoints.jsonl", std::ios::app);
+      log << "{\"step\": " << step << ", \"bytes\": " << stats.bytes << ", \"copy_seconds\": " << copy
+          << ", \"wait_seconds\": " << wait << ", \"write_seconds\": " << stats.seconds
+          << ", \"total_io_seconds\": " << std::chrono::duration<double>(clock::now() - w0).count()
+          << ", \"async\": " << (cfg_.async_checkpoint ? "true" : "false") << "}\n";
+    }
+    return st;
+  });
+  checkpoint_in_flight_ = true;
+  if (!cfg_.async_checkpoint || serial_io_) {
+    checkpoint_in_flight_ = false;
+    return agree(comm_, io_->drain());
+  }
+  return Status::OK();
+}
+
+Status Trainer::restore(const ckpt::Checkpoint& c) {
+  std::map<std::string, const ckpt::RawTensor*> model, optim;
+  for (const auto& t : c.model) model[t.name] = &t;
+  for (const auto& t : c.optimizer) optim[t.name] = &t;
+  auto load = [&](const std::string& what, const at::Tensor& dst, const ckpt::RawTensor* src) {
+    if (!src) return Status::Error("checkpoint has no " + what);
+    std::vector<std::int64_t> shape(dst.sizes().begin(), dst.sizes().end());
+    if (src->shape != shape || src->dtype != to_dtype(dst.scalar_type()))
+      return Status::Error("checkpoint " + what + " is " + dtype_name(src->dtype) + " " + shape_str(src->shape) +
+                           ", the model's is " + dtype_name(to_dtype(dst.scalar_type())) + " " + shape_str(shape));
+    torch::NoGradGuard ng;
+    auto from = torch::from_blob(const_cast<unsigned char*>(src->bytes.data()), dst.sizes(),
+                                 torch::TensorOptions().dtype(dst.scalar_type()));
+    dst.copy_(from);
+    return Status::OK();
+  };
+  std::size_t used = 0;
+  for (const auto& p : params_) {
+    CULPRIT_RETURN_IF_ERROR(load("parameter '" + p.name + "'", p.tensor, model.count(p.name) ? model[p.name] : nullptr));
+    ++used;
+  }
+  for (const auto& b : model_.buffers()) {
+    CULPRIT_RETURN_IF_ERROR(load("buffer '" + b.name + "'", b.tensor, model.count(b.name) ? model[b.name] : nullptr));
+    ++used;
+  }
+  if (used != c.model.size()) return Status::Error("checkpoint holds tensors the model does not have");
+  auto& state = opt_->state();
+  state.clear();
+  for (const auto& p : params_) {
+    const std::string key = c10::guts::to_string(p.tensor.unsafeGetTensorImpl());
+    auto tensor_of = [&](const std::string& name) -> at::Tensor {
+      auto it = optim.find(p.name + "/" + name);
+      if (it == optim.end()) return {};
+      auto t = torch::empty(it->second->shape, torch::TensorOptions().dtype(
+                                                   it->second->dtype == DType::kInt64 ? torch::kLong : torch::kFloat));
+      std::memcpy(t.data_ptr(), it->second->bytes.data(), it->second->bytes.size());
+      return t;
+    };
+    if (cfg_.optimizer == "sgd") {
+      auto buf = tensor_of("momentum_buffer");
+      if (!buf.defined()) continue;
+      if (!buf.sizes().equals(p.tensor.sizes())) return Status::Error("checkpoint momentum of '" + p.name + "' has the wrong shape");
+      auto st = std::make_unique<torch::optim::SGDParamState>();
+      st->momentum_buffer(buf);
+      state[key] = std::move(st);
+    } else {
+      auto step = tensor_of("step"), m = tensor_of("exp_avg"), v = tensor_of("exp_avg_sq");
+      if (!step.defined() && !m.defined()) continue;
+      if (!step.defined() || !m.defined() || !v.defined() || step.scalar_type() != torch::kLong ||
+          !m.sizes().equals(p.tensor.sizes()) || !v.sizes().equals(p.tensor.sizes()))
+        return Status::Error("checkpoint AdamW state of '" + p.name + "' is incomplete or misshapen");
+      auto st = std::make_unique<torch::optim::AdamWParamState>();
+      st->step(step.item<std::int64_t>());
+      st->exp_avg(m);
+      st->exp_avg_sq(v);
+      state[key] = std::move(st);
+    }
+  }
+  for (const auto& r : c.rng)
+    if (r.name == "cpu" && r.dtype == DType::kUInt8) {
+      auto t = torch::empty({static_cast<std::int64_t>(r.bytes.size())}, torch::kUInt8);
+      std::memcpy(t.data_ptr(), r.bytes.data(), r.bytes.size());
+      at::Generator gen = at::detail::getDefaultCPUGenerator();
+      gen.set_state(t);
+    }
+  return Status::OK();
+}
+
+Status Trainer::open_trace(std::int64_t start_step) {
+  if (cfg_.trace == "off") return Status::OK();
+  trace::Header h;
+  h.rank = comm_.rank;
+  h.world_size = comm_.size;
+  h.level = cfg_.trace;
+  h.forward_detail = model_.per_layer() ? "per-layer" : "per-model";
+  for (const auto& p : params_) h.params.push_back(p.name);
+  if (cfg_.trace == "layer") h.layers = model_.layers();
+  std::string warning;
+  Status st = trace_.open(trace::path_for(cfg_.run_dir, comm_.rank), h, start_step, &warning);
+  if (!warning.empty()) {
+    std::fprintf(stderr, "culprit: warning: rank %d: %s\n", comm_.rank, warning.c_str());
+    std::fflush(stderr);
+  }
+  // Files of ranks beyond this world keep only what precedes the resume point.
+  if (st.ok() && comm_.rank == 0) {
+    for (const auto& path : trace::list(cfg_.run_dir)) {
+      bool in_world = false;
+      for (int r = 0; r < comm_.size; ++r) in_world = in_world || path == trace::path_for(cfg_.run_dir, r);
+      if (in_world) continue;
+      Status t = trace::truncate(path, start_step);
+      if (!t.ok()) std::fprintf(stderr, "culprit: warning: %s\n", t.message().c_str());
+    }
+  }
+  return agree(comm_, st);
+}
+
+}  // namespace culprit::harness

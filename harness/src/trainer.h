@@ -1,0 +1,104 @@
+// The Trainer: one rank's training loop (trainer.cpp), its checkpoint and trace I/O (state.cpp) and
+// its fault injection and detection (faults.cpp). Private to the harness and included only by those
+// libtorch translation units.
+#pragma once
+#include <torch/torch.h>
+
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "culprit/checkpoint.h"
+#include "culprit/fingerprint.h"
+#include "culprit/harness.h"
+#include "culprit/inject.h"
+#include "culprit/trace.h"
+#include "culprit/tree_reduce.h"
+#include "data.h"
+#include "detect.h"
+#include "io_worker.h"
+#include "model.h"
+#include "runinfo.h"
+
+namespace culprit::harness {
+
+DType to_dtype(at::ScalarType t);
+at::ScalarType to_scalar(DType t);
+Fingerprint tensor_fingerprint(const at::Tensor& t);
+Fingerprint set_fingerprint(const std::vector<NamedTensor>& tensors);
+Status truncate_metrics(const std::string& path, std::int64_t keep);
+
+class Trainer {
+ public:
+  Trainer(const TrainConfig& cfg, const Comm& comm, const Dataset& data, Model& model)
+      : cfg_(cfg), comm_(comm), data_(data), model_(model) {}
+
+  Status init();
+  // Restores parameters, buffers and optimizer state from a verified checkpoint.
+  Status restore(const ckpt::Checkpoint& c);
+  Status run(std::int64_t start_step, const std::string& resumed_from);
+
+ private:
+  friend struct LayerTrace;
+  void snapshot(std::int64_t step, ckpt::Checkpoint* c) const;
+  Status save_checkpoint(std::int64_t step);
+  Status open_trace(std::int64_t start_step);
+  at::Tensor loss_of(const at::Tensor& out, const at::Tensor& y) const;
+  void step(std::int64_t s);
+  const at::Tensor& epoch_order(std::int64_t epoch);
+  void write_metrics(std::int64_t s, double lr, float loss, double grad_norm, Fingerprint fp, double secs);
+
+  const TrainConfig& cfg_;
+  const Comm& comm_;
+  const Dataset& data_;
+  Model& model_;
+  std::vector<NamedTensor> params_;
+  std::vector<std::int64_t> offsets_;  // of each parameter in the flat buffers
+  std::int64_t P_ = 0;                 // parameter elements; the flat buffers hold P_ + 1 (loss)
+  at::Tensor flat_params_;
+  std::unique_ptr<torch::optim::Optimizer> opt_;
+  std::unique_ptr<TreeAccumulator> acc_;
+  std::vector<float> reduced_;
+  TreeWorkspace tree_ws_;
+  at::Tensor x_all_, y_all_;
+  std::int64_t order_epoch_ = -1;
+  at::Tensor order_;
+  FILE* metrics_ = nullptr;
+  RunInfo info_;
+  // Background HDF5 work (checkpoints, trace) on a communicator of its own.
+  MPI_Comm io_comm_ = MPI_COMM_NULL;
+  std::unique_ptr<IoWorker> io_;
+  bool checkpoint_in_flight_ = false;
+  std::shared_ptr<ckpt::Checkpoint> snap_;  // host copy of the state, reused checkpoint to checkpoint
+  bool serial_io_ = false;
+  Status io_error_;  // a trace write that failed while I/O was serialised
+  trace::Writer trace_;
+  std::vector<trace::ShardRow> shard_rows_;
+  std::unique_ptr<LayerObserver> observer_;
+  std::vector<Fingerprint> fwd_, bwd_;  // the current micro-shard's layer fingerprints
+  // Fault injection and detection (docs/detection.md).
+  std::vector<FaultSpec> faults_;
+  std::int64_t cur_step_ = 0;
+  int first_shard_ = 0;
+  int bad_shard_ = -1;  // first micro-shard of this step with a non-finite loss or gradient
+  Status halt_;         // set when a detection halts the run
+  std::vector<Fingerprint> param_fps_;  // this step's parameter fingerprints
+  bool fires(const FaultSpec& f, Phase phase, int occurrence, bool per_shard) const;
+  int layer_param(const std::string& layer) const;  // first parameter of a layer, or -1
+  void detect(std::int64_t s, const std::vector<Fingerprint>& param_fps);
+  void incident(Incident inc);
+};
+
+
+// Layer hooks: injects forward/backward faults and records each layer's forward output fingerprint
+// and, through a gradient hook, the fingerprint of the gradient flowing back into it.
+struct LayerTrace : LayerObserver {
+  LayerTrace(Trainer* t, std::vector<std::string> layers);
+  at::Tensor on_forward(const std::string& layer, const at::Tensor& output) override;
+  Trainer* trainer;
+  std::map<std::string, std::size_t> index;
+  int shard = 0;  // the micro-shard being computed
+};
+
+}  // namespace culprit::harness
