@@ -36,6 +36,10 @@ po::options_description describe(TrainConfig* c) {
     ("inject", po::value(&c->inject)->composing(), "inject a fault (repeatable): step=S,rank=R,layer=NAME,phase=P,kind=K[,index=I,bit=B,factor=F,mode=M,p=P] (docs/detection.md)")
     ("on-detect", po::value(&c->on_detect)->default_value(c->on_detect), "halt | warn: what a detection does (halt: every rank exits with the class's code)")
     ("detect-nonfinite", po::value(&c->detect_nonfinite)->default_value(c->detect_nonfinite)->implicit_value(true), "detect NaN/Inf in micro-shard losses and gradients and in the parameters")
+    ("spike-window", po::value(&c->spike_window)->default_value(c->spike_window), "loss and gradient-norm spike detection over the last N steps (0: off)")
+    ("spike-z", po::value(&c->spike_z)->default_value(c->spike_z, num(c->spike_z)), "spike: robust z-score (median/MAD) above this ...")
+    ("spike-ratio", po::value(&c->spike_ratio)->default_value(c->spike_ratio, num(c->spike_ratio)), "... and more than this times the window's maximum")
+    ("spike-action", po::value(&c->spike_action)->default_value(c->spike_action), "warn | halt: a spike is logged as a warning unless halt")
     ("comm-check", po::value(&c->comm_check)->default_value(c->comm_check)->implicit_value(true), "fingerprint every reduction message as sent and as received; a mismatch names sender and receiver")
     ("replica-check-every", po::value(&c->replica_check_every)->default_value(c->replica_check_every), "compare parameter and optimizer-state fingerprints across ranks every N steps (0: off)")
     ("trace", po::value(&c->trace)->default_value(c->trace), "off | step | layer: per-step fingerprint trace in RUN/trace/ (layer: also every layer's forward output and backward gradient)")
@@ -220,6 +224,10 @@ std::string to_ini(const TrainConfig& c) {
      << "on-detect = " << c.on_detect << "\n"
      << "detect-nonfinite = " << (c.detect_nonfinite ? "true" : "false") << "\n"
      << "comm-check = " << (c.comm_check ? "true" : "false") << "\n"
+     << "spike-window = " << c.spike_window << "\n"
+     << "spike-z = " << c.spike_z << "\n"
+     << "spike-ratio = " << c.spike_ratio << "\n"
+     << "spike-action = " << c.spike_action << "\n"
      << "replica-check-every = " << c.replica_check_every << "\n";
   for (const auto& spec : c.inject) os << "inject = " << spec << "\n";
   return os.str();
@@ -268,6 +276,9 @@ Status validate(const TrainConfig& c, int world) {
   if (c.keep_every < 0) return Status::Error("option '--keep-every' must not be negative");
   if (c.on_detect != "halt" && c.on_detect != "warn")
     return Status::Error("option '--on-detect': unknown action '" + c.on_detect + "' (valid: halt, warn)");
+  if (c.spike_window < 0) return Status::Error("option '--spike-window' must not be negative");
+  if (c.spike_action != "warn" && c.spike_action != "halt")
+    return Status::Error("option '--spike-action': unknown action '" + c.spike_action + "' (valid: warn, halt)");
   if (c.replica_check_every < 0) return Status::Error("option '--replica-check-every' must not be negative");
   if (c.trace != "off" && c.trace != "step" && c.trace != "layer")
     return Status::Error("option '--trace': unknown level '" + c.trace + "' (valid: off, step, layer)");

@@ -1,6 +1,9 @@
 #include "detect.h"
 
+#include <algorithm>
 #include <chrono>
+#include <cmath>
+#include <cstdio>
 #include <ctime>
 #include <filesystem>
 #include <fstream>
@@ -79,6 +82,35 @@ ReplicaCheck check_replicas(const Comm& comm, const std::vector<Fingerprint>& fp
         }
   }
   return out;
+}
+
+bool SpikeDetector::observe(double v, std::string* why) {
+  if (!std::isfinite(v) || window_ <= 0) return false;
+  bool spike = false;
+  if (static_cast<int>(recent_.size()) >= std::max(4, window_ / 2)) {
+    std::vector<double> sorted = recent_;
+    std::sort(sorted.begin(), sorted.end());
+    const double median = sorted[sorted.size() / 2];
+    std::vector<double> dev;
+    for (double x : recent_) dev.push_back(std::fabs(x - median));
+    std::sort(dev.begin(), dev.end());
+    const double mad = dev[dev.size() / 2];
+    const double z = (v - median) / (1.4826 * mad + 1e-12 * std::max(1.0, std::fabs(median)));
+    const double top = sorted.back();
+    if (z > z_ && v > ratio_ * top) {
+      spike = true;
+      char buf[200];
+      std::snprintf(buf, sizeof buf, "%.6g against a median of %.6g (robust z %.1f, %.1fx the recent maximum %.6g)", v,
+                    median, z, v / top, top);
+      *why = buf;
+    }
+  }
+  // A spike does not become the new normal.
+  if (!spike) {
+    recent_.push_back(v);
+    if (static_cast<int>(recent_.size()) > window_) recent_.erase(recent_.begin());
+  }
+  return spike;
 }
 
 int first_flagged(const Comm& comm, bool flag) {

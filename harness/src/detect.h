@@ -38,6 +38,21 @@ struct ReplicaCheck {
 ReplicaCheck check_replicas(const Comm& comm, const std::vector<Fingerprint>& param_fps,
                             const std::vector<std::string>& names);
 
+// Spikes in a series (loss, gradient norm): a robust z-score over the last `window` values
+// (median and MAD) above `z`, guarded by a ratio: the value must also exceed `ratio` times the
+// largest of those values. Needs half a window of history. Non-finite values are the nonfinite
+// detector's and are not added.
+class SpikeDetector {
+ public:
+  void configure(int window, double z, double ratio) { window_ = window, z_ = z, ratio_ = ratio; }
+  bool observe(double v, std::string* why);
+
+ private:
+  int window_ = 0;
+  double z_ = 8, ratio_ = 3;
+  std::vector<double> recent_;
+};
+
 // Collective: the lowest rank whose flag is set, or -1.
 int first_flagged(const Comm& comm, bool flag);
 

@@ -3,6 +3,7 @@
 #include <torch/torch.h>
 
 #include <cmath>
+#include <tuple>
 
 #include "trainer.h"
 
@@ -77,7 +78,7 @@ at::Tensor LayerTrace::on_forward(const std::string& layer, const at::Tensor& ou
 }
 
 
-void Trainer::incident(Incident inc) {
+void Trainer::incident(Incident inc, bool may_halt) {
   if (inc.rank >= 0) {
     inc.host = info_.hosts[inc.rank];
     inc.device = info_.devices[inc.rank];
@@ -89,7 +90,7 @@ void Trainer::incident(Incident inc) {
     Status st = log_incident(cfg_.run_dir, inc);
     if (!st.ok()) std::fprintf(stderr, "culprit: warning: %s\n", st.message().c_str());
   }
-  if (cfg_.on_detect == "halt" && halt_.ok())
+  if (may_halt && cfg_.on_detect == "halt" && halt_.ok())
     halt_ = Status::Error("halted at step " + std::to_string(inc.step) + " by the " + inc.detector + " detector (" +
                               class_name(inc.cls) + "): " + inc.message,
                           exit_code_for(inc.cls));
@@ -117,6 +118,20 @@ void Trainer::detect(std::int64_t s, const std::vector<Fingerprint>& param_fps) 
     } else if (param_rank >= 0) {
       incident({s, "nonfinite", IncidentClass::kNumerical, param_rank, "", "",
                 "NaN/Inf in the parameters of rank " + std::to_string(param_rank) + " after the update"});
+    }
+  }
+  if (cfg_.spike_window > 0) {
+    // Loss and gradient norm are the same on every rank: so is this decision.
+    const double loss = reduced_[P_];
+    double gn = 0;
+    for (std::int64_t i = 0; i < P_; ++i) gn += static_cast<double>(reduced_[i]) * reduced_[i];
+    gn = std::sqrt(gn);
+    for (auto [det, value, what] : {std::tuple<SpikeDetector*, double, const char*>{&loss_spikes_, loss, "loss"},
+                                    {&grad_spikes_, gn, "gradient norm"}}) {
+      std::string why;
+      if (det->observe(value, &why))
+        incident({s, "spike", IncidentClass::kNumerical, -1, "", "", std::string(what) + " spike: " + why},
+                 cfg_.spike_action == "halt");
     }
   }
   if (cfg_.replica_check_every > 0 && s % cfg_.replica_check_every == 0 && comm_.size > 1) {

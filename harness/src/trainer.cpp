@@ -146,6 +146,8 @@ Status Trainer::init() {
   y_all_ = torch::from_blob(const_cast<unsigned char*>(data_.y.data()), shape_with_n(data_.y_shape),
                             torch::TensorOptions().dtype(to_scalar(data_.y_dtype)));
 
+  loss_spikes_.configure(cfg_.spike_window, cfg_.spike_z, cfg_.spike_ratio);
+  grad_spikes_.configure(cfg_.spike_window, cfg_.spike_z, cfg_.spike_ratio);
   // Faults to inject: layer names are the model's layers and its parameters' modules.
   const std::vector<std::string> model_layers = model_.layers();
   std::vector<std::string> layers = model_layers;

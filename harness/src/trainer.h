@@ -87,7 +87,8 @@ class Trainer {
   bool fires(const FaultSpec& f, Phase phase, int occurrence, bool per_shard) const;
   int layer_param(const std::string& layer) const;  // first parameter of a layer, or -1
   void detect(std::int64_t s, const std::vector<Fingerprint>& param_fps);
-  void incident(Incident inc);
+  void incident(Incident inc, bool may_halt = true);
+  SpikeDetector loss_spikes_, grad_spikes_;
 };
 
 

@@ -23,6 +23,9 @@ struct TrainConfig {
   std::string on_detect = "halt";  // halt | warn
   bool detect_nonfinite = true;
   bool comm_check = true;          // fingerprint every reduction message at both ends
+  int spike_window = 20;           // 0: no spike detection
+  double spike_z = 8.0, spike_ratio = 3.0;
+  std::string spike_action = "warn";  // warn | halt
   std::int64_t replica_check_every = 1;  // 0: off
   std::int64_t steps = 20;
   std::int64_t global_batch = 32;
