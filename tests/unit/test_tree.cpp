@@ -6,26 +6,13 @@
 #include <vector>
 
 #include "culprit/tree_reduce.h"
+#include "tree_data.h"
 
 using namespace culprit;
+using culprit::testing::leaf;
+using culprit::testing::tree;
 
 namespace {
-// Leaf values that make float addition visibly non-associative.
-std::vector<float> leaf(int k, std::size_t n) {
-  std::vector<float> v(n);
-  for (std::size_t i = 0; i < n; ++i) {
-    const float big = (k + i) % 3 == 0 ? 1.0e8f : 1.0f;
-    v[i] = big * (1.0f + 0.1f * static_cast<float>((k * 7 + i * 13) % 11)) * ((k + i) % 2 ? -1.f : 1.f);
-  }
-  return v;
-}
-std::vector<float> tree(int lo, int hi, std::size_t n) {
-  if (hi - lo == 1) return leaf(lo, n);
-  const int mid = (lo + hi) / 2;
-  auto a = tree(lo, mid, n), b = tree(mid, hi, n);
-  for (std::size_t i = 0; i < n; ++i) a[i] += b[i];
-  return a;
-}
 bool bitwise_equal(const std::vector<float>& a, const std::vector<float>& b) {
   return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
 }

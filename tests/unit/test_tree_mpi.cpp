@@ -7,24 +7,13 @@
 #include <vector>
 
 #include "culprit/tree_reduce.h"
+#include "tree_data.h"
 
 using namespace culprit;
+using culprit::testing::leaf;
+using culprit::testing::tree;
 
 namespace {
-std::vector<float> leaf(int k, std::size_t n) {
-  std::vector<float> v(n);
-  for (std::size_t i = 0; i < n; ++i) {
-    const float big = (k + i) % 3 == 0 ? 3.0e7f : 1.0f;
-    v[i] = big * (1.0f + 0.37f * static_cast<float>((k * 5 + i * 11) % 13)) * ((k * i) % 2 ? -1.f : 1.f);
-  }
-  return v;
-}
-std::vector<float> tree(int lo, int hi, std::size_t n) {
-  if (hi - lo == 1) return leaf(lo, n);
-  auto a = tree(lo, (lo + hi) / 2, n), b = tree((lo + hi) / 2, hi, n);
-  for (std::size_t i = 0; i < n; ++i) a[i] += b[i];
-  return a;
-}
 Comm world() {
   Comm c;
   MPI_Comm_rank(MPI_COMM_WORLD, &c.rank);
