@@ -21,4 +21,7 @@ else
   echo "MISMATCH: W=4 $a, W=1 $b" >&2
   exit 1
 fi
-echo "run directories: $run/w4 $run/w1 (run.json, metrics.jsonl)"
+echo
+echo "== culprit verify $run/w4   (every checkpoint and trace fingerprint rechecked)"
+build/culprit verify "$run/w4"
+echo "run directories: $run/w4 $run/w1 (run.json, metrics.jsonl, checkpoints/, trace/)"
