@@ -123,9 +123,7 @@ void Trainer::detect(std::int64_t s, const std::vector<Fingerprint>& param_fps) 
   if (cfg_.spike_window > 0) {
     // Loss and gradient norm are the same on every rank: so is this decision.
     const double loss = reduced_[P_];
-    double gn = 0;
-    for (std::int64_t i = 0; i < P_; ++i) gn += static_cast<double>(reduced_[i]) * reduced_[i];
-    gn = std::sqrt(gn);
+    const double gn = grad_norm_;
     for (auto [det, value, what] : {std::tuple<SpikeDetector*, double, const char*>{&loss_spikes_, loss, "loss"},
                                     {&grad_spikes_, gn, "gradient norm"}}) {
       std::string why;

@@ -49,12 +49,14 @@ Fingerprint tensor_fingerprint(const at::Tensor& t) {
   return fingerprint_bytes(c.data_ptr(), c.numel() * c.element_size());
 }
 
-Fingerprint set_fingerprint(const std::vector<NamedTensor>& tensors) {
+Fingerprint set_fingerprint(const std::vector<NamedTensor>& tensors, std::vector<Fingerprint>* each) {
   FingerprintSet set;
+  if (each) each->clear();
   for (const auto& nt : tensors) {
     auto sizes = nt.tensor.sizes();
-    set.add(nt.name, to_dtype(nt.tensor.scalar_type()), std::vector<std::int64_t>(sizes.begin(), sizes.end()),
-            tensor_fingerprint(nt.tensor));
+    const Fingerprint f = tensor_fingerprint(nt.tensor);
+    if (each) each->push_back(f);
+    set.add(nt.name, to_dtype(nt.tensor.scalar_type()), std::vector<std::int64_t>(sizes.begin(), sizes.end()), f);
   }
   return set.finish();
 }
@@ -349,18 +351,12 @@ void Trainer::step(std::int64_t s) {
 
   double sq = 0;
   for (std::int64_t i = 0; i < P_; ++i) sq += static_cast<double>(reduced_[i]) * reduced_[i];
+  grad_norm_ = std::sqrt(sq);
   trace::StepRow row;
   row.step = s;
   row.loss = reduced_[P_];
   row.lr = lr;
-  FingerprintSet set;
-  for (const auto& p : params_) {
-    const Fingerprint f = tensor_fingerprint(p.tensor);
-    row.param_fps.push_back(f);
-    auto sizes = p.tensor.sizes();
-    set.add(p.name, DType::kFloat32, std::vector<std::int64_t>(sizes.begin(), sizes.end()), f);
-  }
-  const Fingerprint fp = set.finish();
+  const Fingerprint fp = set_fingerprint(params_, &row.param_fps);
   param_fps_ = row.param_fps;
   if (cfg_.trace != "off") {
     row.grad_fp = fingerprint_bytes(reduced_.data(), static_cast<std::size_t>(P_) * sizeof(float));
@@ -372,7 +368,7 @@ void Trainer::step(std::int64_t s) {
     }
   }
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  write_metrics(s, lr, reduced_[P_], std::sqrt(sq), fp, secs);
+  write_metrics(s, lr, reduced_[P_], grad_norm_, fp, secs);
   detect(s, param_fps_);
 }
 

@@ -26,7 +26,8 @@ namespace culprit::harness {
 DType to_dtype(at::ScalarType t);
 at::ScalarType to_scalar(DType t);
 Fingerprint tensor_fingerprint(const at::Tensor& t);
-Fingerprint set_fingerprint(const std::vector<NamedTensor>& tensors);
+// The set fingerprint of named tensors; *each (optional) gets every tensor's own fingerprint.
+Fingerprint set_fingerprint(const std::vector<NamedTensor>& tensors, std::vector<Fingerprint>* each = nullptr);
 Status truncate_metrics(const std::string& path, std::int64_t keep);
 
 class Trainer {
@@ -84,6 +85,7 @@ class Trainer {
   int bad_shard_ = -1;  // first micro-shard of this step with a non-finite loss or gradient
   Status halt_;         // set when a detection halts the run
   std::vector<Fingerprint> param_fps_;  // this step's parameter fingerprints
+  double grad_norm_ = 0;                // this step's reduced-gradient L2 norm
   bool fires(const FaultSpec& f, Phase phase, int occurrence, bool per_shard) const;
   int layer_param(const std::string& layer) const;  // first parameter of a layer, or -1
   void detect(std::int64_t s, const std::vector<Fingerprint>& param_fps);
