@@ -39,11 +39,11 @@ void mpi_fail(int err, const char* call, const char* file, int line) {
   std::_Exit(kExitMpi);
 }
 
-std::string broadcast_string(const Comm& comm, const std::string& s) {
+std::string broadcast_string(const Comm& comm, const std::string& s, int root) {
   unsigned long long n = s.size();
-  CULPRIT_MPI_CHECK(MPI_Bcast(&n, 1, MPI_UNSIGNED_LONG_LONG, 0, comm.comm));
-  std::string out = comm.rank == 0 ? s : std::string(n, '\0');
-  if (n) CULPRIT_MPI_CHECK(MPI_Bcast(out.data(), static_cast<int>(n), MPI_CHAR, 0, comm.comm));
+  CULPRIT_MPI_CHECK(MPI_Bcast(&n, 1, MPI_UNSIGNED_LONG_LONG, root, comm.comm));
+  std::string out = comm.rank == root ? s : std::string(n, '\0');
+  if (n) CULPRIT_MPI_CHECK(MPI_Bcast(out.data(), static_cast<int>(n), MPI_CHAR, root, comm.comm));
   return out;
 }
 

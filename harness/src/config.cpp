@@ -42,6 +42,9 @@ po::options_description describe(TrainConfig* c) {
     ("spike-action", po::value(&c->spike_action)->default_value(c->spike_action), "warn | halt: a spike is logged as a warning unless halt")
     ("comm-check", po::value(&c->comm_check)->default_value(c->comm_check)->implicit_value(true), "fingerprint every reduction message as sent and as received; a mismatch names sender and receiver")
     ("replica-check-every", po::value(&c->replica_check_every)->default_value(c->replica_check_every), "compare parameter and optimizer-state fingerprints across ranks every N steps (0: off)")
+    ("spot-check", po::value(&c->spot_check)->default_value(c->spot_check, num(c->spot_check)), "recompute this fraction of micro-shards per step on another rank and compare bitwise (redundant computation; 0: off, 1: every micro-shard)")
+    ("check-invariants", po::value(&c->check_invariants)->default_value(c->check_invariants)->implicit_value(true), "check training invariants: parameters change, gradients start at zero, each sample once per epoch, learning rate as scheduled, dropout masks differ")
+    ("collective-timeout", po::value(&c->collective_timeout)->default_value(c->collective_timeout, num(c->collective_timeout)), "seconds a rank waits in a collective (or for its checkpoint writer) before it names the silent rank(s) and ends the job (0: wait forever)")
     ("trace", po::value(&c->trace)->default_value(c->trace), "off | step | layer: per-step fingerprint trace in RUN/trace/ (layer: also every layer's forward output and backward gradient)")
     ("steps", po::value(&c->steps)->default_value(c->steps), "optimizer steps to run")
     ("global-batch", po::value(&c->global_batch)->default_value(c->global_batch), "samples per step (B)")
@@ -228,7 +231,10 @@ std::string to_ini(const TrainConfig& c) {
      << "spike-z = " << c.spike_z << "\n"
      << "spike-ratio = " << c.spike_ratio << "\n"
      << "spike-action = " << c.spike_action << "\n"
-     << "replica-check-every = " << c.replica_check_every << "\n";
+     << "replica-check-every = " << c.replica_check_every << "\n"
+     << "spot-check = " << c.spot_check << "\n"
+     << "check-invariants = " << (c.check_invariants ? "true" : "false") << "\n"
+     << "collective-timeout = " << c.collective_timeout << "\n";
   for (const auto& spec : c.inject) os << "inject = " << spec << "\n";
   return os.str();
 }
@@ -280,6 +286,9 @@ Status validate(const TrainConfig& c, int world) {
   if (c.spike_action != "warn" && c.spike_action != "halt")
     return Status::Error("option '--spike-action': unknown action '" + c.spike_action + "' (valid: warn, halt)");
   if (c.replica_check_every < 0) return Status::Error("option '--replica-check-every' must not be negative");
+  if (!(c.spot_check >= 0 && c.spot_check <= 1)) return Status::Error("option '--spot-check' must be in [0, 1]");
+  if (!(c.collective_timeout >= 0) || !std::isfinite(c.collective_timeout))
+    return Status::Error("option '--collective-timeout' must be a number of seconds >= 0");
   if (c.trace != "off" && c.trace != "step" && c.trace != "layer")
     return Status::Error("option '--trace': unknown level '" + c.trace + "' (valid: off, step, layer)");
   return Status::OK();

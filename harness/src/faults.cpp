@@ -2,7 +2,10 @@
 
 #include <torch/torch.h>
 
+#include <chrono>
 #include <cmath>
+#include <cstdio>
+#include <thread>
 #include <tuple>
 
 #include "trainer.h"
@@ -39,7 +42,19 @@ bool Trainer::fires(const FaultSpec& f, Phase phase, int occurrence, bool per_sh
   if (f.phase != phase) return false;
   // A transient fault hits once: the first micro-shard the rank computes in that step.
   if (f.mode == FaultMode::kTransient && per_shard && occurrence != first_shard_) return false;
-  return fault_fires(f, comm_.rank, cur_step_, /*replay=*/false, cfg_.seed, static_cast<std::uint64_t>(occurrence));
+  // Recomputations (attempt > 0) are further executions: transient faults stay away, intermittent
+  // ones draw again.
+  const std::uint64_t occ = static_cast<std::uint64_t>(occurrence) + 1000003ULL * static_cast<std::uint64_t>(attempt_);
+  if (!fault_fires(f, comm_.rank, cur_step_, /*replay=*/attempt_ > 0, cfg_.seed, occ)) return false;
+  if (f.kind == FaultKind::kHang) {
+    // A stuck device: the rank stops here, in the middle of the step.
+    std::fprintf(stderr, "culprit: injected fault: rank %d hangs for %g s in step %lld (%s)\n", comm_.rank, f.seconds,
+                 static_cast<long long>(cur_step_), f.text.c_str());
+    std::fflush(stderr);
+    std::this_thread::sleep_for(std::chrono::duration<double>(f.seconds));
+    return false;
+  }
+  return true;
 }
 
 int Trainer::layer_param(const std::string& layer) const {
@@ -118,6 +133,18 @@ void Trainer::detect(std::int64_t s, const std::vector<Fingerprint>& param_fps) 
     } else if (param_rank >= 0) {
       incident({s, "nonfinite", IncidentClass::kNumerical, param_rank, "", "",
                 "NaN/Inf in the parameters of rank " + std::to_string(param_rank) + " after the update"});
+    }
+  }
+  if (cfg_.check_invariants) {
+    const int vr = first_flagged(comm_, !violation_.empty());
+    if (vr >= 0) {
+      const std::string msg = broadcast_string(comm_, violation_, vr);
+      int mine = violation_.empty() ? 0 : 1, count = 0;
+      CULPRIT_MPI_CHECK(MPI_Allreduce(&mine, &count, 1, MPI_INT, MPI_SUM, comm_.comm));
+      const std::string who = count == comm_.size && count > 1 ? "every rank (first rank " + std::to_string(vr) + ")"
+                              : count > 1 ? "rank " + std::to_string(vr) + " and " + std::to_string(count - 1) + " more"
+                                          : "rank " + std::to_string(vr);
+      incident({s, "invariant", IncidentClass::kInvariant, vr, "", "", who + ": " + msg});
     }
   }
   if (cfg_.spike_window > 0) {

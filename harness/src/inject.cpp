@@ -21,6 +21,8 @@ const char* phase_name(Phase p) {
     case Phase::kParam: return "param";
     case Phase::kOptimizer: return "optimizer";
     case Phase::kData: return "data";
+    case Phase::kLr: return "lr";
+    case Phase::kRng: return "rng";
   }
   return "?";
 }
@@ -30,6 +32,8 @@ const char* kind_name(FaultKind k) {
     case FaultKind::kNan: return "nan";
     case FaultKind::kScale: return "scale";
     case FaultKind::kNoise: return "noise";
+    case FaultKind::kStale: return "stale";
+    case FaultKind::kHang: return "hang";
   }
   return "?";
 }
@@ -77,7 +81,9 @@ Status parse_fault(const std::string& text, const std::vector<std::string>& laye
     if (eq == std::string::npos) return Status::Error("--inject: '" + item + "' is not key=value");
     const std::string key = item.substr(0, eq), value = item.substr(eq + 1);
     double v = 0;
-    if (key == "step" || key == "rank" || key == "index" || key == "bit") {
+    if (key == "rank" && value == "all") {
+      out->rank = -1;
+    } else if (key == "step" || key == "rank" || key == "index" || key == "bit") {
       CULPRIT_RETURN_IF_ERROR(number(key, value, &v));
       if (v < 0 || v != std::floor(v)) return Status::Error("--inject: " + key + " must be a non-negative integer");
       if (key == "step") out->step = static_cast<std::int64_t>(v);
@@ -89,6 +95,9 @@ Status parse_fault(const std::string& text, const std::vector<std::string>& laye
       }
     } else if (key == "factor") {
       CULPRIT_RETURN_IF_ERROR(number(key, value, &out->factor));
+    } else if (key == "seconds") {
+      CULPRIT_RETURN_IF_ERROR(number(key, value, &out->seconds));
+      if (!(out->seconds >= 0)) return Status::Error("--inject: seconds must be >= 0");
     } else if (key == "p") {
       CULPRIT_RETURN_IF_ERROR(number(key, value, &out->p));
       if (!(out->p >= 0 && out->p <= 1)) return Status::Error("--inject: p must be in [0, 1]");
@@ -100,14 +109,14 @@ Status parse_fault(const std::string& text, const std::vector<std::string>& laye
                                             {{"forward", Phase::kForward}, {"backward", Phase::kBackward},
                                              {"grad", Phase::kGrad}, {"comm", Phase::kComm},
                                              {"param", Phase::kParam}, {"optimizer", Phase::kOptimizer},
-                                             {"data", Phase::kData}},
+                                             {"data", Phase::kData}, {"lr", Phase::kLr}, {"rng", Phase::kRng}},
                                             &out->phase));
       have_phase = true;
     } else if (key == "kind") {
       CULPRIT_RETURN_IF_ERROR(lookup<FaultKind>(
           key, value,
           {{"bitflip", FaultKind::kBitflip}, {"nan", FaultKind::kNan}, {"scale", FaultKind::kScale},
-           {"noise", FaultKind::kNoise}},
+           {"noise", FaultKind::kNoise}, {"stale", FaultKind::kStale}, {"hang", FaultKind::kHang}},
           &out->kind));
     } else if (key == "mode") {
       CULPRIT_RETURN_IF_ERROR(lookup<FaultMode>(
@@ -117,12 +126,20 @@ Status parse_fault(const std::string& text, const std::vector<std::string>& laye
           &out->mode));
     } else {
       return Status::Error("--inject: unknown key '" + key +
-                           "' (valid: step, rank, layer, index, phase, kind, bit, factor, mode, p)");
+                           "' (valid: step, rank, layer, index, phase, kind, bit, factor, seconds, mode, p)");
     }
   }
   if (!have_phase) return Status::Error("--inject: '" + text + "' needs phase=");
   if (out->step < 1) return Status::Error("--inject: step must be at least 1");
-  if (out->phase != Phase::kData) {
+  const Phase ph = out->phase;
+  if (out->kind == FaultKind::kStale && ph != Phase::kGrad && ph != Phase::kParam && ph != Phase::kData &&
+      ph != Phase::kLr && ph != Phase::kRng)
+    return Status::Error("--inject: kind stale applies to phases grad, param, data, lr and rng, not " +
+                         std::string(phase_name(ph)));
+  if (ph == Phase::kRng && out->kind != FaultKind::kStale && out->kind != FaultKind::kBitflip &&
+      out->kind != FaultKind::kHang)
+    return Status::Error("--inject: phase rng (the dropout seed) takes kind stale, bitflip or hang");
+  if (ph != Phase::kData && ph != Phase::kLr && ph != Phase::kRng) {
     std::string valid;
     bool found = false;
     for (const auto& l : layers) {
@@ -138,7 +155,7 @@ Status parse_fault(const std::string& text, const std::vector<std::string>& laye
 
 bool fault_fires(const FaultSpec& s, int rank, std::int64_t step, bool replay, std::uint64_t seed,
                  std::uint64_t occurrence) {
-  if (rank != s.rank) return false;
+  if (s.rank >= 0 && rank != s.rank) return false;
   switch (s.mode) {
     case FaultMode::kTransient: return !replay && step == s.step;
     case FaultMode::kPersistent: return step >= s.step;
@@ -172,6 +189,8 @@ float corrupt_value(const FaultSpec& s, float v) {
       const float eps = (static_cast<float>(h >> 40) * (1.0f / 16777216.0f) + 0.5f) * 1e-3f;
       return v + (v == 0.0f ? eps : v * eps);
     }
+    case FaultKind::kStale:
+    case FaultKind::kHang: return v;  // applied by the trainer, not to a value
   }
   return v;
 }

@@ -165,7 +165,8 @@ Status Trainer::init() {
     if (at_output && std::find(model_layers.begin(), model_layers.end(), f.layer) == model_layers.end())
       return Status::Error("--inject: phase " + std::string(phase_name(f.phase)) + " needs a layer forward calls; '" +
                            f.layer + "' is not one");
-    if (!at_output && f.phase != Phase::kData && layer_param(f.layer) < 0)
+    const bool layerless = f.phase == Phase::kData || f.phase == Phase::kLr || f.phase == Phase::kRng;
+    if (!at_output && !layerless && layer_param(f.layer) < 0)
       return Status::Error("--inject: layer '" + f.layer + "' has no parameters");
     if (f.rank >= comm_.size)
       return Status::Error("--inject: rank " + std::to_string(f.rank) + " does not exist (world size " +
@@ -214,6 +215,18 @@ const at::Tensor& Trainer::epoch_order(std::int64_t epoch) {
     auto gen = at::detail::createCPUGenerator(cfg_.seed + static_cast<std::uint64_t>(epoch));
     order_ = torch::randperm(data_.n, gen, torch::TensorOptions().dtype(torch::kLong));
     order_epoch_ = epoch;
+    if (cfg_.check_invariants) {
+      // Each sample once per epoch starts with a permutation.
+      std::vector<char> seen(static_cast<std::size_t>(data_.n), 0);
+      const std::int64_t* o = order_.data_ptr<std::int64_t>();
+      for (std::int64_t i = 0; i < data_.n; ++i) {
+        if (o[i] < 0 || o[i] >= data_.n || seen[o[i]]) {
+          violation("the sample order of epoch " + std::to_string(epoch) + " is not a permutation");
+          break;
+        }
+        seen[o[i]] = 1;
+      }
+    }
   }
   return order_;
 }
@@ -231,59 +244,208 @@ at::Tensor Trainer::loss_of(const at::Tensor& out, const at::Tensor& y) const {
   return torch::nn::functional::mse_loss(out, y, torch::nn::functional::MSELossFuncOptions(torch::kSum)) / denom;
 }
 
+at::Tensor Trainer::shard_indices(std::int64_t s, int k) {
+  const std::int64_t B = cfg_.global_batch, M = cfg_.micro_shards;
+  const std::int64_t steps_per_epoch = data_.n / B;
+  const at::Tensor& order = epoch_order((s - 1) / steps_per_epoch);
+  return order.narrow(0, ((s - 1) % steps_per_epoch) * B + k * (B / M), B / M);
+}
+
+void Trainer::compute_shard(std::int64_t s, int k, float* leaf, int attempt) {
+  attempt_ = attempt;
+  if (observer_) static_cast<LayerTrace*>(observer_.get())->shard = k;
+  at::Tensor idx = shard_indices(s, k);
+  for (const auto& f : faults_)
+    if (f.kind == FaultKind::kStale && last_idx_.defined() && fires(f, Phase::kData, k, true)) idx = last_idx_;
+  std::uint64_t seed = dropout_seed(cfg_.seed, s, k);
+  for (const auto& f : faults_) {
+    if (!fires(f, Phase::kRng, k, true)) continue;
+    if (f.kind == FaultKind::kStale && have_last_seed_) seed = last_seed_;
+    if (f.kind == FaultKind::kBitflip) seed ^= 1ULL << f.bit;
+  }
+  if (attempt == 0) {
+    last_idx_ = idx;
+    last_seed_ = seed;
+    have_last_seed_ = true;
+  }
+  auto x = x_all_.index_select(0, idx);
+  auto y = y_all_.index_select(0, idx);
+  for (const auto& f : faults_) {
+    if (f.kind == FaultKind::kStale || !fires(f, Phase::kData, k, true)) continue;
+    if (x.scalar_type() == torch::kLong) corrupt_tokens(f, x, data_.classes);
+    else corrupt_in_place(f, x);
+  }
+  torch::manual_seed(seed);
+  if (attempt == 0 && !facts_.empty()) {
+    const std::int64_t M = cfg_.micro_shards;
+    facts_[2 * M + k] = tensor_fingerprint(at::detail::getDefaultCPUGenerator().get_state());
+    facts_[3 * M + k] = tensor_fingerprint(idx);
+  }
+  // Every gradient starts at zero (undefined); a stale-gradient fault leaves a layer's in place.
+  for (std::size_t i = 0; i < params_.size(); ++i) {
+    bool keep = false;
+    for (const auto& f : faults_)
+      keep = keep || (f.kind == FaultKind::kStale && params_[i].name.rfind(f.layer + ".", 0) == 0 &&
+                      fires(f, Phase::kGrad, k, true));
+    if (!keep) params_[i].tensor.mutable_grad().reset();
+  }
+  std::fill(fwd_.begin(), fwd_.end(), 0);
+  std::fill(bwd_.begin(), bwd_.end(), 0);
+  auto loss = loss_of(model_.forward(x), y);
+  if (cfg_.check_invariants)
+    for (const auto& p : params_) {
+      const auto& g = p.tensor.grad();
+      if (g.defined() && g.count_nonzero().item<std::int64_t>() != 0) {
+        violation("the gradient of '" + p.name + "' was not zero before the backward of micro-shard " +
+                  std::to_string(k) + " (a missing zero_grad: gradients accumulate across micro-shards)");
+        break;
+      }
+    }
+  loss.backward();
+  for (std::size_t i = 0; i < params_.size(); ++i) {
+    const auto& g = params_[i].tensor.grad();
+    float* dst = leaf + offsets_[i];
+    const std::int64_t n = params_[i].tensor.numel();
+    if (!g.defined()) {
+      std::fill(dst, dst + n, 0.0f);
+    } else {
+      auto gc = g.contiguous();
+      std::copy(gc.data_ptr<float>(), gc.data_ptr<float>() + n, dst);
+    }
+  }
+  leaf[P_] = loss.item<float>();
+  for (const auto& f : faults_) {
+    const int pi = layer_param(f.layer);
+    if (pi < 0 || f.kind == FaultKind::kStale || !fires(f, Phase::kGrad, k, true)) continue;
+    const std::int64_t n = params_[pi].tensor.numel();
+    float& v = leaf[offsets_[pi] + f.index % n];
+    v = corrupt_value(f, v);
+  }
+  attempt_ = 0;
+}
+
+void Trainer::violation(const std::string& what) {
+  if (violation_.empty()) violation_ = what;
+}
+
+bool Trainer::spot_checked(std::int64_t s, int k) const {
+  if (cfg_.spot_check <= 0) return false;
+  if (cfg_.spot_check >= 1) return true;
+  const std::uint64_t h = key(cfg_.seed, kStreamSpotCheck, static_cast<std::uint64_t>(s), static_cast<std::uint64_t>(k));
+  return static_cast<double>(h >> 11) * (1.0 / 9007199254740992.0) < cfg_.spot_check;
+}
+
+int Trainer::owner_of(int k) const {
+  for (int r = 0; r < comm_.size; ++r)
+    if (shard_range(r, comm_.size, cfg_.micro_shards).hi > k) return r;
+  return comm_.size - 1;
+}
+
+void Trainer::check_shards(std::int64_t s) {
+  if (facts_.empty()) return;
+  const int M = cfg_.micro_shards, W = comm_.size;
+  // Redundant computation: the next rank recomputes each spot-checked micro-shard.
+  for (int k = 0; k < M; ++k) {
+    if (!spot_checked(s, k) || (owner_of(k) + 1) % W != comm_.rank) continue;
+    compute_shard(s, k, spot_leaf_.data(), 1);
+    facts_[M + k] = fingerprint_bytes(spot_leaf_.data(), spot_leaf_.size() * sizeof(float));
+  }
+  // Every slot is written by one rank: a bitwise OR gathers them.
+  CULPRIT_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, facts_.data(), static_cast<int>(facts_.size()), MPI_UINT64_T, MPI_BOR,
+                                  comm_.comm));
+  std::vector<int> differ;
+  for (int k = 0; k < M; ++k)
+    if (spot_checked(s, k) && facts_[k] != facts_[M + k]) differ.push_back(k);
+  if (!differ.empty()) {
+    // A third opinion: another rank recomputes (with two ranks, the owner itself).
+    auto third = [&](int k) {
+      const int o = owner_of(k), c = (o + 1) % W;
+      if (W == 1) return -1;
+      if (W == 2) return o;
+      return (c + 1) % W != o ? (c + 1) % W : (c + 2) % W;
+    };
+    std::vector<Fingerprint> tie(M, 0);
+    for (int k : differ)
+      if (third(k) == comm_.rank) {
+        compute_shard(s, k, spot_leaf_.data(), 2);
+        tie[k] = fingerprint_bytes(spot_leaf_.data(), spot_leaf_.size() * sizeof(float));
+      }
+    CULPRIT_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, tie.data(), M, MPI_UINT64_T, MPI_BOR, comm_.comm));
+    const int k = differ[0], o = owner_of(k), c = (o + 1) % W, t = third(k);
+    int faulty = -1;
+    std::string why;
+    const std::string so = "rank " + std::to_string(o), sc = "rank " + std::to_string(c);
+    if (W == 1) {
+      faulty = 0;
+      why = "rank 0 computed it differently the second time (a transient fault or a nondeterministic kernel)";
+    } else if (tie[k] == facts_[M + k]) {
+      faulty = o;
+      why = (W == 2 ? so + " itself" : "rank " + std::to_string(t)) + " recomputed it like " + sc;
+    } else if (W > 2 && tie[k] == facts_[k]) {
+      faulty = c;
+      why = "rank " + std::to_string(t) + " recomputed it like " + so + ": the checker is the odd one";
+    } else {
+      why = W == 2 ? so + " reproduces its own result: one of the two ranks computes wrongly every time (a third "
+                          "rank or a replay decides which)"
+                   : "no two of the three computations agree";
+    }
+    std::string list;
+    for (int d : differ) list += (list.empty() ? "" : ",") + std::to_string(d);
+    incident({s, "spot-check", IncidentClass::kHardware, faulty, "", "",
+              "micro-shard " + std::to_string(k) + " computed by " + so + " differs bitwise from its recomputation on " +
+                  sc + "; " + why + " (micro-shards that differ: " + list + ")"});
+  }
+  if (!cfg_.check_invariants) return;
+  // Each sample once per epoch: every micro-shard used exactly its share of the epoch's permutation.
+  for (int k = 0; k < M; ++k)
+    if (facts_[3 * M + k] != tensor_fingerprint(shard_indices(s, k))) {
+      incident({s, "invariant", IncidentClass::kInvariant, owner_of(k), "", "",
+                "micro-shard " + std::to_string(k) + " on rank " + std::to_string(owner_of(k)) +
+                    " did not use its share of the epoch's samples (samples repeated or skipped)"});
+      break;
+    }
+  // Dropout masks differ: no two micro-shards of this step or the last start from one generator state.
+  std::map<Fingerprint, int> seen;
+  for (int k = 0; k < M; ++k) {
+    const Fingerprint f = facts_[2 * M + k];
+    const bool last = std::find(prev_rng_.begin(), prev_rng_.end(), f) != prev_rng_.end();
+    if (seen.count(f) || last) {
+      incident({s, "invariant", IncidentClass::kInvariant, owner_of(k), "", "",
+                "micro-shard " + std::to_string(k) + " on rank " + std::to_string(owner_of(k)) +
+                    " drew its dropout masks from the same generator state as " +
+                    (last ? std::string("a micro-shard of the previous step")
+                          : "micro-shard " + std::to_string(seen[f])) + ": the masks repeat"});
+      break;
+    }
+    seen[f] = k;
+  }
+  prev_rng_.assign(facts_.begin() + 2 * M, facts_.begin() + 3 * M);
+}
+
 // One optimizer step (1-based s): see docs/determinism.md.
 void Trainer::step(std::int64_t s) {
   const auto t0 = std::chrono::steady_clock::now();
-  const std::int64_t B = cfg_.global_batch, M = cfg_.micro_shards;
-  const std::int64_t steps_per_epoch = data_.n / B;
-  const std::int64_t epoch = (s - 1) / steps_per_epoch;
-  const std::int64_t start = ((s - 1) % steps_per_epoch) * B;
-  const at::Tensor& order = epoch_order(epoch);
+  const std::int64_t M = cfg_.micro_shards;
+  cur_step_ = s;
+  violation_.clear();
   const double lr = learning_rate(cfg_, s);
-  for (auto& group : opt_->param_groups()) group.options().set_lr(lr);
+  double lr_used = lr;
+  for (const auto& f : faults_) {
+    if (!fires(f, Phase::kLr, 0, false)) continue;
+    lr_used = f.kind == FaultKind::kStale ? learning_rate(cfg_, s - 1) : corrupt_value(f, static_cast<float>(lr_used));
+  }
+  for (auto& group : opt_->param_groups()) group.options().set_lr(lr_used);
 
   // Forward and backward of this rank's micro-shards, summed along the tree.
   acc_->clear();
   const ShardRange mine = shard_range(comm_.rank, comm_.size, static_cast<int>(M));
-  cur_step_ = s;
   first_shard_ = mine.lo;
   bad_shard_ = -1;
+  if (cfg_.spot_check > 0 || cfg_.check_invariants) facts_.assign(4 * M, 0);
   for (int k = mine.lo; k < mine.hi; ++k) {
-    if (observer_) static_cast<LayerTrace*>(observer_.get())->shard = k;
-    auto idx = order.narrow(0, start + k * (B / M), B / M);
-    auto x = x_all_.index_select(0, idx);
-    auto y = y_all_.index_select(0, idx);
-    for (const auto& f : faults_) {
-      if (!fires(f, Phase::kData, k, true)) continue;
-      if (x.scalar_type() == torch::kLong) corrupt_tokens(f, x, data_.classes);
-      else corrupt_in_place(f, x);
-    }
-    torch::manual_seed(dropout_seed(cfg_.seed, s, k));
-    for (auto& p : params_) p.tensor.mutable_grad().reset();
-    std::fill(fwd_.begin(), fwd_.end(), 0);
-    std::fill(bwd_.begin(), bwd_.end(), 0);
-    auto loss = loss_of(model_.forward(x), y);
-    loss.backward();
     float* leaf = acc_->leaf_buffer();
-    for (std::size_t i = 0; i < params_.size(); ++i) {
-      const auto& g = params_[i].tensor.grad();
-      float* dst = leaf + offsets_[i];
-      const std::int64_t n = params_[i].tensor.numel();
-      if (!g.defined()) {
-        std::fill(dst, dst + n, 0.0f);
-      } else {
-        auto gc = g.contiguous();
-        std::copy(gc.data_ptr<float>(), gc.data_ptr<float>() + n, dst);
-      }
-    }
-    leaf[P_] = loss.item<float>();
-    for (const auto& f : faults_) {
-      const int pi = layer_param(f.layer);
-      if (pi < 0 || !fires(f, Phase::kGrad, k, true)) continue;
-      const std::int64_t n = params_[pi].tensor.numel();
-      float& v = leaf[offsets_[pi] + f.index % n];
-      v = corrupt_value(f, v);
-    }
+    compute_shard(s, k, leaf, 0);
+    if (spot_checked(s, k)) facts_[k] = fingerprint_bytes(leaf, static_cast<std::size_t>(P_ + 1) * sizeof(float));
     if (cfg_.detect_nonfinite && bad_shard_ < 0)
       for (std::int64_t i = 0; i <= P_; ++i)
         if (!std::isfinite(leaf[i])) {
@@ -305,6 +467,7 @@ void Trainer::step(std::int64_t s) {
     }
     acc_->push(k);
   }
+  check_shards(s);
   const SendFault* send_fault = nullptr;
   SendFault sf;
   for (const auto& f : faults_) {
@@ -332,11 +495,23 @@ void Trainer::step(std::int64_t s) {
     auto& t = params_[i].tensor;
     t.mutable_grad() = grads.narrow(0, offsets_[i], t.numel()).view(t.sizes());
   }
+  // A stale-parameter fault: the update of that layer does not land on this rank.
+  std::vector<std::pair<int, at::Tensor>> lost;
+  for (const auto& f : faults_) {
+    const int pi = layer_param(f.layer);
+    if (pi >= 0 && f.kind == FaultKind::kStale && fires(f, Phase::kParam, 0, false))
+      for (std::size_t i = pi; i < params_.size() && params_[i].name.rfind(f.layer + ".", 0) == 0; ++i)
+        lost.push_back({static_cast<int>(i), params_[i].tensor.detach().clone()});
+  }
   opt_->step();
+  {
+    torch::NoGradGuard ng;
+    for (auto& [i, old] : lost) params_[i].tensor.copy_(old);
+  }
   // Faults at rest: this rank's copy of a layer's parameters or optimizer state.
   for (const auto& f : faults_) {
     const int pi = layer_param(f.layer);
-    if (pi < 0) continue;
+    if (pi < 0 || f.kind == FaultKind::kStale) continue;
     if (fires(f, Phase::kParam, 0, false)) corrupt_in_place(f, params_[pi].tensor);
     if (fires(f, Phase::kOptimizer, 0, false)) {
       auto it = opt_->state().find(c10::guts::to_string(params_[pi].tensor.unsafeGetTensorImpl()));
@@ -358,6 +533,7 @@ void Trainer::step(std::int64_t s) {
   row.lr = lr;
   const Fingerprint fp = set_fingerprint(params_, &row.param_fps);
   param_fps_ = row.param_fps;
+  if (cfg_.check_invariants) check_update(s, lr);
   if (cfg_.trace != "off") {
     row.grad_fp = fingerprint_bytes(reduced_.data(), static_cast<std::size_t>(P_) * sizeof(float));
     io_->submit([this, row = std::move(row), shards = std::move(shard_rows_)] { return trace_.append(row, shards); });
@@ -370,6 +546,33 @@ void Trainer::step(std::int64_t s) {
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   write_metrics(s, lr, reduced_[P_], grad_norm_, fp, secs);
   detect(s, param_fps_);
+}
+
+// Invariants of the update: the learning rate is the schedule's, and every parameter whose gradient
+// asks for a change well above float rounding did change.
+void Trainer::check_update(std::int64_t s, double lr) {
+  const double used = opt_->param_groups()[0].options().get_lr();
+  if (used != lr) {
+    char buf[160];
+    std::snprintf(buf, sizeof buf, "the learning rate of step %lld is %.9g but the schedule gives %.9g",
+                  static_cast<long long>(s), used, lr);
+    violation(buf);
+  }
+  if (used != 0 && prev_param_fps_.size() == param_fps_.size()) {
+    const float* p = flat_params_.data_ptr<float>();
+    for (std::size_t i = 0; i < params_.size(); ++i) {
+      if (param_fps_[i] != prev_param_fps_[i]) continue;
+      const std::int64_t n = params_[i].tensor.numel();
+      for (std::int64_t j = offsets_[i]; j < offsets_[i] + n; ++j)
+        if (reduced_[j] != 0 && std::fabs(used * reduced_[j]) > std::ldexp(std::fabs(p[j]), -16)) {
+          violation("parameter '" + params_[i].name + "' did not change in step " + std::to_string(s) +
+                    " although its gradient is nonzero (a frozen or forgotten parameter, or an update that did "
+                    "not land)");
+          break;
+        }
+    }
+  }
+  prev_param_fps_ = param_fps_;
 }
 
 void Trainer::write_metrics(std::int64_t s, double lr, float loss, double grad_norm, Fingerprint fp,
@@ -438,6 +641,8 @@ Status Trainer::run(std::int64_t start_step, const std::string& resumed_from) {
       std::printf("  resumed from %s (step %lld)\n", resumed_from.c_str(), static_cast<long long>(start_step));
   }
   model_.set_training(true);
+  set_fingerprint(params_, &prev_param_fps_);
+  spot_leaf_.assign(static_cast<std::size_t>(P_ + 1), 0.0f);
   // A fresh run checkpoints its initial state, so a valid checkpoint from before any fault exists
   // (this also faults in the host buffers of the state copy before training starts).
   if (start_step == 0) st = save_checkpoint(0);

@@ -47,6 +47,19 @@ class Trainer {
   Status open_trace(std::int64_t start_step);
   at::Tensor loss_of(const at::Tensor& out, const at::Tensor& y) const;
   void step(std::int64_t s);
+  // The sample indices of micro-shard k of step s.
+  at::Tensor shard_indices(std::int64_t s, int k);
+  // Forward and backward of micro-shard k of step s into leaf (P_ gradient values, then the loss),
+  // with this rank's faults. attempt 0: the step's own computation; 1 and 2: spot-check
+  // recomputations (transient faults do not fire again).
+  void compute_shard(std::int64_t s, int k, float* leaf, int attempt);
+  // Exchanges the step's per-micro-shard facts, runs the spot-check recomputations and the
+  // micro-shard invariants (samples, dropout generator); collective.
+  void check_shards(std::int64_t s);
+  bool spot_checked(std::int64_t s, int k) const;
+  int owner_of(int k) const;
+  void violation(const std::string& what);
+  void check_update(std::int64_t s, double lr);  // a training invariant this rank saw broken
   const at::Tensor& epoch_order(std::int64_t epoch);
   void write_metrics(std::int64_t s, double lr, float loss, double grad_norm, Fingerprint fp, double secs);
 
@@ -83,6 +96,16 @@ class Trainer {
   std::int64_t cur_step_ = 0;
   int first_shard_ = 0;
   int bad_shard_ = -1;  // first micro-shard of this step with a non-finite loss or gradient
+  int attempt_ = 0;     // see compute_shard
+  // Per-micro-shard facts of the step (check_shards): [0,M) the owner's leaf fingerprint,
+  // [M,2M) the spot-check recomputation's, [2M,3M) the dropout generator state, [3M,4M) the samples.
+  std::vector<Fingerprint> facts_, prev_rng_;
+  std::vector<float> spot_leaf_;
+  at::Tensor last_idx_;             // the samples this rank loaded last (stale data faults)
+  std::uint64_t last_seed_ = 0;     // the dropout seed it used last (stale rng faults)
+  bool have_last_seed_ = false;
+  std::string violation_;           // the first invariant this rank saw broken in this step
+  std::vector<Fingerprint> prev_param_fps_;  // parameter fingerprints before this step's update
   Status halt_;         // set when a detection halts the run
   std::vector<Fingerprint> param_fps_;  // this step's parameter fingerprints
   double grad_norm_ = 0;                // this step's reduced-gradient L2 norm

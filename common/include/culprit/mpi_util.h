@@ -33,7 +33,7 @@ struct Comm {
 // the world has more than one rank and not every rank failed with the same message).
 Status agree(const Comm& comm, const Status& local);
 
-// Collective: all ranks get rank 0's string.
-std::string broadcast_string(const Comm& comm, const std::string& s);
+// Collective: all ranks get `root`'s string.
+std::string broadcast_string(const Comm& comm, const std::string& s, int root = 0);
 
 }  // namespace culprit

@@ -27,6 +27,9 @@ struct TrainConfig {
   double spike_z = 8.0, spike_ratio = 3.0;
   std::string spike_action = "warn";  // warn | halt
   std::int64_t replica_check_every = 1;  // 0: off
+  double spot_check = 0.0;         // fraction of micro-shards recomputed by another rank each step
+  bool check_invariants = true;    // training invariants (docs/detection.md)
+  double collective_timeout = 300;  // seconds a rank waits in a collective before naming the silent rank(s)
   std::int64_t steps = 20;
   std::int64_t global_batch = 32;
   int micro_shards = 8;

@@ -1,7 +1,9 @@
 // Fault injection: --inject SPEC makes one rank behave like a faulty GPU, link or memory.
 // SPEC is a comma list of key=value (docs/fault-injection.md):
-//   step=S rank=R layer=NAME index=I phase=forward|backward|grad|comm|param|optimizer|data
-//   kind=bitflip|nan|scale|noise bit=0..31 factor=F mode=transient|persistent|intermittent p=P
+//   step=S rank=R|all layer=NAME index=I
+//   phase=forward|backward|grad|comm|param|optimizer|data|lr|rng
+//   kind=bitflip|nan|scale|noise|stale|hang bit=0..31 factor=F seconds=T
+//   mode=transient|persistent|intermittent p=P
 #pragma once
 #include <cstdint>
 #include <string>
@@ -11,8 +13,11 @@
 
 namespace culprit::harness {
 
-enum class Phase { kForward, kBackward, kGrad, kComm, kParam, kOptimizer, kData };
-enum class FaultKind { kBitflip, kNan, kScale, kNoise };
+enum class Phase { kForward, kBackward, kGrad, kComm, kParam, kOptimizer, kData, kLr, kRng };
+// stale: a value that should have been replaced is not (a gradient not zeroed, an update that did not
+// land, the previous samples, the previous learning rate or dropout seed). hang: the rank stops
+// responding for `seconds` (a stuck device).
+enum class FaultKind { kBitflip, kNan, kScale, kNoise, kStale, kHang };
 enum class FaultMode { kTransient, kPersistent, kIntermittent };
 
 const char* phase_name(Phase p);
@@ -21,13 +26,14 @@ const char* mode_name(FaultMode m);
 
 struct FaultSpec {
   std::int64_t step = 1;
-  int rank = 0;
+  int rank = 0;       // -1: every rank (a software bug rather than a device)
   std::string layer;  // a module's dotted name (state-dict prefix); data: unused
   std::int64_t index = 0;
   Phase phase = Phase::kForward;
   FaultKind kind = FaultKind::kBitflip;
   int bit = 30;
   double factor = 1000.0;
+  double seconds = 1e9;  // hang: how long
   FaultMode mode = FaultMode::kTransient;
   double p = 0.5;
   std::string text;  // the SPEC as given
