@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "culprit/exit_codes.h"
+#include "culprit/watchdog.h"
 
 namespace culprit {
 
@@ -41,9 +42,9 @@ void mpi_fail(int err, const char* call, const char* file, int line) {
 
 std::string broadcast_string(const Comm& comm, const std::string& s, int root) {
   unsigned long long n = s.size();
-  CULPRIT_MPI_CHECK(MPI_Bcast(&n, 1, MPI_UNSIGNED_LONG_LONG, root, comm.comm));
+  CULPRIT_COLLECTIVE(comm, "an agreement", MPI_Ibcast(&n, 1, MPI_UNSIGNED_LONG_LONG, root, comm.comm, &_culprit_req));
   std::string out = comm.rank == root ? s : std::string(n, '\0');
-  if (n) CULPRIT_MPI_CHECK(MPI_Bcast(out.data(), static_cast<int>(n), MPI_CHAR, root, comm.comm));
+  if (n) CULPRIT_COLLECTIVE(comm, "an agreement", MPI_Ibcast(out.data(), static_cast<int>(n), MPI_CHAR, root, comm.comm, &_culprit_req));
   return out;
 }
 
@@ -51,18 +52,18 @@ Status agree(const Comm& comm, const Status& local) {
   if (comm.size == 1) return local;
   int mine = local.ok() ? comm.size : comm.rank;
   int first = comm.size;
-  CULPRIT_MPI_CHECK(MPI_Allreduce(&mine, &first, 1, MPI_INT, MPI_MIN, comm.comm));
+  CULPRIT_COLLECTIVE(comm, "an agreement", MPI_Iallreduce(&mine, &first, 1, MPI_INT, MPI_MIN, comm.comm, &_culprit_req));
   if (first == comm.size) return Status::OK();
   // The first failing rank's message travels to everyone.
   unsigned long long n = comm.rank == first ? local.message().size() : 0;
-  CULPRIT_MPI_CHECK(MPI_Bcast(&n, 1, MPI_UNSIGNED_LONG_LONG, first, comm.comm));
+  CULPRIT_COLLECTIVE(comm, "an agreement", MPI_Ibcast(&n, 1, MPI_UNSIGNED_LONG_LONG, first, comm.comm, &_culprit_req));
   std::string msg = comm.rank == first ? local.message() : std::string(n, '\0');
-  if (n) CULPRIT_MPI_CHECK(MPI_Bcast(msg.data(), static_cast<int>(n), MPI_CHAR, first, comm.comm));
+  if (n) CULPRIT_COLLECTIVE(comm, "an agreement", MPI_Ibcast(msg.data(), static_cast<int>(n), MPI_CHAR, first, comm.comm, &_culprit_req));
   int code = comm.rank == first ? local.code() : 0;
-  CULPRIT_MPI_CHECK(MPI_Bcast(&code, 1, MPI_INT, first, comm.comm));
+  CULPRIT_COLLECTIVE(comm, "an agreement", MPI_Ibcast(&code, 1, MPI_INT, first, comm.comm, &_culprit_req));
   // Same message on every rank: the problem is not rank-specific.
   int same = (!local.ok() && local.message() == msg) ? 1 : 0, nsame = 0;
-  CULPRIT_MPI_CHECK(MPI_Allreduce(&same, &nsame, 1, MPI_INT, MPI_SUM, comm.comm));
+  CULPRIT_COLLECTIVE(comm, "an agreement", MPI_Iallreduce(&same, &nsame, 1, MPI_INT, MPI_SUM, comm.comm, &_culprit_req));
   if (nsame == comm.size) return Status::Error(msg, code);
   return Status::Error("rank " + std::to_string(first) + ": " + msg, code);
 }

@@ -142,6 +142,14 @@ Status parse_train_options(const std::vector<std::string>& args, TrainConfig* cf
       if (!vm.count("run-dir")) return Status::Error("option '--run-dir' is required");
       std::string stored;
       CULPRIT_RETURN_IF_ERROR(stored_config(vm["run-dir"].as<std::string>(), &stored));
+      // Injected faults belong to the invocation that names them: a resumed run does not repeat them.
+      {
+        std::istringstream lines(stored);
+        std::string line, kept;
+        while (std::getline(lines, line))
+          if (line.rfind("inject", 0) != 0) kept += line + "\n";
+        stored = kept;
+      }
       std::istringstream in(stored);
       po::store(po::parse_config_file(in, desc, /*allow_unregistered=*/true), vm);
       TrainConfig orig;

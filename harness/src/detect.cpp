@@ -11,6 +11,7 @@
 #include <nlohmann/json.hpp>
 
 #include "culprit/exit_codes.h"
+#include "culprit/watchdog.h"
 
 namespace culprit::harness {
 
@@ -59,7 +60,7 @@ ReplicaCheck check_replicas(const Comm& comm, const std::vector<Fingerprint>& fp
   if (comm.size == 1) return out;
   const int n = static_cast<int>(fps.size());
   std::vector<Fingerprint> all(static_cast<std::size_t>(n) * comm.size);
-  CULPRIT_MPI_CHECK(MPI_Allgather(fps.data(), n, MPI_UINT64_T, all.data(), n, MPI_UINT64_T, comm.comm));
+  CULPRIT_COLLECTIVE(comm, "the replica check", MPI_Iallgather(fps.data(), n, MPI_UINT64_T, all.data(), n, MPI_UINT64_T, comm.comm, &_culprit_req));
   // Each rank's set, compared as a whole; the majority set wins (ties: rank 0's).
   std::map<std::vector<Fingerprint>, int> votes;
   std::vector<std::vector<Fingerprint>> sets(comm.size);
@@ -115,7 +116,7 @@ bool SpikeDetector::observe(double v, std::string* why) {
 
 int first_flagged(const Comm& comm, bool flag) {
   int mine = flag ? comm.rank : comm.size, first = comm.size;
-  CULPRIT_MPI_CHECK(MPI_Allreduce(&mine, &first, 1, MPI_INT, MPI_MIN, comm.comm));
+  CULPRIT_COLLECTIVE(comm, "a detector vote", MPI_Iallreduce(&mine, &first, 1, MPI_INT, MPI_MIN, comm.comm, &_culprit_req));
   return first == comm.size ? -1 : first;
 }
 

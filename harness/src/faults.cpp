@@ -9,6 +9,7 @@
 #include <tuple>
 
 #include "trainer.h"
+#include "culprit/watchdog.h"
 
 namespace culprit::harness {
 
@@ -119,7 +120,7 @@ void Trainer::detect(std::int64_t s, const std::vector<Fingerprint>& param_fps) 
     for (std::int64_t i = 0; i < P_ && !bad_params; ++i) bad_params = !std::isfinite(p[i]);
     const int shard_rank = first_flagged(comm_, bad_shard_ >= 0);
     int shard = bad_shard_;
-    if (shard_rank >= 0) CULPRIT_MPI_CHECK(MPI_Bcast(&shard, 1, MPI_INT, shard_rank, comm_.comm));
+    if (shard_rank >= 0) CULPRIT_COLLECTIVE(comm_, "a detector vote", MPI_Ibcast(&shard, 1, MPI_INT, shard_rank, comm_.comm, &_culprit_req));
     const int param_rank = first_flagged(comm_, bad_params);
     bool bad_reduced = false;
     for (std::int64_t i = 0; i <= P_ && !bad_reduced; ++i) bad_reduced = !std::isfinite(reduced_[i]);
@@ -140,7 +141,7 @@ void Trainer::detect(std::int64_t s, const std::vector<Fingerprint>& param_fps) 
     if (vr >= 0) {
       const std::string msg = broadcast_string(comm_, violation_, vr);
       int mine = violation_.empty() ? 0 : 1, count = 0;
-      CULPRIT_MPI_CHECK(MPI_Allreduce(&mine, &count, 1, MPI_INT, MPI_SUM, comm_.comm));
+      CULPRIT_COLLECTIVE(comm_, "a detector vote", MPI_Iallreduce(&mine, &count, 1, MPI_INT, MPI_SUM, comm_.comm, &_culprit_req));
       const std::string who = count == comm_.size && count > 1 ? "every rank (first rank " + std::to_string(vr) + ")"
                               : count > 1 ? "rank " + std::to_string(vr) + " and " + std::to_string(count - 1) + " more"
                                           : "rank " + std::to_string(vr);

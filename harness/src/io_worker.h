@@ -33,6 +33,12 @@ class IoWorker {
     cv_.notify_all();
   }
 
+  // Whether every submitted job has run (drain() would not wait).
+  bool idle() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return jobs_.empty() && !busy_;
+  }
+
   // Waits until every submitted job has run; returns the first error since the last drain.
   Status drain() {
     std::unique_lock<std::mutex> lock(mu_);

@@ -4,6 +4,7 @@
 #include <fstream>
 
 #include "rng.h"
+#include "culprit/watchdog.h"
 #include "trainer.h"
 
 namespace culprit::harness {
@@ -79,12 +80,17 @@ void Trainer::snapshot(std::int64_t step, ckpt::Checkpoint* cp) const {
                 {"blas_threads", info_.blas_threads}};
 }
 
+Status Trainer::drain_io() {
+  if (comm_.watchdog) comm_.watchdog->wait_until([this] { return io_->idle(); }, "the checkpoint and trace writer");
+  return io_->drain();
+}
+
 // Copies the state to host memory (the only part training waits for when async) and hands the
 // write to the I/O thread.
 Status Trainer::save_checkpoint(std::int64_t step) {
   using clock = std::chrono::steady_clock;
   const auto t0 = clock::now();
-  if (checkpoint_in_flight_) CULPRIT_RETURN_IF_ERROR(agree(comm_, io_->drain()));
+  if (checkpoint_in_flight_) CULPRIT_RETURN_IF_ERROR(agree(comm_, drain_io()));
   const auto t1 = clock::now();
   // The previous checkpoint is written (drained above): its buffers are free for this one.
   if (!snap_) snap_ = std::make_shared<ckpt::Checkpoint>();
@@ -114,7 +120,7 @@ Status Trainer::save_checkpoint(std::int64_t step) {
   checkpoint_in_flight_ = true;
   if (!cfg_.async_checkpoint || serial_io_) {
     checkpoint_in_flight_ = false;
-    return agree(comm_, io_->drain());
+    return agree(comm_, drain_io());
   }
   return Status::OK();
 }

@@ -16,6 +16,7 @@
 #include "culprit/trace.h"
 #include "culprit/tree_reduce.h"
 #include "culprit/inject.h"
+#include "culprit/watchdog.h"
 #include "data.h"
 #include "detect.h"
 #include "error_line.h"
@@ -351,8 +352,8 @@ void Trainer::check_shards(std::int64_t s) {
     facts_[M + k] = fingerprint_bytes(spot_leaf_.data(), spot_leaf_.size() * sizeof(float));
   }
   // Every slot is written by one rank: a bitwise OR gathers them.
-  CULPRIT_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, facts_.data(), static_cast<int>(facts_.size()), MPI_UINT64_T, MPI_BOR,
-                                  comm_.comm));
+  CULPRIT_COLLECTIVE(comm_, "the micro-shard check", MPI_Iallreduce(MPI_IN_PLACE, facts_.data(), static_cast<int>(facts_.size()), MPI_UINT64_T, MPI_BOR,
+                                  comm_.comm, &_culprit_req));
   std::vector<int> differ;
   for (int k = 0; k < M; ++k)
     if (spot_checked(s, k) && facts_[k] != facts_[M + k]) differ.push_back(k);
@@ -370,7 +371,7 @@ void Trainer::check_shards(std::int64_t s) {
         compute_shard(s, k, spot_leaf_.data(), 2);
         tie[k] = fingerprint_bytes(spot_leaf_.data(), spot_leaf_.size() * sizeof(float));
       }
-    CULPRIT_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, tie.data(), M, MPI_UINT64_T, MPI_BOR, comm_.comm));
+    CULPRIT_COLLECTIVE(comm_, "the micro-shard check", MPI_Iallreduce(MPI_IN_PLACE, tie.data(), M, MPI_UINT64_T, MPI_BOR, comm_.comm, &_culprit_req));
     const int k = differ[0], o = owner_of(k), c = (o + 1) % W, t = third(k);
     int faulty = -1;
     std::string why;
@@ -427,6 +428,7 @@ void Trainer::step(std::int64_t s) {
   const auto t0 = std::chrono::steady_clock::now();
   const std::int64_t M = cfg_.micro_shards;
   cur_step_ = s;
+  if (comm_.watchdog) comm_.watchdog->set_step(s);
   violation_.clear();
   const double lr = learning_rate(cfg_, s);
   double lr_used = lr;
@@ -539,13 +541,13 @@ void Trainer::step(std::int64_t s) {
     io_->submit([this, row = std::move(row), shards = std::move(shard_rows_)] { return trace_.append(row, shards); });
     shard_rows_.clear();
     if (serial_io_) {
-      Status st = io_->drain();
+      Status st = drain_io();
       if (!st.ok()) io_error_ = st;
     }
   }
+  detect(s, param_fps_);
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   write_metrics(s, lr, reduced_[P_], grad_norm_, fp, secs);
-  detect(s, param_fps_);
 }
 
 // Invariants of the update: the learning rate is the schedule's, and every parameter whose gradient
@@ -656,7 +658,7 @@ Status Trainer::run(std::int64_t start_step, const std::string& resumed_from) {
     const bool due = (cfg_.checkpoint_every > 0 && s % cfg_.checkpoint_every == 0) || s == cfg_.steps;
     if (due) st = save_checkpoint(s);
   }
-  Status io_status = io_->drain();
+  Status io_status = drain_io();
   if (io_status.ok()) io_status = io_error_;
   io_status = agree(comm_, io_status);
   if (st.ok()) st = io_status;
@@ -765,8 +767,22 @@ Status check_compatible(const TrainConfig& cfg, const Dataset& data, const ckpt:
 
 }  // namespace
 
-Status train(const TrainConfig& cfg, const Comm& comm) {
-  CULPRIT_RETURN_IF_ERROR(agree(comm, validate(cfg, comm.size)));
+Status train(const TrainConfig& cfg, const Comm& world) {
+  CULPRIT_RETURN_IF_ERROR(agree(world, validate(cfg, world.size)));
+  // From here on, every collective of the main thread is bounded by --collective-timeout.
+  Watchdog watchdog(world, cfg.collective_timeout);
+  Comm comm = world;
+  comm.watchdog = &watchdog;
+  watchdog.on_silence([&cfg](const SilentReport& rep) {
+    Incident inc{rep.step, "collective-timeout", IncidentClass::kHardware, rep.silent.empty() ? -1 : rep.silent[0],
+                 "", "", rep.message};
+    if (inc.rank >= 0) {
+      inc.host = rep.hosts[inc.rank];
+      inc.device = "cpu";
+    }
+    Status st = log_incident(cfg.run_dir, inc);
+    if (!st.ok()) std::fprintf(stderr, "culprit: warning: %s\n", st.message().c_str());
+  });
   setup_determinism(cfg.threads);
   CULPRIT_RETURN_IF_ERROR(agree(comm, comm.rank == 0 ? prepare_run_dir(cfg) : Status::OK()));
   Dataset data;

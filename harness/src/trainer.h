@@ -44,6 +44,8 @@ class Trainer {
   friend struct LayerTrace;
   void snapshot(std::int64_t step, ckpt::Checkpoint* c) const;
   Status save_checkpoint(std::int64_t step);
+  // Waits for the I/O thread (bounded by the watchdog) and returns its first error.
+  Status drain_io();
   Status open_trace(std::int64_t start_step);
   at::Tensor loss_of(const at::Tensor& out, const at::Tensor& y) const;
   void step(std::int64_t s);

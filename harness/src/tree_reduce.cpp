@@ -1,4 +1,5 @@
 #include "culprit/tree_reduce.h"
+#include "culprit/watchdog.h"
 
 #include <cstring>
 #include <stdexcept>
@@ -142,11 +143,11 @@ void tree_allreduce(const Comm& comm, int micro_shards, const TreeAccumulator& a
   }
   std::vector<float>& recv = ws->recv;
   recv.resize(rtotal);
-  CULPRIT_MPI_CHECK(MPI_Alltoallv(sendbuf, scount.data(), sdispl.data(), MPI_FLOAT, recv.data(),
-                                  rcount.data(), rdispl.data(), MPI_FLOAT, comm.comm));
+  CULPRIT_COLLECTIVE(comm, "the gradient reduction", MPI_Ialltoallv(sendbuf, scount.data(), sdispl.data(), MPI_FLOAT, recv.data(),
+                                  rcount.data(), rdispl.data(), MPI_FLOAT, comm.comm, &_culprit_req));
   std::vector<int> bad(static_cast<std::size_t>(W) * W, 0);  // bad[sender * W + receiver]
   if (check && check->enabled) {
-    CULPRIT_MPI_CHECK(MPI_Alltoall(sent_fp.data(), 1, MPI_UINT64_T, expect_fp.data(), 1, MPI_UINT64_T, comm.comm));
+    CULPRIT_COLLECTIVE(comm, "the gradient reduction", MPI_Ialltoall(sent_fp.data(), 1, MPI_UINT64_T, expect_fp.data(), 1, MPI_UINT64_T, comm.comm, &_culprit_req));
     for (int r = 0; r < W; ++r)
       if (fingerprint_bytes(recv.data() + rdispl[r], rcount[r] * sizeof(float)) != expect_fp[r]) bad[r * W + comm.rank] = 1;
   }
@@ -178,17 +179,17 @@ void tree_allreduce(const Comm& comm, int micro_shards, const TreeAccumulator& a
   }
   Fingerprint mine_fp = 0;
   if (check && check->enabled) mine_fp = fingerprint_bytes(out + my_off, my_len * sizeof(float));
-  CULPRIT_MPI_CHECK(MPI_Allgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, out, rcount.data(),
-                                   rdispl.data(), MPI_FLOAT, comm.comm));
+  CULPRIT_COLLECTIVE(comm, "the gradient reduction", MPI_Iallgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, out, rcount.data(),
+                                   rdispl.data(), MPI_FLOAT, comm.comm, &_culprit_req));
   if (check && check->enabled) {
     // Phase 2: every reduced chunk as its owner sent it.
     std::vector<Fingerprint> owner_fp(W, 0);
-    CULPRIT_MPI_CHECK(MPI_Allgather(&mine_fp, 1, MPI_UINT64_T, owner_fp.data(), 1, MPI_UINT64_T, comm.comm));
+    CULPRIT_COLLECTIVE(comm, "the gradient reduction", MPI_Iallgather(&mine_fp, 1, MPI_UINT64_T, owner_fp.data(), 1, MPI_UINT64_T, comm.comm, &_culprit_req));
     for (int c = 0; c < W; ++c)
       if (c != comm.rank && fingerprint_bytes(out + rdispl[c], rcount[c] * sizeof(float)) != owner_fp[c])
         bad[c * W + comm.rank] = 1;
     std::vector<int> all(bad.size(), 0);
-    CULPRIT_MPI_CHECK(MPI_Allreduce(bad.data(), all.data(), static_cast<int>(bad.size()), MPI_INT, MPI_MAX, comm.comm));
+    CULPRIT_COLLECTIVE(comm, "the gradient reduction", MPI_Iallreduce(bad.data(), all.data(), static_cast<int>(bad.size()), MPI_INT, MPI_MAX, comm.comm, &_culprit_req));
     for (int sndr = 0; sndr < W; ++sndr)
       for (int rcvr = 0; rcvr < W; ++rcvr)
         if (all[sndr * W + rcvr]) check->mismatches.push_back({sndr, rcvr});

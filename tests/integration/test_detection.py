@@ -12,22 +12,37 @@ from culprit_testlib import TempDirTest, run, run_each_rank_code  # noqa: E402
 W = 3
 BASE = ["--model", "mlp", "--steps", "6", "--global-batch", "24", "--micro-shards", "4", "--samples", "96",
         "--checkpoint-every", "2", "--trace", "off", "--quiet"]
-HARDWARE, NUMERICAL = 10, 11
+HARDWARE, NUMERICAL, INVARIANT = 10, 11, 12
+SMALL = {"bitflip": ",bit=3", "scale": ",factor=2", "noise": "", "nan": ""}
 
-# (phase, kind, extra spec, detector, exit code)
-CASES = [
-    ("forward", "nan", "", "nonfinite", NUMERICAL),
-    ("backward", "nan", "", "nonfinite", NUMERICAL),
-    ("grad", "nan", "", "nonfinite", NUMERICAL),
-    ("data", "nan", "", "nonfinite", NUMERICAL),
-    ("comm", "bitflip", ",bit=3", "comm", HARDWARE),
-    ("comm", "nan", "", "comm", HARDWARE),
+# Every phase x kind: (phase, kind, extra spec, detector, exit code). "spot-check" marks silent
+# compute faults: the default detectors let them pass; --spot-check 1 catches them.
+CASES = []
+for phase in ("forward", "backward", "grad", "data"):
+    CASES.append((phase, "nan", "", "nonfinite", NUMERICAL))
+    for kind in ("bitflip", "scale", "noise"):
+        CASES.append((phase, kind, SMALL[kind], "spot-check", HARDWARE))
+for kind in ("bitflip", "nan", "scale", "noise"):
+    CASES.append(("comm", kind, SMALL[kind], "comm", HARDWARE))
+CASES += [
     ("param", "bitflip", ",bit=3", "replica-divergence", HARDWARE),
     ("param", "nan", "", "nonfinite", NUMERICAL),
     ("param", "scale", ",factor=2", "replica-divergence", HARDWARE),
     ("param", "noise", "", "replica-divergence", HARDWARE),
     ("optimizer", "bitflip", ",bit=20", "replica-divergence", HARDWARE),
+    ("optimizer", "nan", "", "replica-divergence", HARDWARE),
     ("optimizer", "scale", ",factor=3", "replica-divergence", HARDWARE),
+    ("optimizer", "noise", "", "replica-divergence", HARDWARE),
+    # The learning rate one rank uses: its update breaks the schedule invariant before the replicas part.
+    ("lr", "bitflip", ",bit=20", "invariant", INVARIANT),
+    ("lr", "nan", "", "nonfinite", NUMERICAL),
+    ("lr", "scale", ",factor=2", "invariant", INVARIANT),
+    ("lr", "noise", "", "invariant", INVARIANT),
+    # stale: a value that should have been replaced is not.
+    ("grad", "stale", "", "invariant", INVARIANT),
+    ("param", "stale", "", "invariant", INVARIANT),
+    ("data", "stale", "", "invariant", INVARIANT),
+    ("rng", "stale", "", "invariant", INVARIANT),
 ]
 
 
@@ -40,24 +55,107 @@ def incidents(run_dir):
 
 
 class Detection(TempDirTest):
+    def halted(self, name, spec, code, detector, extra=(), world=W):
+        """Runs with `spec` injected at step 3 on rank 1; checks codes, incident and checkpoints."""
+        workdir = self.path(name + "-rc")
+        os.makedirs(workdir)
+        codes, out, err = run_each_rank_code(["train", "--run-dir", self.path(name), "--inject", spec] + BASE +
+                                             list(extra), world, workdir)
+        self.assertEqual(codes, [code] * world, err)
+        inc = incidents(self.path(name))
+        self.assertTrue(inc, err)
+        self.assertEqual((inc[0]["step"], inc[0]["detector"]), (3, detector), inc[0])
+        self.assertIn("halted at step 3 by the %s detector" % detector, err)
+        # The checkpoint of step 2, from before the fault, is there; none of step 3 or later.
+        ck = sorted(os.listdir(self.path(name, "checkpoints")))
+        self.assertIn("step-00000002.h5", ck)
+        self.assertFalse([c for c in ck if c >= "step-00000003"], ck)
+        return inc[0]
+
     def test_injected_faults_are_caught_at_their_step_on_their_rank(self):
         for phase, kind, extra, detector, code in CASES:
             with self.subTest(phase=phase, kind=kind):
                 name = "%s-%s" % (phase, kind)
-                spec = "step=3,rank=1,layer=fc2,index=5,phase=%s,kind=%s%s" % (phase, kind, extra)
-                workdir = self.path(name + "-rc")
-                os.makedirs(workdir)
-                codes, out, err = run_each_rank_code(["train", "--run-dir", self.path(name), "--inject", spec] + BASE,
-                                                     W, workdir)
-                self.assertEqual(codes, [code] * W, err)
-                inc = incidents(self.path(name))
-                self.assertTrue(inc, err)
-                self.assertEqual((inc[0]["step"], inc[0]["detector"], inc[0]["rank"]), (3, detector, 1), inc[0])
-                self.assertIn("halted at step 3 by the %s detector" % detector, err)
-                # The checkpoint of step 2, from before the fault, is there; none of step 3 or later.
-                ck = sorted(os.listdir(self.path(name, "checkpoints")))
-                self.assertIn("step-00000002.h5", ck)
-                self.assertFalse([c for c in ck if c >= "step-00000003"], ck)
+                layer = "" if phase in ("data", "lr", "rng") else ",layer=fc2"
+                spec = "step=3,rank=1%s,index=5,phase=%s,kind=%s%s" % (layer, phase, kind, extra)
+                if detector == "spot-check":
+                    # Silent: the default detectors see nothing ...
+                    res = run(["train", "--inject", spec] + BASE, world=W, run_dir=self.path(name + "-default"))
+                    self.assertEqual(res.code, 0, res.err)
+                    self.assertEqual(incidents(self.path(name + "-default")), [])
+                    # ... and every micro-shard recomputed by another rank catches it.
+                    inc = self.halted(name, spec, code, detector, ["--spot-check", "1"])
+                else:
+                    inc = self.halted(name, spec, code, detector)
+                self.assertEqual(inc["rank"], 1, inc)
+
+    def test_spot_check_with_two_and_one_ranks(self):
+        spec = "step=3,rank=%d,layer=fc1,index=2,phase=forward,kind=bitflip,bit=4"
+        # Two ranks, transient: the owner's own recomputation agrees with the checker, so the owner is faulty.
+        inc = self.halted("w2", spec % 1, HARDWARE, "spot-check", ["--spot-check", "1"], world=2)
+        self.assertEqual(inc["rank"], 1, inc)
+        self.assertIn("rank 1 itself recomputed it like rank 0", inc["message"])
+        # Two ranks, persistent: one of the two is wrong every time; two cannot tell which.
+        inc = self.halted("w2p", spec % 1 + ",mode=persistent", HARDWARE, "spot-check", ["--spot-check", "1"], world=2)
+        self.assertEqual(inc["rank"], -1, inc)
+        self.assertIn("a third rank or a replay decides", inc["message"])
+        # One rank recomputes its own micro-shards: a transient fault shows.
+        inc = self.halted("w1", spec % 0, HARDWARE, "spot-check", ["--spot-check", "1"], world=1)
+        self.assertEqual(inc["rank"], 0, inc)
+        # A persistent fault on the checker: the third rank sides with the owner.
+        inc = self.halted("w3c", spec % 2 + ",mode=persistent", HARDWARE, "spot-check", ["--spot-check", "1"])
+        self.assertEqual(inc["rank"], 2, inc)
+
+    def test_invariants_of_every_rank(self):
+        # A bug on every rank (rank=all) leaves the replicas equal: only the invariants see it.
+        for name, spec, needle in [
+                ("frozen", "step=3,rank=all,layer=fc2,phase=param,kind=stale", "parameter 'fc2.weight' did not change"),
+                ("lr-stale", "step=3,rank=all,phase=lr,kind=stale", "the learning rate of step 3 is 0.075 but the schedule"),
+                ("lr-scale", "step=3,rank=all,phase=lr,kind=scale,factor=2", "but the schedule gives 0.05")]:
+            with self.subTest(name=name):
+                inc = self.halted(name, spec, INVARIANT, "invariant", ["--lr-schedule", "cosine"])
+                self.assertIn("every rank (first rank 0): ", inc["message"])
+                self.assertIn(needle, inc["message"])
+        # Negative control: the same run without the fault is clean, and --check-invariants false
+        # lets the frozen parameter pass.
+        res = run(["train", "--lr-schedule", "cosine"] + BASE, world=W, run_dir=self.path("clean"))
+        self.assertEqual(res.code, 0, res.err)
+        self.assertEqual(incidents(self.path("clean")), [])
+        res = run(["train", "--lr-schedule", "cosine", "--check-invariants", "false", "--inject",
+                   "step=3,rank=all,layer=fc2,phase=param,kind=stale"] + BASE, world=W, run_dir=self.path("off"))
+        self.assertEqual(res.code, 0, res.err)
+
+    def test_dropout_seed_bitflip_is_caught_by_spot_check(self):
+        # gpt has dropout: a flipped seed bit changes the masks, silently, on one rank.
+        args = ["--model", "gpt", "--steps", "4", "--global-batch", "12", "--micro-shards", "4", "--samples", "48",
+                "--trace", "off", "--quiet", "--inject", "step=2,rank=1,phase=rng,kind=bitflip,bit=7"]
+        res = run(["train"] + args, world=W, run_dir=self.path("gpt-default"))
+        self.assertEqual(res.code, 0, res.err)
+        self.assertEqual(incidents(self.path("gpt-default")), [])
+        res = run(["train", "--spot-check", "1"] + args, world=W, run_dir=self.path("gpt-spot"))
+        self.assertEqual(res.code, HARDWARE, res.err)
+        inc = incidents(self.path("gpt-spot"))
+        self.assertEqual((inc[0]["step"], inc[0]["detector"], inc[0]["rank"]), (2, "spot-check", 1), inc)
+
+    def test_intermittent_faults_follow_the_seed(self):
+        # A flaky link: what rank 2 sends is corrupted now and then (each step is a fresh draw).
+        spec = "step=2,rank=2,layer=fc1,phase=comm,kind=scale,factor=2,mode=intermittent,p=0.4"
+
+        def steps(name, seed):
+            args = BASE[:3] + ["16"] + BASE[4:]
+            res = run(["train", "--on-detect", "warn", "--seed", str(seed), "--inject", spec] + args, world=W,
+                      run_dir=self.path(name))
+            self.assertEqual(res.code, 0, res.err)
+            inc = incidents(self.path(name))
+            self.assertTrue(all(i["detector"] == "comm" and i["rank"] == 2 for i in inc), inc)
+            return [i["step"] for i in inc]
+
+        a, b, c = steps("i1", 5), steps("i2", 5), steps("i3", 6)
+        self.assertEqual(a, b)  # the same seed draws the same steps
+        self.assertTrue(a and a[0] >= 2, a)
+        # Now and then, not always: some steps from the fault's start on are clean.
+        self.assertLess(len(a), 15, a)
+        self.assertNotEqual(a, c)  # another seed, other steps
 
     def test_warn_goes_on_and_logs(self):
         spec = "step=2,rank=2,layer=fc1,phase=param,kind=scale,factor=2,mode=persistent"
@@ -94,7 +192,8 @@ class Detection(TempDirTest):
 
 
 class FalsePositives(TempDirTest):
-    """No detection at all over clean runs: every model, W = 1..4, 5 seeds, 30 steps."""
+    """No detection at all over clean runs: every model, W = 1..4, 5 seeds, 30 steps, every default
+    detector and the invariants on, a quarter of the micro-shards spot-checked."""
 
     def test_clean_runs_raise_nothing(self):
         seeds = [int(x) for x in os.environ.get("CULPRIT_FP_SEEDS", "11,23,37,41,59").split(",")]
@@ -105,7 +204,7 @@ class FalsePositives(TempDirTest):
                         d = self.path("clean-%s-%d-%d" % (model, world, seed))
                         args = ["--model", model, "--steps", "30", "--global-batch", "32", "--micro-shards", "4",
                                 "--samples", "256", "--trace", "off", "--checkpoint-every", "0", "--quiet",
-                                "--seed", str(seed)] + extra
+                                "--seed", str(seed), "--spot-check", "0.25"] + extra
                         res = run(["train"] + args, world=world, run_dir=d)
                         self.assertEqual(res.code, 0, res.err)
                         self.assertEqual(incidents(d), [])

@@ -14,6 +14,7 @@ enum ExitCode : int {
   kExitHardware = 10,   // hardware suspected: replicas diverged, corrupted communication
   kExitNumerical = 11,  // numerical: NaN/Inf in loss, gradients or parameters
   kExitInvariant = 12,  // a training invariant was violated
+  kExitSilentRank = 13,  // a rank stopped responding (died or stuck): --collective-timeout
 };
 
 }  // namespace culprit

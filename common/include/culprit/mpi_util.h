@@ -9,11 +9,14 @@
 
 namespace culprit {
 
+class Watchdog;
+
 struct Comm {
   MPI_Comm comm = MPI_COMM_WORLD;
   int rank = 0;
   int size = 1;
   std::string host;
+  Watchdog* watchdog = nullptr;  // bounds the training loop's collectives (culprit/watchdog.h)
   static Comm world();  // MPI must be initialised
 };
 

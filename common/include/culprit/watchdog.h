@@ -1,0 +1,65 @@
+// Deadline-bounded collectives (docs/detection.md, "Silent ranks"). Like NCCL's watchdog: a rank
+// waiting in a collective polls it against a deadline; when the deadline passes, the waiting ranks
+// ask each other who is there over a communicator of their own, name the rank(s) that do not
+// answer (dead or stuck), report once, and end the job with kExitSilentRank.
+#pragma once
+#include <mpi.h>
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "culprit/mpi_util.h"
+
+namespace culprit {
+
+struct SilentReport {
+  std::int64_t step = 0;
+  std::vector<int> silent;  // ranks that did not answer (empty: all answered)
+  std::vector<std::string> hosts;  // of every rank
+  std::string message;      // one line naming them, their hosts and where the others waited
+};
+
+class Watchdog {
+ public:
+  // Collective over comm. timeout_s <= 0: wait forever (plain MPI_Wait).
+  Watchdog(const Comm& comm, double timeout_s);
+  ~Watchdog();
+  Watchdog(const Watchdog&) = delete;
+  Watchdog& operator=(const Watchdog&) = delete;
+
+  // Called on the one reporting rank before the job ends (log the incident there).
+  void on_silence(std::function<void(const SilentReport&)> report) { report_ = std::move(report); }
+  void set_step(std::int64_t step) { step_ = step; }
+  // Completes a nonblocking collective; `what` names it in the report.
+  void wait(MPI_Request* req, const char* what);
+  // Waits until done() holds (a background writer), answering the other ranks meanwhile.
+  void wait_until(const std::function<bool()>& done, const char* what);
+  double timeout() const { return timeout_; }
+
+ private:
+  bool poll(double started, const char* what);  // true: the deadline passed or a rank asked
+  [[noreturn]] void expire(const char* what);
+  void answer(const std::int64_t* query, int from, const char* what);
+
+  MPI_Comm side_ = MPI_COMM_NULL;
+  int rank_ = 0, size_ = 1;
+  double timeout_ = 0;
+  std::int64_t step_ = 0;
+  std::vector<std::string> hosts_;
+  std::function<void(const SilentReport&)> report_;
+};
+
+// Completes a nonblocking collective on comm: through its watchdog when it has one.
+void complete(const Comm& comm, MPI_Request* req, const char* what);
+
+// Starts a nonblocking collective (the call's last argument must be &_culprit_req) and completes it.
+#define CULPRIT_COLLECTIVE(comm, what, icall)                 \
+  do {                                                        \
+    MPI_Request _culprit_req = MPI_REQUEST_NULL;              \
+    CULPRIT_MPI_CHECK(icall);                                 \
+    ::culprit::complete((comm), &_culprit_req, (what));       \
+  } while (0)
+
+}  // namespace culprit

@@ -1,0 +1,173 @@
+#include "culprit/watchdog.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <map>
+#include <thread>
+
+#include "culprit/exit_codes.h"
+
+namespace culprit {
+
+namespace {
+
+constexpr int kTagQuery = 7101;   // "I have waited too long: who is there?"
+constexpr int kTagAnswer = 7102;  // "here, waiting in ..."
+
+// What a rank says about itself: its step and the collective it waits in.
+struct Where {
+  std::int64_t step = 0;
+  char what[56] = {0};
+};
+
+Where where_of(std::int64_t step, const char* what) {
+  Where w;
+  w.step = step;
+  std::strncpy(w.what, what, sizeof w.what - 1);
+  return w;
+}
+
+std::string join_ranks(const std::vector<int>& ranks) {
+  std::string s;
+  for (int r : ranks) s += (s.empty() ? "" : ",") + std::to_string(r);
+  return s;
+}
+
+std::string seconds(double s) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%g s", s);
+  return buf;
+}
+
+}  // namespace
+
+Watchdog::Watchdog(const Comm& comm, double timeout_s) : rank_(comm.rank), size_(comm.size), timeout_(timeout_s) {
+  CULPRIT_MPI_CHECK(MPI_Comm_dup(comm.comm, &side_));
+  MPI_Comm_set_errhandler(side_, MPI_ERRORS_RETURN);
+  constexpr int kLen = 64;
+  std::vector<char> mine(kLen, 0), all(static_cast<std::size_t>(kLen) * size_, 0);
+  std::strncpy(mine.data(), comm.host.c_str(), kLen - 1);
+  CULPRIT_MPI_CHECK(MPI_Allgather(mine.data(), kLen, MPI_CHAR, all.data(), kLen, MPI_CHAR, comm.comm));
+  for (int r = 0; r < size_; ++r) hosts_.emplace_back(all.data() + static_cast<std::size_t>(r) * kLen);
+}
+
+Watchdog::~Watchdog() {
+  if (side_ != MPI_COMM_NULL) MPI_Comm_free(&side_);
+}
+
+bool Watchdog::poll(double started, const char*) {
+  int flag = 0;
+  MPI_Iprobe(MPI_ANY_SOURCE, MPI_ANY_TAG, side_, &flag, MPI_STATUS_IGNORE);
+  return flag || MPI_Wtime() - started > timeout_;
+}
+
+void Watchdog::wait(MPI_Request* req, const char* what) {
+  if (timeout_ <= 0 || size_ == 1) {
+    CULPRIT_MPI_CHECK(MPI_Wait(req, MPI_STATUS_IGNORE));
+    return;
+  }
+  const double t0 = MPI_Wtime();
+  for (unsigned i = 1;; ++i) {
+    int done = 0;
+    CULPRIT_MPI_CHECK(MPI_Test(req, &done, MPI_STATUS_IGNORE));
+    if (done) return;
+    if (i % 32 == 0) {
+      if (poll(t0, what)) expire(what);
+      // A long wait need not spin: the other ranks are far from here.
+      if (MPI_Wtime() - t0 > 0.1) std::this_thread::sleep_for(std::chrono::microseconds(200));
+    }
+  }
+}
+
+void Watchdog::wait_until(const std::function<bool()>& done, const char* what) {
+  const double t0 = MPI_Wtime();
+  while (!done()) {
+    if (timeout_ > 0 && size_ > 1 && poll(t0, what)) expire(what);
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+}
+
+void Watchdog::expire(const char* what) {
+  // Ask everyone who is there and answer everyone who asks, for a grace period; a query is an
+  // answer too. Whoever stays quiet is silent: dead, or stuck outside MPI.
+  const double t0 = MPI_Wtime();
+  const double grace = std::clamp(timeout_ / 4, 1.0, 10.0);
+  static Where me;  // outlives the sends: this function never returns
+  me = where_of(step_, what);
+  for (int r = 0; r < size_; ++r) {
+    if (r == rank_) continue;
+    MPI_Request req;
+    if (MPI_Isend(&me, sizeof me, MPI_BYTE, r, kTagQuery, side_, &req) == MPI_SUCCESS) MPI_Request_free(&req);
+  }
+  std::vector<int> answered(size_, 0);
+  std::vector<Where> where(size_);
+  answered[rank_] = 1;
+  where[rank_] = me;
+  auto listen = [&](double until, bool stop_when_all) {
+    while (MPI_Wtime() < until) {
+      if (stop_when_all && std::count(answered.begin(), answered.end(), 1) == size_) return;
+      int flag = 0;
+      MPI_Status st;
+      if (MPI_Iprobe(MPI_ANY_SOURCE, MPI_ANY_TAG, side_, &flag, &st) != MPI_SUCCESS || !flag) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(1));
+        continue;
+      }
+      Where w;
+      if (MPI_Recv(&w, sizeof w, MPI_BYTE, st.MPI_SOURCE, st.MPI_TAG, side_, MPI_STATUS_IGNORE) != MPI_SUCCESS)
+        continue;
+      answered[st.MPI_SOURCE] = 1;
+      where[st.MPI_SOURCE] = w;
+      if (st.MPI_TAG == kTagQuery) {
+        MPI_Request req;
+        if (MPI_Isend(&me, sizeof me, MPI_BYTE, st.MPI_SOURCE, kTagAnswer, side_, &req) == MPI_SUCCESS)
+          MPI_Request_free(&req);
+      }
+    }
+  };
+  listen(t0 + grace, /*stop_when_all=*/true);
+
+  SilentReport rep;
+  rep.step = step_;
+  rep.hosts = hosts_;
+  std::vector<int> alive;
+  for (int r = 0; r < size_; ++r) (answered[r] ? alive : rep.silent).push_back(r);
+  // Where the live ranks wait, grouped.
+  std::map<std::pair<std::int64_t, std::string>, std::vector<int>> groups;
+  for (int r : alive) groups[{where[r].step, where[r].what}].push_back(r);
+  std::string waits;
+  for (const auto& [key, ranks] : groups)
+    waits += (waits.empty() ? "" : "; ") + std::string(ranks.size() > 1 ? "ranks " : "rank ") + join_ranks(ranks) +
+             " waited in " + key.second + " of step " + std::to_string(key.first);
+  if (rep.silent.empty()) {
+    rep.message = "every rank answered, but " + std::string(what) + " did not complete within the collective timeout of " +
+                  seconds(timeout_) + " (" + waits + ")";
+  } else {
+    std::string who;
+    for (int r : rep.silent) who += (who.empty() ? "" : ", ") + std::to_string(r) + " (host " + hosts_[r] + ")";
+    rep.message = std::string(rep.silent.size() > 1 ? "ranks " : "rank ") + who +
+                  " stopped responding: no answer within the collective timeout of " + seconds(timeout_) +
+                  " and a grace of " + seconds(grace) + " (dead or stuck); " + waits;
+  }
+  if (alive.front() == rank_) {
+    std::fprintf(stderr, "culprit: error: %s\n", rep.message.c_str());
+    std::fflush(stderr);
+    if (report_) report_(rep);
+  } else {
+    // The lowest live rank reports and ends the job; should it fail to, this rank does.
+    listen(MPI_Wtime() + grace, false);
+  }
+  MPI_Abort(MPI_COMM_WORLD, kExitSilentRank);
+  std::_Exit(kExitSilentRank);
+}
+
+void complete(const Comm& comm, MPI_Request* req, const char* what) {
+  if (comm.watchdog) {
+    comm.watchdog->wait(req, what);
+  } else {
+    CULPRIT_MPI_CHECK(MPI_Wait(req, MPI_STATUS_IGNORE));
+  }
+}
+
+}  // namespace culprit

@@ -1,0 +1,132 @@
+"""A rank that dies or stops responding mid-step: the other ranks end within --collective-timeout with a
+message naming it and its host, the incident is logged, the newest valid checkpoint stays usable, and
+--resume completes the run bitwise equal to an uninterrupted one."""
+import json
+import os
+import subprocess
+import sys
+import time
+import unittest
+
+sys.path.insert(0, os.path.dirname(__file__))
+from culprit_testlib import CULPRIT, MPIRUN, TempDirTest, run  # noqa: E402
+
+W = 3
+TIMEOUT = 5  # --collective-timeout in these tests; the grace for the roll call is max(1, TIMEOUT/4)
+ARGS = ["--model", "mlp", "--global-batch", "24", "--micro-shards", "4", "--samples", "96", "--quiet",
+        "--collective-timeout", str(TIMEOUT)]
+LONG = 3000  # steps of the runs killed from outside (a few seconds)
+
+
+def incidents(run_dir):
+    path = os.path.join(run_dir, "incidents.jsonl")
+    if not os.path.exists(path):
+        return []
+    with open(path) as f:
+        return [json.loads(l) for l in f]
+
+
+def last_step(run_dir):
+    try:
+        with open(os.path.join(run_dir, "metrics.jsonl")) as f:
+            lines = f.readlines()
+        return json.loads(lines[-1])["step"] if lines else 0
+    except (OSError, ValueError):
+        return 0
+
+
+def rank_pid(run_dir, rank):
+    """The pid of the culprit process of `rank` training in run_dir."""
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            with open("/proc/%s/cmdline" % pid, "rb") as f:
+                cmd = f.read().split(b"\0")
+            with open("/proc/%s/environ" % pid, "rb") as f:
+                env = f.read().split(b"\0")
+        except OSError:
+            continue
+        if cmd and cmd[0].endswith(b"culprit") and run_dir.encode() in cmd and \
+                ("OMPI_COMM_WORLD_RANK=%d" % rank).encode() in env:
+            return int(pid)
+    return None
+
+
+class SilentRank(TempDirTest):
+    def reference(self, name, steps, extra=()):
+        res = run(["train", "--steps", str(steps)] + ARGS + list(extra), world=W, run_dir=self.path(name))
+        self.assertEqual(res.code, 0, res.err)
+        return res.final_fingerprint()
+
+    def resume_matches(self, run_dir, want, steps):
+        # The run really was cut short: the fingerprint it would have ended with is not there yet.
+        self.assertLess(last_step(run_dir), steps)
+        res = run(["train", "--resume", "--quiet"], world=W, run_dir=run_dir)
+        self.assertEqual(res.code, 0, res.err)
+        self.assertEqual(res.final_fingerprint(), want)
+        v = run(["verify", run_dir])
+        self.assertEqual(v.code, 0, v.out + v.err)
+
+    def test_stuck_rank(self):
+        # Rank 1 hangs inside the forward pass of step 7 (a stuck device).
+        want = self.reference("ref", 12, ["--checkpoint-every", "3"])
+        d = self.path("stuck")
+        t0 = time.time()
+        res = run(["train", "--steps", "12", "--checkpoint-every", "3", "--inject",
+                   "step=7,rank=1,layer=fc2,phase=forward,kind=hang"] + ARGS, world=W, run_dir=d, timeout=120)
+        elapsed = time.time() - t0
+        self.assertEqual(res.code, 13, res.err)
+        self.assertLess(elapsed, TIMEOUT + 1.25 + 30, "the job took %.1f s to end" % elapsed)
+        self.assertRegex(res.err, r"culprit: error: rank 1 \(host \S+\) stopped responding: no answer within the "
+                                  r"collective timeout of 5 s .*ranks 0,2 waited in .* of step 7")
+        inc = incidents(d)
+        self.assertEqual(len(inc), 1, inc)
+        self.assertEqual((inc[0]["step"], inc[0]["detector"], inc[0]["rank"], inc[0]["class"]),
+                         (7, "collective-timeout", 1, "hardware"), inc)
+        self.assertIn("step-00000006.h5", os.listdir(os.path.join(d, "checkpoints")))
+        # The resumed run does not repeat the injected fault and ends where the uninterrupted run did.
+        self.resume_matches(d, want, 12)
+
+    def kill_rank_1(self, name, launcher):
+        d = self.path(name)
+        cmd = launcher + ["-np", str(W), CULPRIT, "train", "--run-dir", d, "--steps", str(LONG),
+                          "--checkpoint-every", "100", "--spike-window", "0"] + ARGS
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                start_new_session=True)
+        deadline = time.time() + 120
+        while last_step(d) < 300 and time.time() < deadline and proc.poll() is None:
+            time.sleep(0.05)
+        pid = rank_pid(d, 1)
+        self.assertIsNotNone(pid, "rank 1 not found")
+        os.kill(pid, 9)
+        killed = time.time()
+        try:
+            out, err = proc.communicate(timeout=TIMEOUT + 60)
+        finally:
+            subprocess.run(["pkill", "-9", "-s", str(proc.pid)])
+        return d, proc.returncode, err, time.time() - killed
+
+    def test_killed_rank_the_launcher_lets_run(self):
+        # Launchers that let the other ranks run on (srun without --kill-on-bad-exit, mpirun
+        # --enable-recovery): culprit's watchdog ends the job and names the dead rank.
+        want = self.reference("ref", LONG, ["--checkpoint-every", "100", "--spike-window", "0"])
+        d, code, err, after = self.kill_rank_1("killed", MPIRUN + ["--enable-recovery"])
+        self.assertLess(after, TIMEOUT + 1.25 + 30, "the job took %.1f s to end after the kill" % after)
+        self.assertRegex(err, r"culprit: error: rank 1 \(host \S+\) stopped responding")
+        inc = incidents(d)
+        self.assertEqual([(i["detector"], i["rank"]) for i in inc], [("collective-timeout", 1)], inc)
+        self.resume_matches(d, want, LONG)
+
+    def test_killed_rank_under_plain_mpirun(self):
+        # Plain mpirun ends the whole job itself when a process dies, and names it.
+        want = self.reference("ref", LONG, ["--checkpoint-every", "100", "--spike-window", "0"])
+        d, code, err, after = self.kill_rank_1("killed", MPIRUN)
+        self.assertNotEqual(code, 0)
+        self.assertLess(after, TIMEOUT + 30, "the job took %.1f s to end after the kill" % after)
+        self.assertRegex(err, r"process rank 1 .* exited on signal 9")
+        self.resume_matches(d, want, LONG)
+
+
+if __name__ == "__main__":
+    unittest.main(verbosity=2)
