@@ -55,23 +55,21 @@ Status log_incident(const std::string& run_dir, const Incident& inc) {
   return Status::OK();
 }
 
-ReplicaCheck check_replicas(const Comm& comm, const std::vector<Fingerprint>& fps, const std::vector<std::string>& names) {
+ReplicaCheck compare_replicas(int world, const std::vector<Fingerprint>& all, const std::vector<std::string>& names) {
   ReplicaCheck out;
-  if (comm.size == 1) return out;
-  const int n = static_cast<int>(fps.size());
-  std::vector<Fingerprint> all(static_cast<std::size_t>(n) * comm.size);
-  CULPRIT_COLLECTIVE(comm, "the replica check", MPI_Iallgather(fps.data(), n, MPI_UINT64_T, all.data(), n, MPI_UINT64_T, comm.comm, &_culprit_req));
+  if (world == 1) return out;
+  const int n = static_cast<int>(names.size());
   // Each rank's set, compared as a whole; the majority set wins (ties: rank 0's).
   std::map<std::vector<Fingerprint>, int> votes;
-  std::vector<std::vector<Fingerprint>> sets(comm.size);
-  for (int r = 0; r < comm.size; ++r) {
+  std::vector<std::vector<Fingerprint>> sets(world);
+  for (int r = 0; r < world; ++r) {
     sets[r].assign(all.begin() + static_cast<std::ptrdiff_t>(r) * n, all.begin() + static_cast<std::ptrdiff_t>(r + 1) * n);
     votes[sets[r]]++;
   }
   const std::vector<Fingerprint>* majority = &sets[0];
   for (const auto& [set, count] : votes)
     if (count > votes[*majority]) majority = &set;
-  for (int r = 0; r < comm.size; ++r) {
+  for (int r = 0; r < world; ++r) {
     if (sets[r] == *majority) continue;
     out.diverged = true;
     out.odd_ranks.push_back(r);
@@ -112,12 +110,6 @@ bool SpikeDetector::observe(double v, std::string* why) {
     if (static_cast<int>(recent_.size()) > window_) recent_.erase(recent_.begin());
   }
   return spike;
-}
-
-int first_flagged(const Comm& comm, bool flag) {
-  int mine = flag ? comm.rank : comm.size, first = comm.size;
-  CULPRIT_COLLECTIVE(comm, "a detector vote", MPI_Iallreduce(&mine, &first, 1, MPI_INT, MPI_MIN, comm.comm, &_culprit_req));
-  return first == comm.size ? -1 : first;
 }
 
 }  // namespace culprit::harness

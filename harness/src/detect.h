@@ -27,16 +27,15 @@ struct Incident {
 // Appends to RUN/incidents.log (one key=value line) and RUN/incidents.jsonl. Rank 0 only.
 Status log_incident(const std::string& run_dir, const Incident& inc);
 
-// Collective: compares every rank's parameter fingerprints. On disagreement, the ranks whose set
-// differs from the majority are "odd" and first_param names the first parameter (state-dict order)
-// where an odd rank differs.
+// Compares every rank's parameter fingerprints (all: `world` sets of names.size(), rank by rank).
+// On disagreement, the ranks whose set differs from the majority are "odd" and first_param names
+// the first parameter (state-dict order) where an odd rank differs.
 struct ReplicaCheck {
   bool diverged = false;
   std::vector<int> odd_ranks;
   std::string first_param;
 };
-ReplicaCheck check_replicas(const Comm& comm, const std::vector<Fingerprint>& param_fps,
-                            const std::vector<std::string>& names);
+ReplicaCheck compare_replicas(int world, const std::vector<Fingerprint>& all, const std::vector<std::string>& names);
 
 // Spikes in a series (loss, gradient norm): a robust z-score over the last `window` values
 // (median and MAD) above `z`, guarded by a ratio: the value must also exceed `ratio` times the
@@ -52,8 +51,5 @@ class SpikeDetector {
   double z_ = 8, ratio_ = 3;
   std::vector<double> recent_;
 };
-
-// Collective: the lowest rank whose flag is set, or -1.
-int first_flagged(const Comm& comm, bool flag);
 
 }  // namespace culprit::harness

@@ -8,6 +8,7 @@
 #include <thread>
 #include <tuple>
 
+#include "finite.h"
 #include "trainer.h"
 #include "culprit/watchdog.h"
 
@@ -112,22 +113,93 @@ void Trainer::incident(Incident inc, bool may_halt) {
                           exit_code_for(inc.cls));
 }
 
-// The detectors of one step. Every decision comes out of a collective, so all ranks act alike.
-void Trainer::detect(std::int64_t s, const std::vector<Fingerprint>& param_fps) {
+// The detectors of one step. Every rank contributes one record to a single allgather (the vote);
+// every decision is then taken from the same data on every rank, so all ranks act alike.
+void Trainer::detect(std::int64_t s) {
+  const int W = comm_.size;
+  const bool comm_check = cfg_.comm_check && W > 1;
+  const bool replicas = cfg_.replica_check_every > 0 && s % cfg_.replica_check_every == 0 && W > 1;
+  // The micro-shard facts travel here unless the spot check exchanged them already.
+  const bool shard_facts = cfg_.check_invariants && !facts_exchanged_;
+  if (!cfg_.detect_nonfinite && !cfg_.check_invariants && !comm_check && !replicas && cfg_.spike_window <= 0) return;
+  // Parameters and optimizer state must be bitwise identical on every rank.
+  std::vector<Fingerprint> fps;
+  std::vector<std::string> names;
+  if (replicas) {
+    fps = param_fps_;
+    for (const auto& p : params_) names.push_back(p.name);
+    for (const auto& p : params_) {
+      auto it = opt_->state().find(c10::guts::to_string(p.tensor.unsafeGetTensorImpl()));
+      at::Tensor t;
+      if (it != opt_->state().end())
+        t = cfg_.optimizer == "sgd" ? static_cast<torch::optim::SGDParamState&>(*it->second).momentum_buffer()
+                                    : static_cast<torch::optim::AdamWParamState&>(*it->second).exp_avg();
+      fps.push_back(t.defined() ? tensor_fingerprint(t) : 0);
+      names.push_back(p.name + " (optimizer state)");
+    }
+  }
+  bool bad_params = false;
   if (cfg_.detect_nonfinite) {
-    bool bad_params = false;
-    const float* p = flat_params_.data_ptr<float>();
-    for (std::int64_t i = 0; i < P_ && !bad_params; ++i) bad_params = !std::isfinite(p[i]);
-    const int shard_rank = first_flagged(comm_, bad_shard_ >= 0);
-    int shard = bad_shard_;
-    if (shard_rank >= 0) CULPRIT_COLLECTIVE(comm_, "a detector vote", MPI_Ibcast(&shard, 1, MPI_INT, shard_rank, comm_.comm, &_culprit_req));
-    const int param_rank = first_flagged(comm_, bad_params);
-    bool bad_reduced = false;
-    for (std::int64_t i = 0; i <= P_ && !bad_reduced; ++i) bad_reduced = !std::isfinite(reduced_[i]);
+    bad_params = !all_finite(flat_params_.data_ptr<float>(), static_cast<std::size_t>(P_));
+  }
+  // This rank's record: [bad micro-shard + 1, bad parameters, invariant broken, phase-1 sent (W),
+  // phase-1 received (W), phase-2 chunks (W), micro-shard facts (4M), replica fingerprints].
+  const std::size_t n_comm = comm_check ? 3 * W : 0, n_facts = shard_facts ? facts_.size() : 0;
+  const std::size_t len = 3 + n_comm + n_facts + fps.size();
+  std::vector<Fingerprint> rec;
+  rec.reserve(len);
+  rec.push_back(static_cast<Fingerprint>(bad_shard_ + 1));
+  rec.push_back(bad_params);
+  rec.push_back(!violation_.empty());
+  if (comm_check) {
+    rec.insert(rec.end(), cc_.sent.begin(), cc_.sent.end());
+    rec.insert(rec.end(), cc_.received.begin(), cc_.received.end());
+    rec.insert(rec.end(), cc_.chunks.begin(), cc_.chunks.end());
+  }
+  if (shard_facts) rec.insert(rec.end(), facts_.begin(), facts_.end());
+  rec.insert(rec.end(), fps.begin(), fps.end());
+  if (rec.size() != len) throw std::logic_error("detect: record length");
+  std::vector<Fingerprint> all(len * W);
+  if (W == 1) {
+    all = rec;
+  } else {
+    CULPRIT_COLLECTIVE(comm_, "the detector vote",
+                       MPI_Iallgather(rec.data(), static_cast<int>(len), MPI_UINT64_T, all.data(), static_cast<int>(len),
+                                      MPI_UINT64_T, comm_.comm, &_culprit_req));
+  }
+  auto field = [&](int r, std::size_t i) { return all[static_cast<std::size_t>(r) * len + i]; };
+  auto first_rank = [&](std::size_t i) {
+    for (int r = 0; r < W; ++r)
+      if (field(r, i)) return r;
+    return -1;
+  };
+
+  if (comm_check) {
+    std::vector<CommCheck> per_rank(W);
+    for (int r = 0; r < W; ++r) {
+      auto& c = per_rank[r];
+      for (int j = 0; j < W; ++j) {
+        c.sent.push_back(field(r, 3 + j));
+        c.received.push_back(field(r, 3 + W + j));
+        c.chunks.push_back(field(r, 3 + 2 * W + j));
+      }
+    }
+    const auto bad = comm_mismatches(per_rank);
+    if (!bad.empty()) {
+      std::string pairs;
+      for (const auto& [from, to] : bad)
+        pairs += (pairs.empty() ? "" : ", ") + std::to_string(from) + " -> " + std::to_string(to);
+      incident({s, "comm", IncidentClass::kHardware, bad[0].first, "", "",
+                "reduction message(s) arrived unlike they were sent (sender -> receiver): " + pairs});
+    }
+  }
+  if (cfg_.detect_nonfinite) {
+    const int shard_rank = first_rank(0), param_rank = first_rank(1);
+    const bool bad_reduced = !all_finite(reduced_.data(), static_cast<std::size_t>(P_ + 1));
     if (shard_rank >= 0) {
       incident({s, "nonfinite", IncidentClass::kNumerical, shard_rank, "", "",
-                "NaN/Inf in the loss or gradient of micro-shard " + std::to_string(shard) + " computed on rank " +
-                    std::to_string(shard_rank)});
+                "NaN/Inf in the loss or gradient of micro-shard " + std::to_string(field(shard_rank, 0) - 1) +
+                    " computed on rank " + std::to_string(shard_rank)});
     } else if (bad_reduced) {
       incident({s, "nonfinite", IncidentClass::kNumerical, -1, "", "",
                 "NaN/Inf in the reduced gradient or loss, though every micro-shard was finite"});
@@ -137,16 +209,26 @@ void Trainer::detect(std::int64_t s, const std::vector<Fingerprint>& param_fps) 
     }
   }
   if (cfg_.check_invariants) {
-    const int vr = first_flagged(comm_, !violation_.empty());
+    const int vr = first_rank(2);
     if (vr >= 0) {
-      const std::string msg = broadcast_string(comm_, violation_, vr);
-      int mine = violation_.empty() ? 0 : 1, count = 0;
-      CULPRIT_COLLECTIVE(comm_, "a detector vote", MPI_Iallreduce(&mine, &count, 1, MPI_INT, MPI_SUM, comm_.comm, &_culprit_req));
-      const std::string who = count == comm_.size && count > 1 ? "every rank (first rank " + std::to_string(vr) + ")"
+      // The message comes from the first rank that saw the invariant broken.
+      const std::string msg = W > 1 ? broadcast_string(comm_, violation_, vr) : violation_;
+      int count = 0;
+      for (int r = 0; r < W; ++r) count += field(r, 2) ? 1 : 0;
+      const std::string who = count == W && count > 1 ? "every rank (first rank " + std::to_string(vr) + ")"
                               : count > 1 ? "rank " + std::to_string(vr) + " and " + std::to_string(count - 1) + " more"
                                           : "rank " + std::to_string(vr);
       incident({s, "invariant", IncidentClass::kInvariant, vr, "", "", who + ": " + msg});
     }
+    if (shard_facts) {
+      // Each micro-shard's facts come from its owner: gather them from the records.
+      for (std::size_t i = 0; i < facts_.size(); ++i) {
+        Fingerprint v = 0;
+        for (int r = 0; r < W; ++r) v |= field(r, 3 + n_comm + i);
+        facts_[i] = v;
+      }
+    }
+    check_shard_invariants(s);
   }
   if (cfg_.spike_window > 0) {
     // Loss and gradient norm are the same on every rank: so is this decision.
@@ -160,21 +242,11 @@ void Trainer::detect(std::int64_t s, const std::vector<Fingerprint>& param_fps) 
                  cfg_.spike_action == "halt");
     }
   }
-  if (cfg_.replica_check_every > 0 && s % cfg_.replica_check_every == 0 && comm_.size > 1) {
-    // Parameters and optimizer state must be bitwise identical on every rank.
-    std::vector<Fingerprint> fps = param_fps;
-    std::vector<std::string> names;
-    for (const auto& p : params_) names.push_back(p.name);
-    for (const auto& p : params_) {
-      auto it = opt_->state().find(c10::guts::to_string(p.tensor.unsafeGetTensorImpl()));
-      at::Tensor t;
-      if (it != opt_->state().end())
-        t = cfg_.optimizer == "sgd" ? static_cast<torch::optim::SGDParamState&>(*it->second).momentum_buffer()
-                                    : static_cast<torch::optim::AdamWParamState&>(*it->second).exp_avg();
-      fps.push_back(t.defined() ? tensor_fingerprint(t) : 0);
-      names.push_back(p.name + " (optimizer state)");
-    }
-    const ReplicaCheck rc = check_replicas(comm_, fps, names);
+  if (replicas) {
+    std::vector<Fingerprint> sets;
+    for (int r = 0; r < W; ++r)
+      for (std::size_t i = 0; i < fps.size(); ++i) sets.push_back(field(r, len - fps.size() + i));
+    const ReplicaCheck rc = compare_replicas(W, sets, names);
     if (rc.diverged) {
       std::string ranks;
       for (int r : rc.odd_ranks) ranks += (ranks.empty() ? "" : ",") + std::to_string(r);

@@ -17,7 +17,6 @@ enum Stream : std::uint64_t {
   kStreamSample = 1,   // synthetic sample values
   kStreamTeacher = 2,  // synthetic labelling function
   kStreamDropout = 3,  // the generator seed of (step, micro-shard)
-  kStreamSpotCheck = 4,  // which micro-shards of a step are recomputed (--spot-check)
 };
 
 constexpr std::uint64_t key(std::uint64_t seed, Stream stream, std::uint64_t a, std::uint64_t b) {

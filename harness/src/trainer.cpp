@@ -21,6 +21,7 @@
 #include "detect.h"
 #include "error_line.h"
 #include "faults.h"
+#include "finite.h"
 #include "io_worker.h"
 #include "model.h"
 #include "trainer.h"
@@ -303,6 +304,7 @@ void Trainer::compute_shard(std::int64_t s, int k, float* leaf, int attempt) {
       }
     }
   loss.backward();
+  bool finite = true;  // checked while copying: the data passes through the cache once
   for (std::size_t i = 0; i < params_.size(); ++i) {
     const auto& g = params_[i].tensor.grad();
     float* dst = leaf + offsets_[i];
@@ -311,17 +313,20 @@ void Trainer::compute_shard(std::int64_t s, int k, float* leaf, int attempt) {
       std::fill(dst, dst + n, 0.0f);
     } else {
       auto gc = g.contiguous();
-      std::copy(gc.data_ptr<float>(), gc.data_ptr<float>() + n, dst);
+      finite = copy_all_finite(gc.data_ptr<float>(), dst, static_cast<std::size_t>(n)) && finite;
     }
   }
   leaf[P_] = loss.item<float>();
+  finite = finite && std::isfinite(leaf[P_]);
   for (const auto& f : faults_) {
     const int pi = layer_param(f.layer);
     if (pi < 0 || f.kind == FaultKind::kStale || !fires(f, Phase::kGrad, k, true)) continue;
     const std::int64_t n = params_[pi].tensor.numel();
     float& v = leaf[offsets_[pi] + f.index % n];
     v = corrupt_value(f, v);
+    finite = finite && std::isfinite(v);
   }
+  if (attempt == 0 && !finite && bad_shard_ < 0) bad_shard_ = k;
   attempt_ = 0;
 }
 
@@ -329,11 +334,26 @@ void Trainer::violation(const std::string& what) {
   if (violation_.empty()) violation_ = what;
 }
 
+// The spot-check schedule: in step s, every rank recomputes the same number q_s of micro-shards of
+// the rank before it, so the extra work is spread evenly and costs about 1 + P. q_s is the step's
+// share of floor(P * n * s), n the most micro-shards a rank computes; the shards rotate.
+std::vector<int> Trainer::spot_shards(std::int64_t s, int checker) const {
+  std::vector<int> out;
+  if (cfg_.spot_check <= 0) return out;
+  const int W = comm_.size, M = cfg_.micro_shards;
+  const ShardRange r = shard_range((checker + W - 1) % W, W, M);
+  const int count = r.hi - r.lo, n = (M + W - 1) / W;
+  auto total = [&](std::int64_t t) {
+    return static_cast<std::int64_t>(std::floor(cfg_.spot_check * n * static_cast<double>(t) + 1e-9));
+  };
+  const std::int64_t first = total(s - 1), q = std::min<std::int64_t>(total(s) - first, count);
+  for (std::int64_t j = 0; j < q; ++j) out.push_back(r.lo + static_cast<int>((first + j) % count));
+  return out;
+}
+
 bool Trainer::spot_checked(std::int64_t s, int k) const {
-  if (cfg_.spot_check <= 0) return false;
-  if (cfg_.spot_check >= 1) return true;
-  const std::uint64_t h = key(cfg_.seed, kStreamSpotCheck, static_cast<std::uint64_t>(s), static_cast<std::uint64_t>(k));
-  return static_cast<double>(h >> 11) * (1.0 / 9007199254740992.0) < cfg_.spot_check;
+  const auto v = spot_shards(s, (owner_of(k) + 1) % comm_.size);
+  return std::find(v.begin(), v.end(), k) != v.end();
 }
 
 int Trainer::owner_of(int k) const {
@@ -343,11 +363,12 @@ int Trainer::owner_of(int k) const {
 }
 
 void Trainer::check_shards(std::int64_t s) {
-  if (facts_.empty()) return;
+  facts_exchanged_ = false;
+  if (spot_shards(s, 0).empty()) return;  // the same count for every rank: no spot check this step
+  facts_exchanged_ = true;
   const int M = cfg_.micro_shards, W = comm_.size;
-  // Redundant computation: the next rank recomputes each spot-checked micro-shard.
-  for (int k = 0; k < M; ++k) {
-    if (!spot_checked(s, k) || (owner_of(k) + 1) % W != comm_.rank) continue;
+  // Redundant computation: this rank recomputes its share of the previous rank's micro-shards.
+  for (int k : spot_shards(s, comm_.rank)) {
     compute_shard(s, k, spot_leaf_.data(), 1);
     facts_[M + k] = fingerprint_bytes(spot_leaf_.data(), spot_leaf_.size() * sizeof(float));
   }
@@ -396,7 +417,11 @@ void Trainer::check_shards(std::int64_t s) {
               "micro-shard " + std::to_string(k) + " computed by " + so + " differs bitwise from its recomputation on " +
                   sc + "; " + why + " (micro-shards that differ: " + list + ")"});
   }
-  if (!cfg_.check_invariants) return;
+}
+
+// The micro-shard invariants, from the step's gathered facts (same on every rank).
+void Trainer::check_shard_invariants(std::int64_t s) {
+  const int M = cfg_.micro_shards;
   // Each sample once per epoch: every micro-shard used exactly its share of the epoch's permutation.
   for (int k = 0; k < M; ++k)
     if (facts_[3 * M + k] != tensor_fingerprint(shard_indices(s, k))) {
@@ -448,12 +473,6 @@ void Trainer::step(std::int64_t s) {
     float* leaf = acc_->leaf_buffer();
     compute_shard(s, k, leaf, 0);
     if (spot_checked(s, k)) facts_[k] = fingerprint_bytes(leaf, static_cast<std::size_t>(P_ + 1) * sizeof(float));
-    if (cfg_.detect_nonfinite && bad_shard_ < 0)
-      for (std::int64_t i = 0; i <= P_; ++i)
-        if (!std::isfinite(leaf[i])) {
-          bad_shard_ = k;
-          break;
-        }
     if (cfg_.trace != "off") {
       trace::ShardRow row;
       row.step = s;
@@ -480,16 +499,8 @@ void Trainer::step(std::int64_t s) {
     sf.apply = [](const void* ctx, float v) { return corrupt_value(*static_cast<const FaultSpec*>(ctx), v); };
     send_fault = &sf;
   }
-  CommCheck cc;
-  cc.enabled = cfg_.comm_check;
-  tree_allreduce(comm_, static_cast<int>(M), *acc_, reduced_.data(), &tree_ws_, send_fault, &cc);
-  if (!cc.mismatches.empty()) {
-    std::string pairs;
-    for (const auto& [from, to] : cc.mismatches)
-      pairs += (pairs.empty() ? "" : ", ") + std::to_string(from) + " -> " + std::to_string(to);
-    incident({s, "comm", IncidentClass::kHardware, cc.mismatches[0].first, "", "",
-              "reduction message(s) arrived unlike they were sent (sender -> receiver): " + pairs});
-  }
+  cc_.enabled = cfg_.comm_check;
+  tree_allreduce(comm_, static_cast<int>(M), *acc_, reduced_.data(), &tree_ws_, send_fault, &cc_);
 
   // The reduced gradient becomes every parameter's gradient; the optimizer steps.
   auto grads = torch::from_blob(reduced_.data(), {P_ + 1}, torch::kFloat32);
@@ -545,7 +556,7 @@ void Trainer::step(std::int64_t s) {
       if (!st.ok()) io_error_ = st;
     }
   }
-  detect(s, param_fps_);
+  detect(s);
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   write_metrics(s, lr, reduced_[P_], grad_norm_, fp, secs);
 }

@@ -58,7 +58,9 @@ class Trainer {
   // Exchanges the step's per-micro-shard facts, runs the spot-check recomputations and the
   // micro-shard invariants (samples, dropout generator); collective.
   void check_shards(std::int64_t s);
+  std::vector<int> spot_shards(std::int64_t s, int checker) const;
   bool spot_checked(std::int64_t s, int k) const;
+  bool facts_exchanged_ = false;  // this step's facts went through the spot check's exchange
   int owner_of(int k) const;
   void violation(const std::string& what);
   void check_update(std::int64_t s, double lr);  // a training invariant this rank saw broken
@@ -113,7 +115,9 @@ class Trainer {
   double grad_norm_ = 0;                // this step's reduced-gradient L2 norm
   bool fires(const FaultSpec& f, Phase phase, int occurrence, bool per_shard) const;
   int layer_param(const std::string& layer) const;  // first parameter of a layer, or -1
-  void detect(std::int64_t s, const std::vector<Fingerprint>& param_fps);
+  void detect(std::int64_t s);
+  void check_shard_invariants(std::int64_t s);
+  CommCheck cc_;  // this step's reduction message fingerprints
   void incident(Incident inc, bool may_halt = true);
   SpikeDetector loss_spikes_, grad_spikes_;
 };

@@ -78,7 +78,12 @@ std::size_t chunk_off(std::size_t n, int world, int c) {
 
 void tree_allreduce(const Comm& comm, int micro_shards, const TreeAccumulator& acc, float* out,
                     TreeWorkspace* ws, const SendFault* fault, CommCheck* check) {
-  if (check) check->mismatches.clear();
+  const bool checking = check && check->enabled;
+  if (checking) {
+    check->sent.assign(comm.size, 0);
+    check->received.assign(comm.size, 0);
+    check->chunks.assign(comm.size, 0);
+  }
   TreeWorkspace local;
   if (!ws) ws = &local;
   const int W = comm.size;
@@ -121,9 +126,8 @@ void tree_allreduce(const Comm& comm, int micro_shards, const TreeAccumulator& a
     sendbuf = packed.data();
   }
   // Phase-1 fingerprints of what this rank means to send, taken before it leaves its hands.
-  std::vector<Fingerprint> sent_fp(W, 0), expect_fp(W, 0);
-  if (check && check->enabled)
-    for (int c = 0; c < W; ++c) sent_fp[c] = fingerprint_bytes(sendbuf + sdispl[c], scount[c] * sizeof(float));
+  if (checking)
+    for (int c = 0; c < W; ++c) check->sent[c] = fingerprint_bytes(sendbuf + sdispl[c], scount[c] * sizeof(float));
   if (!packed.empty() && sendbuf == packed.data()) {
     if (fault && fault->offset < n) {
       int c = 0;
@@ -145,12 +149,8 @@ void tree_allreduce(const Comm& comm, int micro_shards, const TreeAccumulator& a
   recv.resize(rtotal);
   CULPRIT_COLLECTIVE(comm, "the gradient reduction", MPI_Ialltoallv(sendbuf, scount.data(), sdispl.data(), MPI_FLOAT, recv.data(),
                                   rcount.data(), rdispl.data(), MPI_FLOAT, comm.comm, &_culprit_req));
-  std::vector<int> bad(static_cast<std::size_t>(W) * W, 0);  // bad[sender * W + receiver]
-  if (check && check->enabled) {
-    CULPRIT_COLLECTIVE(comm, "the gradient reduction", MPI_Ialltoall(sent_fp.data(), 1, MPI_UINT64_T, expect_fp.data(), 1, MPI_UINT64_T, comm.comm, &_culprit_req));
-    for (int r = 0; r < W; ++r)
-      if (fingerprint_bytes(recv.data() + rdispl[r], rcount[r] * sizeof(float)) != expect_fp[r]) bad[r * W + comm.rank] = 1;
-  }
+  if (checking)
+    for (int r = 0; r < W; ++r) check->received[r] = fingerprint_bytes(recv.data() + rdispl[r], rcount[r] * sizeof(float));
   // Combine this chunk's nodes bottom-up, in tree order, in place in the receive buffer.
   struct Slot {
     TreeNode node;
@@ -177,23 +177,28 @@ void tree_allreduce(const Comm& comm, int micro_shards, const TreeAccumulator& a
     rdispl[c] = static_cast<int>(chunk_off(n, W, c));
     rcount[c] = static_cast<int>(chunk_off(n, W, c + 1) - chunk_off(n, W, c));
   }
-  Fingerprint mine_fp = 0;
-  if (check && check->enabled) mine_fp = fingerprint_bytes(out + my_off, my_len * sizeof(float));
-  CULPRIT_COLLECTIVE(comm, "the gradient reduction", MPI_Iallgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, out, rcount.data(),
-                                   rdispl.data(), MPI_FLOAT, comm.comm, &_culprit_req));
-  if (check && check->enabled) {
-    // Phase 2: every reduced chunk as its owner sent it.
-    std::vector<Fingerprint> owner_fp(W, 0);
-    CULPRIT_COLLECTIVE(comm, "the gradient reduction", MPI_Iallgather(&mine_fp, 1, MPI_UINT64_T, owner_fp.data(), 1, MPI_UINT64_T, comm.comm, &_culprit_req));
+  if (checking) check->chunks[comm.rank] = fingerprint_bytes(out + my_off, my_len * sizeof(float));
+  CULPRIT_COLLECTIVE(comm, "the gradient reduction", MPI_Iallgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, out,
+                                                                     rcount.data(), rdispl.data(), MPI_FLOAT,
+                                                                     comm.comm, &_culprit_req));
+  if (checking)
     for (int c = 0; c < W; ++c)
-      if (c != comm.rank && fingerprint_bytes(out + rdispl[c], rcount[c] * sizeof(float)) != owner_fp[c])
-        bad[c * W + comm.rank] = 1;
-    std::vector<int> all(bad.size(), 0);
-    CULPRIT_COLLECTIVE(comm, "the gradient reduction", MPI_Iallreduce(bad.data(), all.data(), static_cast<int>(bad.size()), MPI_INT, MPI_MAX, comm.comm, &_culprit_req));
-    for (int sndr = 0; sndr < W; ++sndr)
-      for (int rcvr = 0; rcvr < W; ++rcvr)
-        if (all[sndr * W + rcvr]) check->mismatches.push_back({sndr, rcvr});
-  }
+      if (c != comm.rank) check->chunks[c] = fingerprint_bytes(out + rdispl[c], rcount[c] * sizeof(float));
+}
+
+std::vector<std::pair<int, int>> comm_mismatches(const std::vector<CommCheck>& all) {
+  const int W = static_cast<int>(all.size());
+  std::vector<std::pair<int, int>> out;
+  for (int from = 0; from < W; ++from)
+    for (int to = 0; to < W; ++to) {
+      if (from == to || all[from].sent.size() != static_cast<std::size_t>(W) ||
+          all[to].received.size() != static_cast<std::size_t>(W))
+        continue;
+      // Phase 1: what `from` sent to `to`; phase 2: the reduced chunk `from` owns, as `to` got it.
+      if (all[from].sent[to] != all[to].received[from] || all[from].chunks[from] != all[to].chunks[from])
+        out.push_back({from, to});
+    }
+  return out;
 }
 
 std::size_t tree_allreduce_bytes_sent(int rank, int world, int micro_shards, std::size_t n) {

@@ -75,12 +75,16 @@ struct SendFault {
   const void* ctx = nullptr;
 };
 // With `check`, every message is fingerprinted by its sender before it leaves and by its receiver
-// on arrival (both phases); mismatches are returned as (sender, receiver) pairs, the same list on
-// every rank.
+// on arrival, in both phases, without extra messages: the fingerprints are compared afterwards
+// (comm_mismatches) from every rank's CommCheck, gathered with the step's other detector data.
 struct CommCheck {
   bool enabled = false;
-  std::vector<std::pair<int, int>> mismatches;  // (sender, receiver)
+  std::vector<Fingerprint> sent;      // [r]: phase 1, what this rank sent to rank r, as it meant it
+  std::vector<Fingerprint> received;  // [r]: phase 1, what arrived here from rank r
+  std::vector<Fingerprint> chunks;    // [c]: phase 2, reduced chunk c as it arrived here (own: as sent)
 };
+// (sender, receiver) pairs whose message arrived unlike it was sent; all[r] is rank r's CommCheck.
+std::vector<std::pair<int, int>> comm_mismatches(const std::vector<CommCheck>& all);
 void tree_allreduce(const Comm& comm, int micro_shards, const TreeAccumulator& acc, float* out,
                     TreeWorkspace* ws = nullptr, const SendFault* fault = nullptr, CommCheck* check = nullptr);
 
