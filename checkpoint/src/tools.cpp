@@ -58,6 +58,7 @@ Status inspect_trace(const std::string& path, bool json, std::string* out) {
     j["forward_detail"] = tf.header.forward_detail;
     j["params"] = tf.header.params;
     j["layers"] = tf.header.layers;
+    j["faults"] = tf.header.faults;
     j["torn_steps"] = tf.torn_steps;
     j["torn_shards"] = tf.torn_shards;
     for (const auto& s : tf.steps)
@@ -74,6 +75,7 @@ Status inspect_trace(const std::string& path, bool json, std::string* out) {
   os << "trace " << path << ": rank " << tf.header.rank << " of " << tf.header.world_size << ", level "
      << tf.header.level << " (" << tf.header.forward_detail << "), " << tf.steps.size() << " steps, "
      << tf.shards.size() << " micro-shards\n";
+  for (const auto& f : tf.header.faults) os << "  injected fault: " << f << "\n";
   if (tf.torn_steps || tf.torn_shards)
     os << "  torn tail: " << tf.torn_steps << " step row(s) and " << tf.torn_shards
        << " micro-shard row(s) beyond the committed counts ignored\n";

@@ -122,6 +122,7 @@ Status write_header(hid_t f, const Header& h) {
   CULPRIT_RETURN_IF_ERROR(h5::write_attr(f, "forward_detail", h.forward_detail));
   CULPRIT_RETURN_IF_ERROR(h5::write_attr(f, "params", join(h.params)));
   CULPRIT_RETURN_IF_ERROR(h5::write_attr(f, "layers", join(h.layers)));
+  CULPRIT_RETURN_IF_ERROR(h5::write_attr(f, "faults", join(h.faults)));
   return h5::write_attr(f, "fingerprint_format", std::string("fp1"));
 }
 
@@ -140,6 +141,11 @@ Status read_header(hid_t f, Header* h) {
   h->params = split(s);
   CULPRIT_RETURN_IF_ERROR(h5::read_attr(f, "layers", &s));
   h->layers = split(s);
+  h->faults.clear();
+  if (h5::has_attr(f, "faults")) {
+    CULPRIT_RETURN_IF_ERROR(h5::read_attr(f, "faults", &s));
+    h->faults = split(s);
+  }
   if (h->level != "step" && h->level != "layer") return Status::Error("unknown trace level '" + h->level + "'");
   return Status::OK();
 }
@@ -191,8 +197,11 @@ Status Writer::open(const std::string& path, const Header& h, std::int64_t keep_
       if (st.ok()) st = h5::open_rw(path, &file_);
       if (st.ok()) st = h5::read_attr(file_.id(), kAttrStepsCommitted, &steps_);
       if (st.ok()) st = h5::read_attr(file_.id(), kAttrShardsCommitted, &shards_);
-      // The file's rank and world describe its latest writer.
-      if (st.ok()) return write_header(file_.id(), h);
+      // The file's rank and world describe its latest writer; its faults are every writer's.
+      Header merged = h;
+      for (const auto& f : old.faults)
+        if (std::find(merged.faults.begin(), merged.faults.end(), f) == merged.faults.end()) merged.faults.push_back(f);
+      if (st.ok()) return write_header(file_.id(), merged);
     }
     file_.reset();
     std::string aside;

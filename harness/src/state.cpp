@@ -202,6 +202,7 @@ Status Trainer::open_trace(std::int64_t start_step) {
   h.forward_detail = model_.per_layer() ? "per-layer" : "per-model";
   for (const auto& p : params_) h.params.push_back(p.name);
   if (cfg_.trace == "layer") h.layers = model_.layers();
+  h.faults = cfg_.inject;
   std::string warning;
   Status st = trace_.open(trace::path_for(cfg_.run_dir, comm_.rank), h, start_step, &warning);
   if (!warning.empty()) {

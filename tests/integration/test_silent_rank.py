@@ -85,8 +85,12 @@ class SilentRank(TempDirTest):
         self.assertEqual((inc[0]["step"], inc[0]["detector"], inc[0]["rank"], inc[0]["class"]),
                          (7, "collective-timeout", 1, "hardware"), inc)
         self.assertIn("step-00000006.h5", os.listdir(os.path.join(d, "checkpoints")))
-        # The resumed run does not repeat the injected fault and ends where the uninterrupted run did.
+        # The resumed run does not repeat the injected fault and ends where the uninterrupted run did;
+        # the trace still records the fault of the run it continued.
         self.resume_matches(d, want, 12)
+        res = run(["inspect", "--json", os.path.join(d, "trace", "rank-00002.h5")])
+        self.assertEqual(res.code, 0, res.err)
+        self.assertEqual(json.loads(res.out)["faults"], ["step=7,rank=1,layer=fc2,phase=forward,kind=hang"])
 
     def kill_rank_1(self, name, launcher):
         d = self.path(name)

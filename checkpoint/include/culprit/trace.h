@@ -18,6 +18,7 @@ struct Header {
   std::string forward_detail = "per-layer";  // or "per-model" (opaque TorchScript forward)
   std::vector<std::string> params;  // parameter names, state-dict order
   std::vector<std::string> layers;  // layer names in execution order (level "layer")
+  std::vector<std::string> faults;  // --inject specs of every run that wrote the file (kept on resume)
 };
 
 // One optimizer step as seen by one rank.
