@@ -4,6 +4,7 @@
 
 #include <cstdio>
 #include <cstring>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -14,6 +15,7 @@
 #include "culprit/h5.h"
 #include "culprit/harness.h"
 #include "culprit/mpi_util.h"
+#include "culprit/replay.h"
 
 namespace {
 
@@ -26,6 +28,7 @@ const char* kUsage =
     "  inspect  show a checkpoint or trace file (--json for machines)\n"
     "  verify   recheck every fingerprint of a checkpoint, or of a run directory's checkpoints and traces\n"
     "  diff     compare two checkpoints tensor by tensor\n"
+    "  replay   re-execute a recorded step on chosen ranks and compare every fingerprint with the trace\n"
     "\n"
     "'culprit <command> --help' lists a command's options. Every option can also come from an INI\n"
     "file given with --config FILE (key = value, the option's name without dashes; the command line\n"
@@ -65,6 +68,79 @@ int run_train(const std::vector<std::string>& args) {
 }
 
 namespace po = boost::program_options;
+
+po::options_description replay_options(culprit::replay::Options* o, std::string* ranks, std::string* trace) {
+  po::options_description d("culprit replay options");
+  // clang-format off
+  d.add_options()
+    ("help,h", "print this help")
+    ("run-dir", po::value(&o->run_dir), "the run to replay (required)")
+    ("step", po::value(&o->step), "the step to examine, 1-based (required)")
+    ("ranks", po::value(ranks)->default_value("", "all"), "comma-separated ranks that recompute the step's micro-shards")
+    ("micro-shard", po::value(&o->micro_shard)->default_value(-1, "all"), "only this micro-shard")
+    ("trace", po::value(trace)->default_value("step"), "step | layer: layer compares every layer's forward output and backward gradient (when the run's trace has them)");
+  // clang-format on
+  return d;
+}
+
+int run_replay(const std::vector<std::string>& args) {
+  mallopt(M_MMAP_THRESHOLD, 1 << 30);
+  mallopt(M_TRIM_THRESHOLD, -1);
+  int provided = 0;
+  MPI_Init_thread(nullptr, nullptr, MPI_THREAD_MULTIPLE, &provided);
+  culprit::h5::init();
+  const culprit::Comm comm = culprit::Comm::world();
+  culprit::replay::Options opt;
+  std::string ranks, trace;
+  auto desc = replay_options(&opt, &ranks, &trace);
+  culprit::Status st;
+  bool help = false;
+  try {
+    po::variables_map vm;
+    po::store(po::command_line_parser(args).options(desc).run(), vm);
+    po::notify(vm);
+    help = vm.count("help") > 0;
+    if (!help && !vm.count("run-dir")) st = culprit::Status::Error("option '--run-dir' is required");
+    if (!help && st.ok() && !vm.count("step")) st = culprit::Status::Error("option '--step' is required");
+    if (st.ok() && trace != "step" && trace != "layer")
+      st = culprit::Status::Error("option '--trace': unknown level '" + trace + "' (valid: step, layer)");
+    opt.layer = trace == "layer";
+    std::size_t pos = 0;
+    while (st.ok() && pos < ranks.size()) {
+      const auto end = ranks.find(',', pos);
+      const std::string item = ranks.substr(pos, end == std::string::npos ? std::string::npos : end - pos);
+      try {
+        std::size_t used = 0;
+        const int r = std::stoi(item, &used);
+        if (used != item.size()) throw std::invalid_argument(item);
+        opt.ranks.push_back(r);
+      } catch (const std::exception&) {
+        st = culprit::Status::Error("option '--ranks': '" + ranks + "' is not a comma-separated list of ranks");
+      }
+      if (end == std::string::npos) break;
+      pos = end + 1;
+    }
+  } catch (const po::error& e) {
+    st = culprit::Status::Error(e.what());
+  }
+  st = culprit::agree(comm, st);
+  int code = culprit::kExitOk;
+  if (st.ok() && help) {
+    if (comm.rank == 0) {
+      std::ostringstream os;
+      os << desc;
+      std::printf("usage: mpirun -np W culprit replay --run-dir RUN --step S [options]\n\n%s", os.str().c_str());
+    }
+  } else {
+    if (st.ok()) st = culprit::replay::run(opt, comm);
+    if (!st.ok()) {
+      if (comm.rank == 0) error_line(st.message());
+      code = st.code();
+    }
+  }
+  MPI_Finalize();
+  return code;
+}
 
 // inspect / verify / diff: one process, no MPI needed.
 const char* kToolsHelp =
@@ -135,7 +211,12 @@ int main(int argc, char** argv) {
   if (cmd == "--help" || cmd == "-h" || cmd == "help") {
     std::printf("%s\n", kUsage);
     std::printf("culprit train:\n%s\n", culprit::harness::train_options_help().c_str());
-    std::printf("culprit inspect / verify / diff:\n%s", kToolsHelp);
+    std::printf("culprit inspect / verify / diff:\n%s\n", kToolsHelp);
+    culprit::replay::Options o;
+    std::string r, t;
+    std::ostringstream os;
+    os << replay_options(&o, &r, &t);
+    std::printf("culprit replay (mpirun -np W culprit replay --run-dir RUN --step S):\n%s", os.str().c_str());
     return culprit::kExitOk;
   }
   if (cmd == "--version") {
@@ -143,7 +224,8 @@ int main(int argc, char** argv) {
     return culprit::kExitOk;
   }
   if (cmd == "train") return run_train(args);
+  if (cmd == "replay") return run_replay(args);
   if (cmd == "inspect" || cmd == "verify" || cmd == "diff") return run_tool(cmd, args);
-  error_line("unknown command '" + cmd + "' (valid: train, inspect, verify, diff; see culprit --help)");
+  error_line("unknown command '" + cmd + "' (valid: train, replay, inspect, verify, diff; see culprit --help)");
   return culprit::kExitUsage;
 }

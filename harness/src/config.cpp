@@ -110,6 +110,8 @@ std::string join(const std::vector<std::int64_t>& v) {
 
 }  // namespace
 
+Status finish_options(const po::variables_map& vm, TrainConfig* cfg);
+
 std::string train_options_help() {
   TrainConfig c;
   std::ostringstream os;
@@ -182,6 +184,10 @@ Status parse_train_options(const std::vector<std::string>& args, TrainConfig* cf
   } catch (const po::error& e) {
     return Status::Error(e.what());
   }
+  return finish_options(vm, cfg);
+}
+
+Status finish_options(const po::variables_map& vm, TrainConfig* cfg) {
   std::vector<double> v;
   CULPRIT_RETURN_IF_ERROR(parse_list("betas", vm["betas"].as<std::string>(), &v));
   if (v.size() != 2) return Status::Error("option '--betas' needs two numbers, beta1,beta2");
@@ -194,6 +200,29 @@ Status parse_train_options(const std::vector<std::string>& args, TrainConfig* cf
       return Status::Error("option '--sample-shape': dimensions must be positive integers");
     cfg->sample_shape.push_back(static_cast<std::int64_t>(d));
   }
+  return Status::OK();
+}
+
+Status load_run_config(const std::string& run_dir, TrainConfig* cfg) {
+  *cfg = TrainConfig();
+  std::string stored;
+  if (Status st = stored_config(run_dir, &stored); !st.ok()) {
+    std::string m = st.message();
+    const std::string prefix = "cannot resume: ";
+    if (m.rfind(prefix, 0) == 0) m = m.substr(prefix.size());
+    return Status::Error(m, st.code());
+  }
+  auto desc = describe(cfg);
+  po::variables_map vm;
+  try {
+    std::istringstream in(stored);
+    po::store(po::parse_config_file(in, desc, /*allow_unregistered=*/true), vm);
+    po::notify(vm);
+  } catch (const po::error& e) {
+    return Status::Error("'" + run_dir + "/run.json': " + e.what());
+  }
+  CULPRIT_RETURN_IF_ERROR(finish_options(vm, cfg));
+  cfg->run_dir = run_dir;
   return Status::OK();
 }
 

@@ -46,8 +46,9 @@ bool Trainer::fires(const FaultSpec& f, Phase phase, int occurrence, bool per_sh
   if (f.mode == FaultMode::kTransient && per_shard && occurrence != first_shard_) return false;
   // Recomputations (attempt > 0) are further executions: transient faults stay away, intermittent
   // ones draw again.
-  const std::uint64_t occ = static_cast<std::uint64_t>(occurrence) + 1000003ULL * static_cast<std::uint64_t>(attempt_);
-  if (!fault_fires(f, comm_.rank, cur_step_, /*replay=*/attempt_ > 0, cfg_.seed, occ)) return false;
+  const std::uint64_t occ = static_cast<std::uint64_t>(occurrence) +
+                            1000003ULL * static_cast<std::uint64_t>(attempt_ + (replaying_ ? 3 + round_ : 0));
+  if (!fault_fires(f, comm_.rank, cur_step_, /*replay=*/attempt_ > 0 || replaying_, cfg_.seed, occ)) return false;
   if (f.kind == FaultKind::kHang) {
     // A stuck device: the rank stops here, in the middle of the step.
     std::fprintf(stderr, "culprit: injected fault: rank %d hangs for %g s in step %lld (%s)\n", comm_.rank, f.seconds,

@@ -473,7 +473,7 @@ void Trainer::step(std::int64_t s) {
     float* leaf = acc_->leaf_buffer();
     compute_shard(s, k, leaf, 0);
     if (spot_checked(s, k)) facts_[k] = fingerprint_bytes(leaf, static_cast<std::size_t>(P_ + 1) * sizeof(float));
-    if (cfg_.trace != "off") {
+    if (cfg_.trace != "off" || capture_) {
       trace::ShardRow row;
       row.step = s;
       row.shard = k;
@@ -547,8 +547,10 @@ void Trainer::step(std::int64_t s) {
   const Fingerprint fp = set_fingerprint(params_, &row.param_fps);
   param_fps_ = row.param_fps;
   if (cfg_.check_invariants) check_update(s, lr);
-  if (cfg_.trace != "off") {
+  if (cfg_.trace != "off" || capture_)
     row.grad_fp = fingerprint_bytes(reduced_.data(), static_cast<std::size_t>(P_) * sizeof(float));
+  if (capture_) last_row_ = row;
+  if (cfg_.trace != "off" && io_) {
     io_->submit([this, row = std::move(row), shards = std::move(shard_rows_)] { return trace_.append(row, shards); });
     shard_rows_.clear();
     if (serial_io_) {
@@ -590,7 +592,7 @@ void Trainer::check_update(std::int64_t s, double lr) {
 
 void Trainer::write_metrics(std::int64_t s, double lr, float loss, double grad_norm, Fingerprint fp,
                             double secs) {
-  if (comm_.rank != 0) return;
+  if (comm_.rank != 0 || !metrics_) return;
   std::fprintf(metrics_,
                "{\"step\": %lld, \"loss\": %s, \"grad_norm\": %s, \"lr\": %s, \"fingerprint\": \"%s\", "
                "\"seconds\": %.6f}\n",
@@ -821,6 +823,129 @@ Status train(const TrainConfig& cfg, const Comm& world) {
     }
   }
   return trainer.run(start, from);
+}
+
+// ---- replay (culprit/engine.h) ----
+
+void Trainer::begin_replay(std::int64_t done) {
+  replaying_ = true;
+  capture_ = true;
+  done_ = done;
+  info_.hosts.assign(comm_.size, comm_.host);
+  info_.devices.assign(comm_.size, "cpu");
+  model_.set_training(true);
+  set_fingerprint(params_, &prev_param_fps_);
+  spot_leaf_.assign(static_cast<std::size_t>(P_ + 1), 0.0f);
+}
+
+namespace {
+ShardResult to_result(const trace::ShardRow& r) {
+  ShardResult out;
+  out.step = r.step;
+  out.shard = r.shard;
+  out.rank = r.rank;
+  out.loss = r.loss;
+  out.grad_fp = r.grad_fp;
+  out.fwd = r.fwd;
+  out.bwd = r.bwd;
+  return out;
+}
+}  // namespace
+
+void Trainer::replay_step(StepResult* out) {
+  const std::int64_t s = done_ + 1;
+  shard_rows_.clear();
+  step(s);
+  done_ = s;
+  out->step = s;
+  out->loss = last_row_.loss;
+  out->grad_fp = last_row_.grad_fp;
+  out->param_fps = last_row_.param_fps;
+  out->shards.clear();
+  for (const auto& r : shard_rows_) out->shards.push_back(to_result(r));
+  shard_rows_.clear();
+}
+
+void Trainer::replay_shard(int k, int round, ShardResult* out) {
+  const std::int64_t s = done_ + 1;
+  cur_step_ = s;
+  round_ = round;
+  std::vector<float> leaf(static_cast<std::size_t>(P_ + 1));
+  compute_shard(s, k, leaf.data(), 0);
+  round_ = 0;
+  out->step = s;
+  out->shard = k;
+  out->rank = comm_.rank;
+  out->loss = leaf[P_];
+  out->grad_fp = fingerprint_bytes(leaf.data(), static_cast<std::size_t>(P_) * sizeof(float));
+  out->fwd = fwd_;
+  out->bwd = bwd_;
+  out->grad.assign(leaf.begin(), leaf.end() - 1);
+}
+
+namespace {
+
+class EngineImpl : public Engine {
+ public:
+  Status init(const TrainConfig& cfg, const Comm& comm, const std::string& path, bool layer_trace) {
+    cfg_ = cfg;
+    cfg_.detect_nonfinite = false;
+    cfg_.comm_check = false;
+    cfg_.spike_window = 0;
+    cfg_.replica_check_every = 0;
+    cfg_.check_invariants = false;
+    cfg_.spot_check = 0;
+    cfg_.trace = layer_trace ? "layer" : "off";
+    cfg_.quiet = true;
+    setup_determinism(cfg_.threads);
+    CULPRIT_RETURN_IF_ERROR(agree(comm, load_dataset(cfg_, &data_)));
+    CULPRIT_RETURN_IF_ERROR(agree(comm, guarded("model " + cfg_.model, [&] { return make_model(cfg_, data_, &model_); })));
+    trainer_ = std::make_unique<Trainer>(cfg_, comm, data_, *model_);
+    CULPRIT_RETURN_IF_ERROR(agree(comm, guarded("setup", [&] { return trainer_->init(); })));
+    ckpt::Checkpoint c;
+    CULPRIT_RETURN_IF_ERROR(agree(comm, ckpt::read(path, &c, /*verify=*/true)));
+    CULPRIT_RETURN_IF_ERROR(agree(comm, check_compatible(cfg_, data_, c, path)));
+    CULPRIT_RETURN_IF_ERROR(agree(comm, guarded("restoring " + path, [&] { return trainer_->restore(c); })));
+    trainer_->begin_replay(c.step);
+    comm_ = comm;
+    return Status::OK();
+  }
+  std::int64_t step() const override { return trainer_->replayed(); }
+  Status run_step(StepResult* out) override {
+    return agree(comm_, guarded("replaying step " + std::to_string(step() + 1), [&] {
+      trainer_->replay_step(out);
+      return Status::OK();
+    }));
+  }
+  Status compute_shard(int k, int round, ShardResult* out) override {
+    if (k < 0 || k >= cfg_.micro_shards)
+      return Status::Error("micro-shard " + std::to_string(k) + " does not exist (--micro-shards " +
+                           std::to_string(cfg_.micro_shards) + ")");
+    return guarded("replaying micro-shard " + std::to_string(k), [&] {
+      trainer_->replay_shard(k, round, out);
+      return Status::OK();
+    });
+  }
+  std::vector<std::string> params() const override { return trainer_->param_names(); }
+  std::vector<std::string> layers() const override { return trainer_->layer_names(); }
+
+ private:
+  TrainConfig cfg_;
+  Comm comm_;
+  Dataset data_;
+  std::unique_ptr<Model> model_;
+  std::unique_ptr<Trainer> trainer_;
+};
+
+}  // namespace
+
+Status Engine::open(const TrainConfig& cfg, const Comm& comm, const std::string& checkpoint, bool layer_trace,
+                    std::unique_ptr<Engine>* out) {
+  CULPRIT_RETURN_IF_ERROR(agree(comm, validate(cfg, comm.size)));
+  auto e = std::make_unique<EngineImpl>();
+  CULPRIT_RETURN_IF_ERROR(e->init(cfg, comm, checkpoint, layer_trace));
+  *out = std::move(e);
+  return Status::OK();
 }
 
 }  // namespace culprit::harness

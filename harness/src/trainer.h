@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "culprit/checkpoint.h"
+#include "culprit/engine.h"
 #include "culprit/fingerprint.h"
 #include "culprit/harness.h"
 #include "culprit/inject.h"
@@ -39,6 +40,17 @@ class Trainer {
   // Restores parameters, buffers and optimizer state from a verified checkpoint.
   Status restore(const ckpt::Checkpoint& c);
   Status run(std::int64_t start_step, const std::string& resumed_from);
+  // Replay (culprit/engine.h): no trace, metrics or checkpoints; faults fire as in a replay.
+  void begin_replay(std::int64_t done);
+  void replay_step(StepResult* out);
+  void replay_shard(int k, int round, ShardResult* out);
+  std::int64_t replayed() const { return done_; }
+  std::vector<std::string> layer_names() const { return model_.layers(); }
+  std::vector<std::string> param_names() const {
+    std::vector<std::string> v;
+    for (const auto& p : params_) v.push_back(p.name);
+    return v;
+  }
 
  private:
   friend struct LayerTrace;
@@ -101,10 +113,14 @@ class Trainer {
   int first_shard_ = 0;
   int bad_shard_ = -1;  // first micro-shard of this step with a non-finite loss or gradient
   int attempt_ = 0;     // see compute_shard
+  bool replaying_ = false, capture_ = false;  // replay: faults as replays; keep every micro-shard row
+  int round_ = 0;        // the replay's rerun of a micro-shard (intermittent faults draw anew)
+  std::int64_t done_ = 0;  // replay: steps completed
   // Per-micro-shard facts of the step (check_shards): [0,M) the owner's leaf fingerprint,
   // [M,2M) the spot-check recomputation's, [2M,3M) the dropout generator state, [3M,4M) the samples.
   std::vector<Fingerprint> facts_, prev_rng_;
   std::vector<float> spot_leaf_;
+  trace::StepRow last_row_;  // replay: the last step's row
   at::Tensor last_idx_;             // the samples this rank loaded last (stale data faults)
   std::uint64_t last_seed_ = 0;     // the dropout seed it used last (stale rng faults)
   bool have_last_seed_ = false;

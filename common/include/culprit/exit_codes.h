@@ -9,7 +9,7 @@ enum ExitCode : int {
   kExitUsage = 2,       // bad command line, configuration or input
   kExitMpi = 3,         // an MPI call failed
   kExitDamaged = 4,     // verify: a checkpoint or trace is damaged
-  kExitDiffers = 5,     // diff: the checkpoints differ
+  kExitDiffers = 5,     // diff: the checkpoints differ; replay: the replay differs from the trace
   // train --on-detect halt: what the detectors suspect (docs/detection.md).
   kExitHardware = 10,   // hardware suspected: replicas diverged, corrupted communication
   kExitNumerical = 11,  // numerical: NaN/Inf in loss, gradients or parameters

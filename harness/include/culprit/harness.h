@@ -57,6 +57,9 @@ struct TrainConfig {
 // Parses the arguments that follow `culprit train` (and --config FILE; the command line wins).
 // Sets *help when --help was given. Errors name the option and the problem.
 Status parse_train_options(const std::vector<std::string>& args, TrainConfig* cfg, bool* help);
+// The configuration a run recorded in RUN/run.json, injected faults included (replays simulate the
+// same faulty devices).
+Status load_run_config(const std::string& run_dir, TrainConfig* cfg);
 // Every `culprit train` option with its default.
 std::string train_options_help();
 // The fully resolved configuration as INI text (key = value per line), loadable with --config.

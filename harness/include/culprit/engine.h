@@ -1,0 +1,57 @@
+// Re-executing recorded steps: the engine under `culprit replay` and the bisection. It trains exactly
+// as `culprit train` does (docs/determinism.md), from a verified checkpoint, with the run's own
+// configuration, and hands back every fingerprint instead of writing a trace. Injected faults fire as
+// in a replay: transient ones stay in the original run, persistent ones fire again on their rank,
+// intermittent ones draw again.
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "culprit/fingerprint.h"
+#include "culprit/harness.h"
+#include "culprit/mpi_util.h"
+#include "culprit/status.h"
+
+namespace culprit::harness {
+
+// One micro-shard as computed on one rank.
+struct ShardResult {
+  std::int64_t step = 0;
+  int shard = 0;
+  int rank = 0;
+  float loss = 0;
+  Fingerprint grad_fp = 0;          // the gradient leaf (as in the trace)
+  std::vector<Fingerprint> fwd, bwd;  // per layer, with layer tracing
+  std::vector<float> grad;          // the gradient leaf's values (compute_shard only)
+};
+
+// One step as seen by one rank.
+struct StepResult {
+  std::int64_t step = 0;
+  float loss = 0;
+  Fingerprint grad_fp = 0;              // the reduced gradient
+  std::vector<Fingerprint> param_fps;   // every parameter after the update
+  std::vector<ShardResult> shards;      // the micro-shards this rank computed
+};
+
+class Engine {
+ public:
+  // Collective. Restores `checkpoint` (verified) into a trainer for `cfg` (normally load_run_config's
+  // result; detectors, checkpoints and the trace are off). layer_trace: per-layer fingerprints.
+  static Status open(const TrainConfig& cfg, const Comm& comm, const std::string& checkpoint, bool layer_trace,
+                     std::unique_ptr<Engine>* out);
+  virtual ~Engine() = default;
+  // Steps completed so far (the checkpoint's step, then one more per run_step).
+  virtual std::int64_t step() const = 0;
+  // Collective: the next step, as the original run computed it, the micro-shards spread over this world.
+  virtual Status run_step(StepResult* out) = 0;
+  // Local: micro-shard k of the next step computed on this rank; nothing is updated. `round` makes
+  // an intermittent fault draw anew on each rerun.
+  virtual Status compute_shard(int k, int round, ShardResult* out) = 0;
+  virtual std::vector<std::string> params() const = 0;
+  virtual std::vector<std::string> layers() const = 0;
+};
+
+}  // namespace culprit::harness

@@ -1,0 +1,27 @@
+// `culprit replay`: re-execute a recorded step on chosen ranks and compare every fingerprint with the
+// trace (docs/replay.md).
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "culprit/mpi_util.h"
+#include "culprit/status.h"
+
+namespace culprit::replay {
+
+struct Options {
+  std::string run_dir;
+  std::int64_t step = 0;       // the step to examine (1-based)
+  std::vector<int> ranks;      // ranks that recompute step's micro-shards (empty: every rank)
+  int micro_shard = -1;        // only this micro-shard (-1: all)
+  bool layer = false;          // per-layer fingerprints (the trace must have them to compare)
+};
+
+// Collective. Loads the newest valid checkpoint before `step`, re-executes up to it (comparing every
+// step with the trace), then recomputes the step's micro-shards on the chosen ranks and compares each
+// with the trace, and the step's update. Rank 0 prints the report. OK when everything matches;
+// otherwise an error with kExitDiffers whose message counts the mismatches.
+Status run(const Options& opt, const Comm& comm);
+
+}  // namespace culprit::replay

@@ -1,0 +1,293 @@
+#include "culprit/replay.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <cstring>
+#include <map>
+#include <set>
+
+#include "culprit/checkpoint.h"
+#include "culprit/engine.h"
+#include "culprit/exit_codes.h"
+#include "culprit/fingerprint.h"
+#include "culprit/harness.h"
+#include "culprit/trace.h"
+
+namespace culprit::replay {
+
+namespace {
+
+using harness::ShardResult;
+using harness::StepResult;
+
+// What the original run recorded.
+struct Recorded {
+  trace::Header header;
+  std::map<std::int64_t, trace::StepRow> steps;
+  std::map<std::pair<std::int64_t, int>, trace::ShardRow> shards;
+};
+
+Status load_trace(const std::string& run_dir, Recorded* rec) {
+  const auto files = trace::list(run_dir);
+  if (files.empty())
+    return Status::Error("no trace in '" + run_dir + "/trace' (was the run trained with --trace off?)");
+  for (std::size_t i = 0; i < files.size(); ++i) {
+    trace::TraceFile tf;
+    CULPRIT_RETURN_IF_ERROR(trace::read(files[i], &tf));
+    if (i == 0) rec->header = tf.header;
+    for (const auto& s : tf.steps) rec->steps.emplace(s.step, s);
+    for (const auto& r : tf.shards) rec->shards[{r.step, r.shard}] = r;
+  }
+  return Status::OK();
+}
+
+std::string fbits(float v) {
+  std::uint32_t u;
+  std::memcpy(&u, &v, 4);
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%.9g (0x%08x)", static_cast<double>(v), u);
+  return buf;
+}
+
+std::string xor_bits(float a, float b) {
+  std::uint32_t x, y;
+  std::memcpy(&x, &a, 4);
+  std::memcpy(&y, &b, 4);
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "0x%08x", x ^ y);
+  return buf;
+}
+
+bool same_float(float a, float b) { return std::memcmp(&a, &b, 4) == 0; }
+
+// The first place, in execution order, where a replayed micro-shard differs from its record:
+// forward outputs layer by layer, the gradients flowing back (in backward order), the gradient leaf,
+// the loss. Empty when they match.
+std::string first_difference(const ShardResult& got, const trace::ShardRow& want, const std::vector<std::string>& layers,
+                             bool compare_layers) {
+  if (compare_layers && got.fwd.size() == want.fwd.size() && got.fwd.size() == layers.size()) {
+    for (std::size_t i = 0; i < layers.size(); ++i)
+      if (got.fwd[i] != want.fwd[i]) return "first in the forward output of layer " + layers[i];
+    for (std::size_t i = layers.size(); i-- > 0;)
+      if (got.bwd[i] != want.bwd[i]) return "first in the gradient flowing back into layer " + layers[i];
+  }
+  if (got.grad_fp != want.grad_fp)
+    return "in the micro-shard gradient (fingerprint " + fingerprint_hex(got.grad_fp) + ", recorded " +
+           fingerprint_hex(want.grad_fp) + ")";
+  if (!same_float(got.loss, want.loss))
+    return "in the loss: replayed " + fbits(got.loss) + ", recorded " + fbits(want.loss) + ", bits " +
+           xor_bits(got.loss, want.loss) + " differ";
+  return "";
+}
+
+std::string step_difference(const StepResult& got, const trace::StepRow& want, const std::vector<std::string>& params) {
+  if (got.grad_fp != want.grad_fp)
+    return "the reduced gradient differs (fingerprint " + fingerprint_hex(got.grad_fp) + ", recorded " +
+           fingerprint_hex(want.grad_fp) + ")";
+  for (std::size_t i = 0; i < params.size() && i < got.param_fps.size() && i < want.param_fps.size(); ++i)
+    if (got.param_fps[i] != want.param_fps[i]) return "parameter '" + params[i] + "' differs after the update";
+  if (!same_float(got.loss, want.loss))
+    return "the step's loss differs: replayed " + fbits(got.loss) + ", recorded " + fbits(want.loss);
+  return "";
+}
+
+// Every rank's lines, on rank 0, in rank order.
+std::vector<std::string> gather_lines(const Comm& comm, const std::vector<std::string>& mine) {
+  std::string joined;
+  for (const auto& l : mine) joined += l + '\n';
+  int n = static_cast<int>(joined.size());
+  std::vector<int> counts(comm.size), displs(comm.size);
+  CULPRIT_MPI_CHECK(MPI_Gather(&n, 1, MPI_INT, counts.data(), 1, MPI_INT, 0, comm.comm));
+  int total = 0;
+  for (int r = 0; r < comm.size; ++r) displs[r] = total, total += counts[r];
+  std::string all(comm.rank == 0 ? static_cast<std::size_t>(total) : 0, '\0');
+  CULPRIT_MPI_CHECK(MPI_Gatherv(joined.data(), n, MPI_CHAR, all.data(), counts.data(), displs.data(), MPI_CHAR, 0,
+                                comm.comm));
+  std::vector<std::string> out;
+  std::size_t pos = 0;
+  while (pos < all.size()) {
+    const auto end = all.find('\n', pos);
+    out.push_back(all.substr(pos, end - pos));
+    pos = end + 1;
+  }
+  return out;
+}
+
+// The newest checkpoint before `step` that verifies; damaged ones are reported and skipped.
+Status pick_checkpoint(const Comm& comm, const std::string& run_dir, std::int64_t step, std::string* path) {
+  const auto all = ckpt::list(run_dir);
+  for (auto it = all.rbegin(); it != all.rend(); ++it) {
+    if (it->first >= step) continue;
+    ckpt::Checkpoint c;
+    Status st = agree(comm, ckpt::read(it->second, &c, /*verify=*/true));
+    if (st.ok()) {
+      *path = it->second;
+      return Status::OK();
+    }
+    if (comm.rank == 0) std::fprintf(stderr, "culprit: warning: skipping damaged checkpoint: %s\n", st.message().c_str());
+  }
+  return Status::Error("no valid checkpoint of '" + run_dir + "' precedes step " + std::to_string(step));
+}
+
+}  // namespace
+
+Status run(const Options& opt, const Comm& comm) {
+  harness::TrainConfig cfg;
+  CULPRIT_RETURN_IF_ERROR(agree(comm, harness::load_run_config(opt.run_dir, &cfg)));
+  Recorded rec;
+  CULPRIT_RETURN_IF_ERROR(agree(comm, load_trace(opt.run_dir, &rec)));
+  if (opt.step < 1 || !rec.steps.count(opt.step))
+    return agree(comm, Status::Error("--step " + std::to_string(opt.step) + " is not in the trace of '" + opt.run_dir +
+                                     "' (steps " + (rec.steps.empty() ? std::string("none") :
+                                     std::to_string(rec.steps.begin()->first) + ".." +
+                                     std::to_string(rec.steps.rbegin()->first)) + ")"));
+  for (int r : opt.ranks)
+    if (r < 0 || r >= comm.size)
+      return agree(comm, Status::Error("--ranks: rank " + std::to_string(r) + " does not exist (world size " +
+                                       std::to_string(comm.size) + ")"));
+  if (opt.micro_shard >= cfg.micro_shards)
+    return agree(comm, Status::Error("--micro-shard " + std::to_string(opt.micro_shard) + " does not exist (the run has " +
+                                     std::to_string(cfg.micro_shards) + " micro-shards)"));
+  std::string ckpt_path;
+  CULPRIT_RETURN_IF_ERROR(pick_checkpoint(comm, opt.run_dir, opt.step, &ckpt_path));
+  const bool layer = opt.layer || rec.header.level == "layer";
+  std::unique_ptr<harness::Engine> engine;
+  CULPRIT_RETURN_IF_ERROR(harness::Engine::open(cfg, comm, ckpt_path, layer, &engine));
+  const auto layers = engine->layers();
+  const auto params = engine->params();
+  const bool layers_recorded = rec.header.level == "layer" && rec.header.layers == layers;
+  int mismatches = 0;
+  auto say = [&](const std::string& line) {
+    if (comm.rank == 0) {
+      std::printf("%s\n", line.c_str());
+      std::fflush(stdout);
+    }
+  };
+  say("culprit replay: " + opt.run_dir + " step " + std::to_string(opt.step) + " from " + ckpt_path + " on " +
+      std::to_string(comm.size) + " rank(s)" + (layers_recorded ? ", per-layer fingerprints" : ""));
+
+  // Up to the step: every step as the original run computed it, compared with its record.
+  while (engine->step() + 1 < opt.step) {
+    StepResult sr;
+    CULPRIT_RETURN_IF_ERROR(engine->run_step(&sr));
+    std::vector<std::string> mine;
+    for (const auto& r : sr.shards) {
+      auto it = rec.shards.find({r.step, r.shard});
+      if (it == rec.shards.end()) continue;
+      const std::string d = first_difference(r, it->second, layers, layers_recorded);
+      if (!d.empty())
+        mine.push_back("step " + std::to_string(sr.step) + " micro-shard " + std::to_string(r.shard) + " on rank " +
+                       std::to_string(comm.rank) + ": MISMATCH " + d + " (recorded by rank " +
+                       std::to_string(it->second.rank) + " on " + it->second.host + ")");
+    }
+    const auto lines = gather_lines(comm, mine);
+    const std::string d = step_difference(sr, rec.steps.at(sr.step), params);
+    for (const auto& l : lines) say(l);
+    if (!d.empty()) say("step " + std::to_string(sr.step) + " update: MISMATCH " + d);
+    const int bad = static_cast<int>(lines.size()) + (d.empty() ? 0 : 1);
+    if (bad == 0) say("step " + std::to_string(sr.step) + ": every micro-shard and the update match");
+    mismatches += bad;
+  }
+
+  // The step itself: its micro-shards recomputed on the chosen ranks.
+  const std::int64_t s = opt.step;
+  const bool chosen = opt.ranks.empty() || std::find(opt.ranks.begin(), opt.ranks.end(), comm.rank) != opt.ranks.end();
+  std::vector<int> shards;
+  for (int k = 0; k < cfg.micro_shards; ++k)
+    if (opt.micro_shard < 0 || k == opt.micro_shard) shards.push_back(k);
+  std::vector<std::string> mine;
+  std::vector<Fingerprint> fps(shards.size() * comm.size, 0), all_fps(shards.size() * comm.size, 0);
+  std::vector<ShardResult> results(shards.size());
+  for (std::size_t i = 0; i < shards.size(); ++i) {
+    if (!chosen) continue;
+    CULPRIT_RETURN_IF_ERROR(engine->compute_shard(shards[i], 0, &results[i]));
+    fps[i * comm.size + comm.rank] = results[i].grad_fp;
+    auto it = rec.shards.find({s, shards[i]});
+    std::string d = it == rec.shards.end() ? "not in the trace"
+                                           : first_difference(results[i], it->second, layers, layers_recorded);
+    mine.push_back("step " + std::to_string(s) + " micro-shard " + std::to_string(shards[i]) + " on rank " +
+                   std::to_string(comm.rank) + " (" + comm.host + "): " + (d.empty() ? "match" : "MISMATCH " + d));
+  }
+  CULPRIT_MPI_CHECK(MPI_Allreduce(fps.data(), all_fps.data(), static_cast<int>(fps.size()), MPI_UINT64_T, MPI_BOR,
+                                  comm.comm));
+  const auto lines = gather_lines(comm, mine);
+  for (std::size_t i = 0; i < shards.size(); ++i) {
+    auto it = rec.shards.find({s, shards[i]});
+    if (it != rec.shards.end())
+      say("step " + std::to_string(s) + " micro-shard " + std::to_string(shards[i]) + ", recorded by rank " +
+          std::to_string(it->second.rank) + " on " + it->second.host + ": loss " + fbits(it->second.loss) +
+          ", gradient " + fingerprint_hex(it->second.grad_fp));
+    const std::string key = " micro-shard " + std::to_string(shards[i]) + " on rank ";
+    std::vector<int> same, differ;
+    for (const auto& l : lines) {
+      const auto at = l.find(key);
+      if (at == std::string::npos) continue;
+      say("  " + l);
+      const int r = std::stoi(l.substr(at + key.size()));
+      (l.find("MISMATCH") != std::string::npos ? differ : same).push_back(r);
+    }
+    mismatches += static_cast<int>(differ.size());
+    // What the replays say together.
+    auto list = [](const std::vector<int>& v) {
+      std::string out;
+      for (int r : v) out += (out.empty() ? "" : ",") + std::to_string(r);
+      return out;
+    };
+    const std::string who = it == rec.shards.end() ? "?" : std::to_string(it->second.rank);
+    std::set<Fingerprint> replays;
+    for (int r = 0; r < comm.size; ++r)
+      if (all_fps[i * comm.size + r]) replays.insert(all_fps[i * comm.size + r]);
+    if (!differ.empty() && same.empty() && replays.size() == 1)
+      say("  => every replay (ranks " + list(differ) + ") agrees with the others and not with the record of rank " + who);
+    else if (!differ.empty() && !same.empty())
+      say("  => rank(s) " + list(same) + " reproduce the record of rank " + who + "; rank(s) " + list(differ) + " do not");
+  }
+  // Replays that disagree among themselves: the first differing element of the first two.
+  for (std::size_t i = 0; i < shards.size(); ++i) {
+    int a = -1, b = -1;
+    for (int r = 0; r < comm.size; ++r) {
+      const Fingerprint f = all_fps[i * comm.size + r];
+      if (!f) continue;
+      if (a < 0) a = r;
+      else if (f != all_fps[i * comm.size + a] && b < 0) b = r;
+    }
+    if (b < 0) continue;
+    // Rank b sends its gradient to rank a, which compares.
+    const int tag = 9000 + static_cast<int>(i);
+    if (comm.rank == b) {
+      CULPRIT_MPI_CHECK(MPI_Send(results[i].grad.data(), static_cast<int>(results[i].grad.size()), MPI_FLOAT, a, tag,
+                                 comm.comm));
+    }
+    std::string line;
+    if (comm.rank == a) {
+      std::vector<float> other(results[i].grad.size());
+      CULPRIT_MPI_CHECK(MPI_Recv(other.data(), static_cast<int>(other.size()), MPI_FLOAT, b, tag, comm.comm,
+                                 MPI_STATUS_IGNORE));
+      for (std::size_t j = 0; j < other.size(); ++j)
+        if (!same_float(other[j], results[i].grad[j])) {
+          line = "  replays disagree: micro-shard " + std::to_string(shards[i]) + " gradient element " +
+                 std::to_string(j) + ": rank " + std::to_string(a) + " " + fbits(results[i].grad[j]) + ", rank " +
+                 std::to_string(b) + " " + fbits(other[j]) + ", bits " + xor_bits(results[i].grad[j], other[j]) +
+                 " differ";
+          break;
+        }
+    }
+    for (const auto& l : gather_lines(comm, line.empty() ? std::vector<std::string>{} : std::vector<std::string>{line}))
+      say(l);
+  }
+  // And the step's update, computed as the original run did.
+  StepResult sr;
+  CULPRIT_RETURN_IF_ERROR(engine->run_step(&sr));
+  const std::string d = step_difference(sr, rec.steps.at(s), params);
+  say("step " + std::to_string(s) + " update: " + (d.empty() ? "match" : "MISMATCH " + d));
+  if (!d.empty()) ++mismatches;
+  if (mismatches == 0) {
+    say("replay of step " + std::to_string(s) + ": everything matches the trace");
+    return Status::OK();
+  }
+  return Status::Error("replay of step " + std::to_string(s) + ": " + std::to_string(mismatches) +
+                           " mismatch(es) with the trace",
+                       kExitDiffers);
+}
+
+}  // namespace culprit::replay
