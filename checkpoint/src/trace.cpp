@@ -230,9 +230,11 @@ Status Writer::open(const std::string& path, const Header& h, std::int64_t keep_
   for (const Column& c : {Column{"step", H5T_NATIVE_INT64, 0}, Column{"shard", H5T_NATIVE_INT32, 0},
                           Column{"rank", H5T_NATIVE_INT32, 0}, Column{"host", host.id(), 0},
                           Column{"device", dev.id(), 0}, Column{"loss", H5T_NATIVE_FLOAT, 0},
-                          Column{"grad_fp", H5T_NATIVE_UINT64, 0}})
+                          Column{"grad_fp", H5T_NATIVE_UINT64, 0}, Column{"input_fp", H5T_NATIVE_UINT64, 0}})
     CULPRIT_RETURN_IF_ERROR(create_column(shards.id(), c));
   if (h.level == "layer") {
+    CULPRIT_RETURN_IF_ERROR(
+        create_column(shards.id(), {"param_grad_fp", H5T_NATIVE_UINT64, std::max<std::int64_t>(1, np)}));
     CULPRIT_RETURN_IF_ERROR(create_column(shards.id(), {"fwd_fp", H5T_NATIVE_UINT64, std::max<std::int64_t>(1, nl)}));
     CULPRIT_RETURN_IF_ERROR(create_column(shards.id(), {"bwd_fp", H5T_NATIVE_UINT64, std::max<std::int64_t>(1, nl)}));
   }
@@ -259,11 +261,11 @@ Status Writer::append(const StepRow& s, const std::vector<ShardRow>& rows) {
   std::vector<std::int64_t> step(n);
   std::vector<std::int32_t> shard(n), rank(n);
   std::vector<float> loss(n);
-  std::vector<Fingerprint> gfp(n), fwd, bwd;
+  std::vector<Fingerprint> gfp(n), ifp(n), fwd, bwd, pgf;
   std::vector<char> host(n * kHostChars, 0), dev(n * kDeviceChars, 0);
   for (std::int64_t i = 0; i < n; ++i) {
     const auto& r = rows[i];
-    step[i] = r.step, shard[i] = r.shard, rank[i] = r.rank, loss[i] = r.loss, gfp[i] = r.grad_fp;
+    step[i] = r.step, shard[i] = r.shard, rank[i] = r.rank, loss[i] = r.loss, gfp[i] = r.grad_fp, ifp[i] = r.input_fp;
     std::strncpy(&host[i * kHostChars], r.host.c_str(), kHostChars);
     std::strncpy(&dev[i * kDeviceChars], r.device.c_str(), kDeviceChars);
     if (header_.level == "layer") {
@@ -272,6 +274,9 @@ Status Writer::append(const StepRow& s, const std::vector<ShardRow>& rows) {
       b.resize(nl, 0);
       fwd.insert(fwd.end(), f.begin(), f.end());
       bwd.insert(bwd.end(), b.begin(), b.end());
+      auto g = r.param_grad;
+      g.resize(np, 0);
+      pgf.insert(pgf.end(), g.begin(), g.end());
     }
   }
   h5::Handle ht(string_type(kHostChars), H5Tclose), dt(string_type(kDeviceChars), H5Tclose);
@@ -282,7 +287,9 @@ Status Writer::append(const StepRow& s, const std::vector<ShardRow>& rows) {
   CULPRIT_RETURN_IF_ERROR(put(shards.id(), "device", dt.id(), shards_, n, 0, dev.data()));
   CULPRIT_RETURN_IF_ERROR(put(shards.id(), "loss", H5T_NATIVE_FLOAT, shards_, n, 0, loss.data()));
   CULPRIT_RETURN_IF_ERROR(put(shards.id(), "grad_fp", H5T_NATIVE_UINT64, shards_, n, 0, gfp.data()));
+  CULPRIT_RETURN_IF_ERROR(put(shards.id(), "input_fp", H5T_NATIVE_UINT64, shards_, n, 0, ifp.data()));
   if (header_.level == "layer") {
+    CULPRIT_RETURN_IF_ERROR(put(shards.id(), "param_grad_fp", H5T_NATIVE_UINT64, shards_, n, np, pgf.data()));
     CULPRIT_RETURN_IF_ERROR(put(shards.id(), "fwd_fp", H5T_NATIVE_UINT64, shards_, n, nl, fwd.data()));
     CULPRIT_RETURN_IF_ERROR(put(shards.id(), "bwd_fp", H5T_NATIVE_UINT64, shards_, n, nl, bwd.data()));
   }
@@ -360,7 +367,7 @@ Status read_open(const h5::Handle& f, const std::string& path, TraceFile* out) {
     std::memcpy(r.param_fps.data(), &e[i * np * 8], 8 * r.param_fps.size());
     out->steps.push_back(std::move(r));
   }
-  std::vector<unsigned char> st_, sh, rk, ho, de, lo, gf, fw, bw;
+  std::vector<unsigned char> st_, sh, rk, ho, de, lo, gf, in, fw, bw, pg;
   h5::Handle ht(string_type(kHostChars), H5Tclose), dt(string_type(kDeviceChars), H5Tclose);
   CULPRIT_RETURN_IF_ERROR(get(hg.id(), hw, "step", H5T_NATIVE_INT64, 8, 0, shards, &st_, &ext_shards));
   CULPRIT_RETURN_IF_ERROR(get(hg.id(), hw, "shard", H5T_NATIVE_INT32, 4, 0, shards, &sh, &ext));
@@ -369,8 +376,10 @@ Status read_open(const h5::Handle& f, const std::string& path, TraceFile* out) {
   CULPRIT_RETURN_IF_ERROR(get(hg.id(), hw, "device", dt.id(), kDeviceChars, 0, shards, &de, &ext));
   CULPRIT_RETURN_IF_ERROR(get(hg.id(), hw, "loss", H5T_NATIVE_FLOAT, 4, 0, shards, &lo, &ext));
   CULPRIT_RETURN_IF_ERROR(get(hg.id(), hw, "grad_fp", H5T_NATIVE_UINT64, 8, 0, shards, &gf, &ext));
+  CULPRIT_RETURN_IF_ERROR(get(hg.id(), hw, "input_fp", H5T_NATIVE_UINT64, 8, 0, shards, &in, &ext));
   const bool layer = out->header.level == "layer";
   if (layer) {
+    CULPRIT_RETURN_IF_ERROR(get(hg.id(), hw, "param_grad_fp", H5T_NATIVE_UINT64, 8, np, shards, &pg, &ext));
     CULPRIT_RETURN_IF_ERROR(get(hg.id(), hw, "fwd_fp", H5T_NATIVE_UINT64, 8, nl, shards, &fw, &ext));
     CULPRIT_RETURN_IF_ERROR(get(hg.id(), hw, "bwd_fp", H5T_NATIVE_UINT64, 8, nl, shards, &bw, &ext));
   }
@@ -386,7 +395,10 @@ Status read_open(const h5::Handle& f, const std::string& path, TraceFile* out) {
                     strnlen(reinterpret_cast<const char*>(&de[i * kDeviceChars]), kDeviceChars));
     std::memcpy(&r.loss, &lo[i * 4], 4);
     std::memcpy(&r.grad_fp, &gf[i * 8], 8);
+    std::memcpy(&r.input_fp, &in[i * 8], 8);
     if (layer) {
+      r.param_grad.resize(out->header.params.size());
+      std::memcpy(r.param_grad.data(), &pg[i * np * 8], 8 * r.param_grad.size());
       r.fwd.resize(out->header.layers.size());
       r.bwd.resize(out->header.layers.size());
       std::memcpy(r.fwd.data(), &fw[i * nl * 8], 8 * r.fwd.size());

@@ -277,6 +277,7 @@ void Trainer::compute_shard(std::int64_t s, int k, float* leaf, int attempt) {
     if (x.scalar_type() == torch::kLong) corrupt_tokens(f, x, data_.classes);
     else corrupt_in_place(f, x);
   }
+  input_fp_ = tensor_fingerprint(x);
   torch::manual_seed(seed);
   if (attempt == 0 && !facts_.empty()) {
     const std::int64_t M = cfg_.micro_shards;
@@ -328,6 +329,13 @@ void Trainer::compute_shard(std::int64_t s, int k, float* leaf, int attempt) {
   }
   if (attempt == 0 && !finite && bad_shard_ < 0) bad_shard_ = k;
   attempt_ = 0;
+}
+
+std::vector<Fingerprint> Trainer::param_grad_fps(const float* leaf) const {
+  std::vector<Fingerprint> out;
+  for (std::size_t i = 0; i < params_.size(); ++i)
+    out.push_back(fingerprint_bytes(leaf + offsets_[i], static_cast<std::size_t>(params_[i].tensor.numel()) * sizeof(float)));
+  return out;
 }
 
 void Trainer::violation(const std::string& what) {
@@ -482,8 +490,10 @@ void Trainer::step(std::int64_t s) {
       row.device = "cpu";
       row.loss = leaf[P_];
       row.grad_fp = fingerprint_bytes(leaf, static_cast<std::size_t>(P_) * sizeof(float));
+      row.input_fp = input_fp_;
       row.fwd = fwd_;
       row.bwd = bwd_;
+      if (!fwd_.empty()) row.param_grad = param_grad_fps(leaf);
       shard_rows_.push_back(std::move(row));
     }
     acc_->push(k);
@@ -846,8 +856,10 @@ ShardResult to_result(const trace::ShardRow& r) {
   out.rank = r.rank;
   out.loss = r.loss;
   out.grad_fp = r.grad_fp;
+  out.input_fp = r.input_fp;
   out.fwd = r.fwd;
   out.bwd = r.bwd;
+  out.param_grad = r.param_grad;
   return out;
 }
 }  // namespace
@@ -878,8 +890,10 @@ void Trainer::replay_shard(int k, int round, ShardResult* out) {
   out->rank = comm_.rank;
   out->loss = leaf[P_];
   out->grad_fp = fingerprint_bytes(leaf.data(), static_cast<std::size_t>(P_) * sizeof(float));
+  out->input_fp = input_fp_;
   out->fwd = fwd_;
   out->bwd = bwd_;
+  if (!fwd_.empty()) out->param_grad = param_grad_fps(leaf.data());
   out->grad.assign(leaf.begin(), leaf.end() - 1);
 }
 

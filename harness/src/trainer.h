@@ -75,6 +75,8 @@ class Trainer {
   bool facts_exchanged_ = false;  // this step's facts went through the spot check's exchange
   int owner_of(int k) const;
   void violation(const std::string& what);
+  std::vector<Fingerprint> param_grad_fps(const float* leaf) const;  // per parameter, of a leaf
+  Fingerprint input_fp_ = 0;  // the current micro-shard's input as loaded
   void check_update(std::int64_t s, double lr);  // a training invariant this rank saw broken
   const at::Tensor& epoch_order(std::int64_t epoch);
   void write_metrics(std::int64_t s, double lr, float loss, double grad_norm, Fingerprint fp, double secs);

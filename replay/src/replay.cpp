@@ -64,13 +64,19 @@ bool same_float(float a, float b) { return std::memcmp(&a, &b, 4) == 0; }
 // forward outputs layer by layer, the gradients flowing back (in backward order), the gradient leaf,
 // the loss. Empty when they match.
 std::string first_difference(const ShardResult& got, const trace::ShardRow& want, const std::vector<std::string>& layers,
-                             bool compare_layers) {
+                             const std::vector<std::string>& params, bool compare_layers) {
+  if (got.input_fp != want.input_fp)
+    return "first in the input samples as loaded (fingerprint " + fingerprint_hex(got.input_fp) + ", recorded " +
+           fingerprint_hex(want.input_fp) + ")";
   if (compare_layers && got.fwd.size() == want.fwd.size() && got.fwd.size() == layers.size()) {
     for (std::size_t i = 0; i < layers.size(); ++i)
       if (got.fwd[i] != want.fwd[i]) return "first in the forward output of layer " + layers[i];
     for (std::size_t i = layers.size(); i-- > 0;)
       if (got.bwd[i] != want.bwd[i]) return "first in the gradient flowing back into layer " + layers[i];
   }
+  if (compare_layers && got.param_grad.size() == want.param_grad.size())
+    for (std::size_t i = 0; i < got.param_grad.size() && i < params.size(); ++i)
+      if (got.param_grad[i] != want.param_grad[i]) return "first in the gradient of parameter '" + params[i] + "'";
   if (got.grad_fp != want.grad_fp)
     return "in the micro-shard gradient (fingerprint " + fingerprint_hex(got.grad_fp) + ", recorded " +
            fingerprint_hex(want.grad_fp) + ")";
@@ -174,7 +180,7 @@ Status run(const Options& opt, const Comm& comm) {
     for (const auto& r : sr.shards) {
       auto it = rec.shards.find({r.step, r.shard});
       if (it == rec.shards.end()) continue;
-      const std::string d = first_difference(r, it->second, layers, layers_recorded);
+      const std::string d = first_difference(r, it->second, layers, params, layers_recorded);
       if (!d.empty())
         mine.push_back("step " + std::to_string(sr.step) + " micro-shard " + std::to_string(r.shard) + " on rank " +
                        std::to_string(comm.rank) + ": MISMATCH " + d + " (recorded by rank " +
@@ -204,7 +210,7 @@ Status run(const Options& opt, const Comm& comm) {
     fps[i * comm.size + comm.rank] = results[i].grad_fp;
     auto it = rec.shards.find({s, shards[i]});
     std::string d = it == rec.shards.end() ? "not in the trace"
-                                           : first_difference(results[i], it->second, layers, layers_recorded);
+                                           : first_difference(results[i], it->second, layers, params, layers_recorded);
     mine.push_back("step " + std::to_string(s) + " micro-shard " + std::to_string(shards[i]) + " on rank " +
                    std::to_string(comm.rank) + " (" + comm.host + "): " + (d.empty() ? "match" : "MISMATCH " + d));
   }

@@ -60,6 +60,15 @@ class Replay(TempDirTest):
         self.assertRegex(res.out, r"micro-shard 1 on rank 0 \(\S+\): MISMATCH first in the gradient flowing back into "
                                   r"layer fc1")
 
+    def test_grad_and_data_faults_name_their_phase(self):
+        for spec, needle in [("layer=fc2,index=3,phase=grad,kind=bitflip,bit=4", "first in the gradient of parameter 'fc2.weight'"),
+                             ("index=3,phase=data,kind=bitflip,bit=4", "first in the input samples as loaded")]:
+            with self.subTest(spec=spec):
+                d = self.trained(spec.split(",")[-3], "step=5,rank=1," + spec)
+                res = self.replay(d, 2, "--step", "5", "--micro-shard", "1")
+                self.assertEqual(res.code, DIFFERS, res.out + res.err)
+                self.assertRegex(res.out, r"micro-shard 1 on rank 0 \(\S+\): MISMATCH " + needle.replace("(", r"\("))
+
     def test_persistent_fault_reproduces_on_its_rank_only(self):
         d = self.trained("persistent", "step=5,rank=1,layer=fc2,index=3,phase=forward,kind=bitflip,bit=4,"
                                        "mode=persistent")

@@ -36,7 +36,7 @@ constexpr const char* kMetaStrings[] = {"fingerprint_format", "state_fingerprint
 constexpr std::uint64_t kSliceBytes = 1 << 20;
 
 // ---- trace: RUN/trace/rank-RRRRR.h5, one file per rank ----
-constexpr std::int64_t kTraceVersion = 1;
+constexpr std::int64_t kTraceVersion = 2;  // 2: micro-shard input and parameter-gradient fingerprints
 constexpr const char* kTraceDir = "trace";
 constexpr const char* kTracePrefix = "rank-";
 constexpr int kRankDigits = 5;

@@ -38,8 +38,10 @@ struct ShardRow {
   std::string host, device;
   float loss = 0;
   Fingerprint grad_fp = 0;          // the micro-shard's gradient leaf
+  Fingerprint input_fp = 0;         // the micro-shard's input samples as loaded
   std::vector<Fingerprint> fwd;     // per layer: its forward output (level "layer")
   std::vector<Fingerprint> bwd;     // per layer: the gradient flowing back into its output
+  std::vector<Fingerprint> param_grad;  // per parameter: its slice of the leaf (level "layer")
 };
 
 std::string path_for(const std::string& run_dir, int rank);

@@ -23,7 +23,9 @@ struct ShardResult {
   int rank = 0;
   float loss = 0;
   Fingerprint grad_fp = 0;          // the gradient leaf (as in the trace)
+  Fingerprint input_fp = 0;         // the input samples as loaded
   std::vector<Fingerprint> fwd, bwd;  // per layer, with layer tracing
+  std::vector<Fingerprint> param_grad;  // per parameter's gradient, with layer tracing
   std::vector<float> grad;          // the gradient leaf's values (compute_shard only)
 };
 
