@@ -10,6 +10,7 @@
 
 #include <boost/program_options.hpp>
 
+#include "culprit/bisect.h"
 #include "culprit/checkpoint_tools.h"
 #include "culprit/exit_codes.h"
 #include "culprit/h5.h"
@@ -29,6 +30,7 @@ const char* kUsage =
     "  verify   recheck every fingerprint of a checkpoint, or of a run directory's checkpoints and traces\n"
     "  diff     compare two checkpoints tensor by tensor\n"
     "  replay   re-execute a recorded step on chosen ranks and compare every fingerprint with the trace\n"
+    "  bisect   name the faulty step, layer, phase and rank of a run, with a verdict\n"
     "\n"
     "'culprit <command> --help' lists a command's options. Every option can also come from an INI\n"
     "file given with --config FILE (key = value, the option's name without dashes; the command line\n"
@@ -81,6 +83,59 @@ po::options_description replay_options(culprit::replay::Options* o, std::string*
     ("trace", po::value(trace)->default_value("step"), "step | layer: layer compares every layer's forward output and backward gradient (when the run's trace has them)");
   // clang-format on
   return d;
+}
+
+po::options_description bisect_options(culprit::bisect::Options* o) {
+  po::options_description d("culprit bisect options");
+  // clang-format off
+  d.add_options()
+    ("help,h", "print this help")
+    ("run-dir", po::value(&o->run_dir), "the run to diagnose (required)")
+    ("reruns", po::value(&o->reruns)->default_value(o->reruns), "reruns of the faulty micro-shard on the blamed rank (persistent or transient)");
+  // clang-format on
+  return d;
+}
+
+int run_bisect(const std::vector<std::string>& args) {
+  mallopt(M_MMAP_THRESHOLD, 1 << 30);
+  mallopt(M_TRIM_THRESHOLD, -1);
+  int provided = 0;
+  MPI_Init_thread(nullptr, nullptr, MPI_THREAD_MULTIPLE, &provided);
+  culprit::h5::init();
+  const culprit::Comm comm = culprit::Comm::world();
+  culprit::bisect::Options opt;
+  auto desc = bisect_options(&opt);
+  culprit::Status st;
+  bool help = false;
+  try {
+    po::variables_map vm;
+    po::store(po::command_line_parser(args).options(desc).run(), vm);
+    po::notify(vm);
+    help = vm.count("help") > 0;
+    if (!help && !vm.count("run-dir")) st = culprit::Status::Error("option '--run-dir' is required");
+  } catch (const po::error& e) {
+    st = culprit::Status::Error(e.what());
+  }
+  st = culprit::agree(comm, st);
+  int code = culprit::kExitOk;
+  if (st.ok() && help) {
+    if (comm.rank == 0) {
+      std::ostringstream os;
+      os << desc;
+      std::printf("usage: mpirun -np W culprit bisect --run-dir RUN [options]\n\n%s", os.str().c_str());
+    }
+  } else {
+    culprit::bisect::Diagnosis d;
+    if (st.ok()) st = culprit::bisect::run(opt, comm, &d);
+    if (!st.ok()) {
+      if (comm.rank == 0) error_line(st.message());
+      code = st.code();
+    } else {
+      code = culprit::bisect::exit_code(d.verdict);
+    }
+  }
+  MPI_Finalize();
+  return code;
 }
 
 int run_replay(const std::vector<std::string>& args) {
@@ -216,7 +271,11 @@ int main(int argc, char** argv) {
     std::string r, t;
     std::ostringstream os;
     os << replay_options(&o, &r, &t);
-    std::printf("culprit replay (mpirun -np W culprit replay --run-dir RUN --step S):\n%s", os.str().c_str());
+    std::printf("culprit replay (mpirun -np W culprit replay --run-dir RUN --step S):\n%s\n", os.str().c_str());
+    culprit::bisect::Options bo;
+    std::ostringstream bs;
+    bs << bisect_options(&bo);
+    std::printf("culprit bisect (mpirun -np W culprit bisect --run-dir RUN):\n%s", bs.str().c_str());
     return culprit::kExitOk;
   }
   if (cmd == "--version") {
@@ -225,7 +284,8 @@ int main(int argc, char** argv) {
   }
   if (cmd == "train") return run_train(args);
   if (cmd == "replay") return run_replay(args);
+  if (cmd == "bisect") return run_bisect(args);
   if (cmd == "inspect" || cmd == "verify" || cmd == "diff") return run_tool(cmd, args);
-  error_line("unknown command '" + cmd + "' (valid: train, replay, inspect, verify, diff; see culprit --help)");
+  error_line("unknown command '" + cmd + "' (valid: train, replay, bisect, inspect, verify, diff; see culprit --help)");
   return culprit::kExitUsage;
 }

@@ -864,6 +864,14 @@ ShardResult to_result(const trace::ShardRow& r) {
 }
 }  // namespace
 
+void Trainer::mark(ckpt::Checkpoint* c) const { snapshot(done_, c); }
+
+Status Trainer::rewind(const ckpt::Checkpoint& c) {
+  CULPRIT_RETURN_IF_ERROR(restore(c));
+  done_ = c.step;
+  return Status::OK();
+}
+
 void Trainer::replay_step(StepResult* out) {
   const std::int64_t s = done_ + 1;
   shard_rows_.clear();
@@ -911,6 +919,15 @@ class EngineImpl : public Engine {
     cfg_.spot_check = 0;
     cfg_.trace = layer_trace ? "layer" : "off";
     cfg_.quiet = true;
+    // A fault on a rank this world does not have never fires here (its device is not replaying).
+    std::vector<std::string> faults;
+    for (const auto& f : cfg_.inject) {
+      const auto at = f.find("rank=");
+      const bool absent = at != std::string::npos && std::isdigit(static_cast<unsigned char>(f[at + 5])) &&
+                          std::atoi(f.c_str() + at + 5) >= comm.size;
+      if (!absent) faults.push_back(f);
+    }
+    cfg_.inject = faults;
     setup_determinism(cfg_.threads);
     CULPRIT_RETURN_IF_ERROR(agree(comm, load_dataset(cfg_, &data_)));
     CULPRIT_RETURN_IF_ERROR(agree(comm, guarded("model " + cfg_.model, [&] { return make_model(cfg_, data_, &model_); })));
@@ -940,6 +957,15 @@ class EngineImpl : public Engine {
       return Status::OK();
     });
   }
+  Status mark() override {
+    return guarded("keeping the state", [&] {
+      trainer_->mark(&marked_);
+      return Status::OK();
+    });
+  }
+  Status rewind() override {
+    return guarded("rewinding", [&] { return trainer_->rewind(marked_); });
+  }
   std::vector<std::string> params() const override { return trainer_->param_names(); }
   std::vector<std::string> layers() const override { return trainer_->layer_names(); }
 
@@ -949,6 +975,7 @@ class EngineImpl : public Engine {
   Dataset data_;
   std::unique_ptr<Model> model_;
   std::unique_ptr<Trainer> trainer_;
+  ckpt::Checkpoint marked_;
 };
 
 }  // namespace

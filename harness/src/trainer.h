@@ -45,6 +45,8 @@ class Trainer {
   void replay_step(StepResult* out);
   void replay_shard(int k, int round, ShardResult* out);
   std::int64_t replayed() const { return done_; }
+  void mark(ckpt::Checkpoint* c) const;
+  Status rewind(const ckpt::Checkpoint& c);
   std::vector<std::string> layer_names() const { return model_.layers(); }
   std::vector<std::string> param_names() const {
     std::vector<std::string> v;

@@ -15,6 +15,12 @@ enum ExitCode : int {
   kExitNumerical = 11,  // numerical: NaN/Inf in loss, gradients or parameters
   kExitInvariant = 12,  // a training invariant was violated
   kExitSilentRank = 13,  // a rank stopped responding (died or stuck): --collective-timeout
+  // bisect: the verdict (docs/bisect.md); "none" exits 0.
+  kExitHardwareTransient = 20,
+  kExitHardwarePersistent = 21,
+  kExitSoftwareNondeterminism = 22,
+  kExitNumericalInstability = 23,
+  kExitData = 24,
 };
 
 }  // namespace culprit

@@ -52,6 +52,9 @@ class Engine {
   // Local: micro-shard k of the next step computed on this rank; nothing is updated. `round` makes
   // an intermittent fault draw anew on each rerun.
   virtual Status compute_shard(int k, int round, ShardResult* out) = 0;
+  // Keeps the current state in memory; rewind() returns to it (local, no I/O).
+  virtual Status mark() = 0;
+  virtual Status rewind() = 0;
   virtual std::vector<std::string> params() const = 0;
   virtual std::vector<std::string> layers() const = 0;
 };

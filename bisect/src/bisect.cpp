@@ -1,0 +1,476 @@
+#include "culprit/bisect.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <nlohmann/json.hpp>
+
+#include "culprit/checkpoint.h"
+#include "culprit/engine.h"
+#include "culprit/exit_codes.h"
+#include "culprit/fingerprint.h"
+#include "culprit/harness.h"
+#include "culprit/trace.h"
+#include "machine.h"
+
+namespace culprit::bisect {
+
+namespace {
+
+using harness::ShardResult;
+using harness::StepResult;
+namespace fs = std::filesystem;
+
+struct Incident {
+  std::int64_t step = -1;
+  std::string detector, message;
+  int rank = -1;
+};
+
+// What the original run recorded: every rank's trace and its first incident.
+struct Record {
+  trace::Header header;
+  std::map<std::pair<int, std::int64_t>, trace::StepRow> steps;  // (rank, step)
+  std::map<std::pair<std::int64_t, int>, trace::ShardRow> shards;  // (step, micro-shard)
+  std::vector<int> ranks;
+  std::int64_t last = 0;
+  Incident first;
+};
+
+Status load_record(const std::string& run_dir, Record* rec) {
+  const auto files = trace::list(run_dir);
+  if (files.empty())
+    return Status::Error("no trace in '" + run_dir + "/trace' (was the run trained with --trace off?)");
+  for (std::size_t i = 0; i < files.size(); ++i) {
+    trace::TraceFile tf;
+    CULPRIT_RETURN_IF_ERROR(trace::read(files[i], &tf));
+    if (i == 0) rec->header = tf.header;
+    rec->ranks.push_back(tf.header.rank);
+    for (const auto& s : tf.steps) {
+      rec->steps[{tf.header.rank, s.step}] = s;
+      rec->last = std::max(rec->last, s.step);
+    }
+    for (const auto& r : tf.shards) rec->shards[{r.step, r.shard}] = r;
+  }
+  std::ifstream in(fs::path(run_dir) / "incidents.jsonl");
+  std::string line;
+  while (std::getline(in, line)) {
+    try {
+      auto j = nlohmann::json::parse(line);
+      if (j.at("detector").get<std::string>() == "collective-timeout") continue;
+      rec->first = {j.at("step").get<std::int64_t>(), j.at("detector").get<std::string>(),
+                    j.at("message").get<std::string>(), j.at("rank").get<int>()};
+      break;
+    } catch (const std::exception&) {
+      return Status::Error("'" + run_dir + "/incidents.jsonl' holds a line that is not an incident record");
+    }
+  }
+  return Status::OK();
+}
+
+bool same_float(float a, float b) { return std::memcmp(&a, &b, 4) == 0; }
+
+std::string module_of(const std::string& param) {
+  const auto dot = param.rfind('.');
+  return dot == std::string::npos ? param : param.substr(0, dot);
+}
+
+// Where a computation differs from a reference, in execution order: (phase, layer), or empty phase.
+std::pair<std::string, std::string> first_difference(const ShardResult& a, const ShardResult& b,
+                                                     const std::vector<std::string>& layers,
+                                                     const std::vector<std::string>& params) {
+  if (a.input_fp != b.input_fp) return {"data", ""};
+  if (a.fwd.size() == b.fwd.size() && a.fwd.size() == layers.size()) {
+    for (std::size_t i = 0; i < layers.size(); ++i)
+      if (a.fwd[i] != b.fwd[i]) return {"forward", layers[i]};
+    for (std::size_t i = layers.size(); i-- > 0;)
+      if (a.bwd[i] != b.bwd[i]) return {"backward", layers[i]};
+  }
+  if (a.param_grad.size() == b.param_grad.size())
+    for (std::size_t i = 0; i < a.param_grad.size() && i < params.size(); ++i)
+      if (a.param_grad[i] != b.param_grad[i]) return {"grad", module_of(params[i])};
+  if (a.grad_fp != b.grad_fp || !same_float(a.loss, b.loss)) return {"grad", ""};
+  return {"", ""};
+}
+
+ShardResult from_row(const trace::ShardRow& r) {
+  ShardResult s;
+  s.step = r.step;
+  s.shard = r.shard;
+  s.rank = r.rank;
+  s.loss = r.loss;
+  s.grad_fp = r.grad_fp;
+  s.input_fp = r.input_fp;
+  s.fwd = r.fwd;
+  s.bwd = r.bwd;
+  s.param_grad = r.param_grad;
+  return s;
+}
+
+// Two computations of a micro-shard agree: input, every layer's forward and backward, every
+// parameter's gradient (where recorded), the leaf and the loss. A fault can change a layer's
+// gradient yet be absorbed before the leaf, so the layers count too.
+bool same_result(const ShardResult& a, const ShardResult& b) {
+  return a.grad_fp == b.grad_fp && same_float(a.loss, b.loss) && a.input_fp == b.input_fp && a.fwd == b.fwd &&
+         a.bwd == b.bwd && a.param_grad == b.param_grad;
+}
+
+// Every rank's ShardResult fingerprints, on every rank (one all-gather of fixed-size records).
+std::vector<ShardResult> allgather(const Comm& comm, const ShardResult& mine, std::size_t nl, std::size_t np) {
+  const std::size_t len = 4 + 2 * nl + np;
+  std::vector<std::uint64_t> rec(len, 0), all(len * comm.size, 0);
+  std::uint32_t lb;
+  std::memcpy(&lb, &mine.loss, 4);
+  rec[0] = mine.grad_fp, rec[1] = mine.input_fp, rec[2] = lb, rec[3] = static_cast<std::uint64_t>(mine.rank);
+  for (std::size_t i = 0; i < nl && i < mine.fwd.size(); ++i) rec[4 + i] = mine.fwd[i], rec[4 + nl + i] = mine.bwd[i];
+  for (std::size_t i = 0; i < np && i < mine.param_grad.size(); ++i) rec[4 + 2 * nl + i] = mine.param_grad[i];
+  CULPRIT_MPI_CHECK(MPI_Allgather(rec.data(), static_cast<int>(len), MPI_UINT64_T, all.data(), static_cast<int>(len),
+                                  MPI_UINT64_T, comm.comm));
+  std::vector<ShardResult> out(comm.size);
+  for (int r = 0; r < comm.size; ++r) {
+    const std::uint64_t* p = all.data() + static_cast<std::size_t>(r) * len;
+    auto& s = out[r];
+    s.grad_fp = p[0], s.input_fp = p[1];
+    const std::uint32_t b = static_cast<std::uint32_t>(p[2]);
+    std::memcpy(&s.loss, &b, 4);
+    s.rank = r;
+    if (!mine.fwd.empty()) {
+      s.fwd.assign(p + 4, p + 4 + nl);
+      s.bwd.assign(p + 4 + nl, p + 4 + 2 * nl);
+    }
+    if (!mine.param_grad.empty()) s.param_grad.assign(p + 4 + 2 * nl, p + 4 + 2 * nl + np);
+  }
+  return out;
+}
+
+Status pick_checkpoint(const Comm& comm, const std::string& run_dir, std::int64_t before, bool newest,
+                       std::string* path) {
+  auto all = ckpt::list(run_dir);
+  if (newest) std::reverse(all.begin(), all.end());
+  for (const auto& [step, p] : all) {
+    if (step >= before) continue;
+    ckpt::Checkpoint c;
+    Status st = agree(comm, ckpt::read(p, &c, /*verify=*/true));
+    if (st.ok()) {
+      *path = p;
+      return Status::OK();
+    }
+    if (comm.rank == 0) std::fprintf(stderr, "culprit: warning: skipping damaged checkpoint: %s\n", st.message().c_str());
+  }
+  return Status::Error("no valid checkpoint of '" + run_dir + "' precedes step " + std::to_string(before));
+}
+
+void progress(const Comm& comm, const std::string& line) {
+  if (comm.rank != 0) return;
+  std::fprintf(stderr, "culprit bisect: %s\n", line.c_str());
+  std::fflush(stderr);
+}
+
+Status write_diagnosis(const std::string& run_dir, const Diagnosis& d) {
+  nlohmann::ordered_json j = {{"verdict", d.verdict}, {"step", d.step},   {"layer", d.layer},
+                              {"phase", d.phase},     {"rank", d.rank},   {"host", d.host},
+                              {"device", d.device},   {"reruns", d.reruns}, {"reproduced", d.reproduced},
+                              {"evidence", d.evidence}, {"steps_replayed", d.steps_replayed},
+                              {"seconds", d.seconds}};
+  const auto path = fs::path(run_dir) / "diagnosis.json";
+  std::ofstream out(path);
+  out << j.dump(2) << "\n";
+  if (!out) return Status::Error("cannot write '" + path.string() + "'");
+  return Status::OK();
+}
+
+}  // namespace
+
+int exit_code(const std::string& v) {
+  if (v == "hardware-transient") return kExitHardwareTransient;
+  if (v == "hardware-persistent") return kExitHardwarePersistent;
+  if (v == "software-nondeterminism") return kExitSoftwareNondeterminism;
+  if (v == "numerical-instability") return kExitNumericalInstability;
+  if (v == "data") return kExitData;
+  return kExitOk;
+}
+
+Status run(const Options& opt, const Comm& comm, Diagnosis* d) {
+  const auto t0 = std::chrono::steady_clock::now();
+  *d = Diagnosis();
+  harness::TrainConfig cfg;
+  CULPRIT_RETURN_IF_ERROR(agree(comm, harness::load_run_config(opt.run_dir, &cfg)));
+  Record rec;
+  CULPRIT_RETURN_IF_ERROR(agree(comm, load_record(opt.run_dir, &rec)));
+  const int W = comm.size, M = cfg.micro_shards;
+  if (opt.reruns < 1) return agree(comm, Status::Error("option '--reruns' must be at least 1"));
+  // Where to start: the newest valid checkpoint before the first incident; without one, the oldest.
+  const bool incident = rec.first.step > 0;
+  // One step past the incident: a fault in the optimizer state shows in the parameters a step later.
+  const std::int64_t end = incident ? std::min(rec.first.step + 1, rec.last) : rec.last;
+  std::string ckpt_path;
+  CULPRIT_RETURN_IF_ERROR(
+      pick_checkpoint(comm, opt.run_dir, incident ? rec.first.step : end, /*newest=*/incident, &ckpt_path));
+  const bool layer = rec.header.level == "layer";
+  std::unique_ptr<harness::Engine> engine;
+  CULPRIT_RETURN_IF_ERROR(harness::Engine::open(cfg, comm, ckpt_path, layer, &engine));
+  const auto layers = engine->layers(), params = engine->params();
+  auto note = [&](const std::string& s) {
+    d->evidence.push_back(s);
+    progress(comm, s);
+  };
+  note(std::string(incident ? "first incident: step " + std::to_string(rec.first.step) + " (" + rec.first.detector + ")"
+                            : "no incident: searching the whole trace") +
+       "; replaying from " + ckpt_path + " on " + std::to_string(W) + " rank(s)");
+
+  State state = State::kFindStep;
+  Evidence ev;
+  Verdict verdict = Verdict::kNone;
+  std::int64_t s = -1;
+  int bad_shard = -1;          // the first differing micro-shard of the faulty step
+  std::string update_diff;     // or the update's difference
+  int blamed = -1;             // the blamed rank
+  std::string phase, where;    // --inject's phase and layer
+  ShardResult reference;       // the faulty computation as recorded (kRerun compares with it)
+  while (state != State::kDone) {
+    ev = Evidence();
+    if (state == State::kFindStep) {
+      // Each step: every micro-shard recomputed on the rank after the one that recorded it (a
+      // persistent fault would otherwise reproduce itself), then the update as the run did it.
+      while (engine->step() < end) {
+        const std::int64_t t = engine->step() + 1;
+        CULPRIT_RETURN_IF_ERROR(agree(comm, engine->mark()));
+        int first_bad = M;
+        for (int k = 0; k < M; ++k) {
+          auto it = rec.shards.find({t, k});
+          if (it == rec.shards.end()) continue;
+          if ((it->second.rank + 1) % W != comm.rank) continue;
+          ShardResult r;
+          CULPRIT_RETURN_IF_ERROR(engine->compute_shard(k, 0, &r));
+          if (!first_difference(r, from_row(it->second), layers, params).first.empty()) first_bad = std::min(first_bad, k);
+        }
+        int fb = M;
+        CULPRIT_MPI_CHECK(MPI_Allreduce(&first_bad, &fb, 1, MPI_INT, MPI_MIN, comm.comm));
+        StepResult sr;
+        CULPRIT_RETURN_IF_ERROR(engine->run_step(&sr));
+        ++d->steps_replayed;
+        // The update against every rank's record of it.
+        std::string diff;
+        for (int r : rec.ranks) {
+          auto it = rec.steps.find({r, t});
+          if (it == rec.steps.end()) continue;
+          if (it->second.grad_fp != sr.grad_fp && diff.empty()) diff = "reduced gradient";
+          for (std::size_t i = 0; i < params.size() && i < it->second.param_fps.size(); ++i)
+            if (it->second.param_fps[i] != sr.param_fps[i]) {
+              if (diff.empty() || diff == "reduced gradient")
+                diff = (diff.empty() ? "" : "reduced gradient, ") + std::string("parameter ") + params[i] +
+                       " of rank " + std::to_string(r);
+              break;
+            }
+        }
+        if (fb < M || !diff.empty()) {
+          s = t;
+          bad_shard = fb < M ? fb : -1;
+          update_diff = diff;
+          ev.step_found = true;
+          note("step " + std::to_string(t) + " does not reproduce: " +
+               (fb < M ? "micro-shard " + std::to_string(fb) + " differs" : "its update differs (" + diff + ")"));
+          CULPRIT_RETURN_IF_ERROR(agree(comm, engine->rewind()));
+          break;
+        }
+      }
+      if (!ev.step_found) {
+        // Everything reproduced. A recorded NaN/Inf or spike that reproduced is the model's own.
+        std::int64_t bad = -1;
+        for (const auto& [key, row] : rec.steps)
+          if (key.second <= end && !std::isfinite(row.loss) && (bad < 0 || key.second < bad)) bad = key.second;
+        if (bad < 0 && incident && (rec.first.detector == "nonfinite" || rec.first.detector == "spike"))
+          bad = rec.first.step;
+        if (bad > 0) {
+          ev.nonfinite_reproduced = true;
+          s = bad;
+          note("every replayed step reproduced the record bitwise, including the " +
+               std::string(incident ? rec.first.detector : "nonfinite") + " at step " + std::to_string(bad));
+        } else {
+          note("every replayed step reproduced the record bitwise (" + std::to_string(d->steps_replayed) + " steps)" +
+               (incident ? "; the " + rec.first.detector + " incident of step " + std::to_string(rec.first.step) +
+                               " left no trace in the results"
+                         : ""));
+        }
+      }
+    } else if (state == State::kLocalize) {
+      if (bad_shard >= 0) {
+        // Every rank recomputes the differing micro-shard; the record and the replays are compared.
+        const trace::ShardRow& row = rec.shards.at({s, bad_shard});
+        ShardResult mine;
+        CULPRIT_RETURN_IF_ERROR(agree(comm, engine->compute_shard(bad_shard, 0, &mine)));
+        mine.rank = comm.rank;
+        const auto all = allgather(comm, mine, layer ? layers.size() : 0, layer ? params.size() : 0);
+        reference = from_row(row);
+        // Group the replays.
+        std::vector<int> group(W, -1);
+        std::vector<std::vector<int>> groups;
+        for (int r = 0; r < W; ++r) {
+          for (std::size_t g = 0; g < groups.size() && group[r] < 0; ++g)
+            if (same_result(all[groups[g][0]], all[r])) group[r] = static_cast<int>(g), groups[g].push_back(r);
+          if (group[r] < 0) group[r] = static_cast<int>(groups.size()), groups.push_back({r});
+        }
+        std::size_t major = 0;
+        for (std::size_t g = 1; g < groups.size(); ++g)
+          if (groups[g].size() > groups[major].size()) major = g;
+        const ShardResult& good = all[groups[major][0]];
+        const int orig = row.rank;
+        if (groups.size() == 1) {
+          // Every replay agrees, and not with the record: the recording rank was wrong there.
+          blamed = orig;
+          note("micro-shard " + std::to_string(bad_shard) + ": every replay agrees with the others and not with the "
+               "record of rank " + std::to_string(orig));
+        } else if (groups.size() == 2 && (groups[major].size() >= 2 || W == 2)) {
+          // One rank (or, with two, the recording one) is the odd one out.
+          const auto& odd = groups[1 - major];
+          const int x = W == 2 ? orig : odd[0];
+          const bool x_is_record = same_result(all[x], reference);
+          if (odd.size() == 1 || W == 2) {
+            blamed = x;
+            if (!x_is_record) reference = all[x];
+            note("micro-shard " + std::to_string(bad_shard) + ": rank " + std::to_string(x) +
+                 (x_is_record ? " reproduces the record; the other ranks agree among themselves"
+                              : "'s replay differs from the other ranks'"));
+          } else {
+            ev.healthy_disagree = true;
+          }
+        } else {
+          ev.healthy_disagree = true;
+          note("micro-shard " + std::to_string(bad_shard) + ": the replays on " + std::to_string(W) +
+               " ranks fall into " + std::to_string(groups.size()) + " groups");
+        }
+        if (blamed >= 0) {
+          ev.blamed = true;
+          ev.rerunnable = true;
+          auto [ph, lay] = first_difference(reference, good, layers, params);
+          phase = ph.empty() ? "grad" : ph;
+          where = lay;
+          ev.input_differs = phase == "data";
+        }
+      } else {
+        // The micro-shards reproduce; the update does not.
+        int odd_rank = -1;
+        std::string first_param;
+        // Ranks whose recorded parameters after the step differ from the replayed update.
+        StepResult sr;
+        CULPRIT_RETURN_IF_ERROR(agree(comm, engine->mark()));
+        CULPRIT_RETURN_IF_ERROR(engine->run_step(&sr));
+        std::vector<int> differ;
+        for (int r : rec.ranks) {
+          auto it = rec.steps.find({r, s});
+          if (it == rec.steps.end()) continue;
+          for (std::size_t i = 0; i < params.size() && i < it->second.param_fps.size(); ++i)
+            if (it->second.param_fps[i] != sr.param_fps[i]) {
+              differ.push_back(r);
+              if (first_param.empty()) first_param = params[i];
+              break;
+            }
+        }
+        const bool reduced = rec.steps.count({rec.ranks[0], s}) && rec.steps.at({rec.ranks[0], s}).grad_fp != sr.grad_fp;
+        if (reduced) {
+          phase = "comm";
+          odd_rank = rec.first.step == s && rec.first.detector == "comm" ? rec.first.rank : -1;
+        } else if (differ.size() == 1) {
+          const bool opt_state = incident && rec.first.message.find("(optimizer state)") != std::string::npos &&
+                                 rec.first.rank == differ[0];
+          phase = opt_state ? "optimizer" : "param";
+          odd_rank = differ[0];
+          if (opt_state && rec.first.step > 0) s = rec.first.step;
+        } else if (incident && rec.first.rank >= 0) {
+          odd_rank = rec.first.rank;
+          phase = "param";
+        }
+        where = module_of(first_param);
+        // A persistent fault at rest reappears on its rank in the replayed update.
+        std::vector<std::uint64_t> mine(sr.param_fps.begin(), sr.param_fps.end()), all(mine.size() * W);
+        CULPRIT_MPI_CHECK(MPI_Allgather(mine.data(), static_cast<int>(mine.size()), MPI_UINT64_T, all.data(),
+                                        static_cast<int>(mine.size()), MPI_UINT64_T, comm.comm));
+        int odd_now = 0;
+        for (int r = 1; r < W; ++r)
+          if (!std::equal(all.begin() + r * mine.size(), all.begin() + (r + 1) * mine.size(), all.begin())) odd_now = 1;
+        ev.update_reproduced = odd_now != 0;
+        d->reruns = 1;
+        d->reproduced = odd_now;
+        note("step " + std::to_string(s) + ": the micro-shards reproduce, the update does not (" + update_diff +
+             "): phase " + phase + (odd_rank >= 0 ? ", rank " + std::to_string(odd_rank) : ""));
+        blamed = odd_rank;
+        ev.blamed = odd_rank >= 0;
+        ev.healthy_disagree = odd_rank < 0 && !reduced;
+        if (odd_rank >= 0) {
+          for (const auto& [key, row] : rec.shards)
+            if (row.rank == odd_rank) {
+              d->host = row.host;
+              d->device = row.device;
+              break;
+            }
+        }
+      }
+    } else if (state == State::kRerun) {
+      // The blamed rank recomputes the micro-shard again and again (intermittent faults draw anew).
+      int reproduced = 0;
+      if (blamed >= W)
+        note("rank " + std::to_string(blamed) + " is not part of this bisection's " + std::to_string(W) +
+             " ranks and cannot rerun; with at least " + std::to_string(blamed + 1) +
+             " ranks the reruns tell persistent from transient");
+      if (comm.rank == blamed) {
+        for (int i = 1; i <= opt.reruns; ++i) {
+          ShardResult r;
+          CULPRIT_RETURN_IF_ERROR(engine->compute_shard(bad_shard, i, &r));
+          if (same_result(r, reference)) ++reproduced;
+        }
+      }
+      int total = 0;
+      CULPRIT_MPI_CHECK(MPI_Allreduce(&reproduced, &total, 1, MPI_INT, MPI_SUM, comm.comm));
+      ev.reproduced = total;
+      d->reruns = blamed < W ? opt.reruns : 0;
+      d->reproduced = total;
+      if (blamed < W)
+        note("rank " + std::to_string(blamed) + " recomputed micro-shard " + std::to_string(bad_shard) + " " +
+             std::to_string(opt.reruns) + " times: the fault reproduced " + std::to_string(total) + " time(s)");
+    }
+    const Transition tr = next(state, ev);
+    state = tr.next;
+    verdict = tr.verdict;
+  }
+  d->verdict = verdict_name(verdict);
+  if (d->host.empty() && blamed >= 0)
+    for (const auto& [key, row] : rec.shards)
+      if (row.rank == blamed) {
+        d->host = row.host;
+        d->device = row.device;
+        break;
+      }
+  if (verdict != Verdict::kNone) d->step = s;
+  if (verdict == Verdict::kHardwareTransient || verdict == Verdict::kHardwarePersistent || verdict == Verdict::kData) {
+    d->rank = blamed;
+    d->phase = phase;
+    d->layer = where;
+  } else if (verdict == Verdict::kSoftwareNondeterminism) {
+    d->phase = phase;
+    d->layer = where;
+  }
+  if (verdict == Verdict::kData) d->phase = "data";
+  d->seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  Status st;
+  if (comm.rank == 0) {
+    st = write_diagnosis(opt.run_dir, *d);
+    std::printf("verdict: %s\n", d->verdict.c_str());
+    if (d->step >= 0) std::printf("step:    %lld\n", static_cast<long long>(d->step));
+    if (!d->phase.empty()) std::printf("phase:   %s\n", d->phase.c_str());
+    if (!d->layer.empty()) std::printf("layer:   %s\n", d->layer.c_str());
+    if (d->rank >= 0)
+      std::printf("rank:    %d (host %s, device %s)\n", d->rank, d->host.c_str(), d->device.c_str());
+    if (d->reruns) std::printf("reruns:  %d, the fault reproduced %d time(s)\n", d->reruns, d->reproduced);
+    std::printf("replayed %lld step(s) in %.2f s; %s/diagnosis.json\n", static_cast<long long>(d->steps_replayed),
+                d->seconds, opt.run_dir.c_str());
+    std::fflush(stdout);
+  }
+  return agree(comm, st);
+}
+
+}  // namespace culprit::bisect

@@ -1,0 +1,47 @@
+#include "machine.h"
+
+namespace culprit::bisect {
+
+const char* state_name(State s) {
+  switch (s) {
+    case State::kFindStep: return "find-step";
+    case State::kLocalize: return "localize";
+    case State::kRerun: return "rerun";
+    case State::kDone: return "done";
+  }
+  return "?";
+}
+
+const char* verdict_name(Verdict v) {
+  switch (v) {
+    case Verdict::kNone: return "none";
+    case Verdict::kHardwareTransient: return "hardware-transient";
+    case Verdict::kHardwarePersistent: return "hardware-persistent";
+    case Verdict::kSoftwareNondeterminism: return "software-nondeterminism";
+    case Verdict::kNumericalInstability: return "numerical-instability";
+    case Verdict::kData: return "data";
+  }
+  return "?";
+}
+
+Transition next(State s, const Evidence& e) {
+  switch (s) {
+    case State::kFindStep:
+      if (e.step_found) return {State::kLocalize, Verdict::kNone};
+      if (e.nonfinite_reproduced) return {State::kDone, Verdict::kNumericalInstability};
+      return {State::kDone, Verdict::kNone};
+    case State::kLocalize:
+      if (e.input_differs) return {State::kDone, Verdict::kData};
+      if (e.healthy_disagree) return {State::kDone, Verdict::kSoftwareNondeterminism};
+      if (e.blamed && e.rerunnable) return {State::kRerun, Verdict::kNone};
+      if (e.blamed) return {State::kDone, e.update_reproduced ? Verdict::kHardwarePersistent : Verdict::kHardwareTransient};
+      return {State::kDone, Verdict::kSoftwareNondeterminism};
+    case State::kRerun:
+      return {State::kDone, e.reproduced > 0 ? Verdict::kHardwarePersistent : Verdict::kHardwareTransient};
+    case State::kDone:
+      break;
+  }
+  return {State::kDone, Verdict::kNone};
+}
+
+}  // namespace culprit::bisect

@@ -1,0 +1,51 @@
+// The bisection's state machine (docs/bisect.md has the diagram). The driver (bisect.cpp) performs the
+// action of the current state, agrees the evidence across ranks, and asks next() where to go.
+#pragma once
+#include <string>
+
+namespace culprit::bisect {
+
+enum class State {
+  kFindStep,  // replay forward from a checkpoint, each micro-shard on another rank than recorded it
+  kLocalize,  // at the first differing step: every rank recomputes the differing micro-shard
+  kRerun,     // the blamed rank recomputes it again and again: persistent or transient
+  kDone,
+};
+
+enum class Verdict {
+  kNone,                    // everything reproduces
+  kHardwareTransient,       // one rank got it wrong once; reruns there do not reproduce it
+  kHardwarePersistent,      // one rank gets it wrong again (always or now and then)
+  kSoftwareNondeterminism,  // healthy ranks disagree among themselves on replay
+  kNumericalInstability,    // the NaN or spike reproduces bitwise everywhere: no rank to blame
+  kData,                    // the input as loaded differs from the data source
+};
+
+const char* state_name(State s);
+const char* verdict_name(Verdict v);
+
+// What the current state's action found, the same on every rank.
+struct Evidence {
+  // kFindStep
+  bool step_found = false;            // a step whose replay disagrees with the trace
+  bool nonfinite_reproduced = false;  // none did, and a recorded NaN/Inf or spike reproduced bitwise
+  // kLocalize
+  bool input_differs = false;         // the micro-shard's input as loaded differs from the record
+  bool blamed = false;                // one rank explains the difference
+  bool healthy_disagree = false;      // replays on healthy ranks disagree among themselves
+  bool rerunnable = false;            // the blamed computation is a micro-shard (else: the update)
+  bool update_reproduced = false;     // the update's fault reappeared on its rank in the replay
+  // kRerun
+  int reproduced = 0;                 // reruns that reproduced the recorded (faulty) result
+};
+
+struct Transition {
+  State next = State::kDone;
+  Verdict verdict = Verdict::kNone;
+};
+
+// The one transition function: from a state and its evidence to the next state (and, on kDone, the
+// verdict).
+Transition next(State s, const Evidence& e);
+
+}  // namespace culprit::bisect
