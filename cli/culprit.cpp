@@ -64,6 +64,25 @@ int run_train(const std::vector<std::string>& args) {
       if (comm.rank == 0) error_line(st.message());
       code = st.code();
     }
+    const bool detected = code == culprit::kExitHardware || code == culprit::kExitNumerical ||
+                          code == culprit::kExitInvariant;
+    if (detected && cfg.on_detect == "diagnose") {
+      // The bisection runs in the job, on the same ranks; its verdict becomes the exit code.
+      if (comm.rank == 0) std::fprintf(stderr, "culprit: diagnosing (culprit bisect --run-dir %s)\n", cfg.run_dir.c_str());
+      culprit::bisect::Options bo;
+      bo.run_dir = cfg.run_dir;
+      culprit::bisect::Diagnosis d;
+      culprit::Status bs = culprit::bisect::run(bo, comm, &d);
+      if (!bs.ok()) {
+        if (comm.rank == 0) error_line("diagnosis failed: " + bs.message());
+      } else {
+        // "none": the diagnosis found nothing to blame; the halt's own code stands.
+        if (d.verdict != "none") code = culprit::bisect::exit_code(d.verdict);
+        if (comm.rank == 0 && d.rank >= 0 && (d.verdict == "hardware-transient" || d.verdict == "hardware-persistent"))
+          std::fprintf(stderr, "culprit: exclude host %s (rank %d, device %s) before requeueing: %s\n", d.host.c_str(),
+                       d.rank, d.device.c_str(), d.verdict.c_str());
+      }
+    }
   }
   MPI_Finalize();
   return code;

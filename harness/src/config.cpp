@@ -34,7 +34,7 @@ po::options_description describe(TrainConfig* c) {
     ("keep-every", po::value(&c->keep_every)->default_value(c->keep_every), "also keep every checkpoint whose step is a multiple of E (0: none)")
     ("async-checkpoint", po::value(&c->async_checkpoint)->default_value(c->async_checkpoint)->implicit_value(true), "write checkpoints in a background thread (training waits only for the copy to host memory)")
     ("inject", po::value(&c->inject)->composing(), "inject a fault (repeatable): step=S,rank=R,layer=NAME,phase=P,kind=K[,index=I,bit=B,factor=F,mode=M,p=P] (docs/detection.md)")
-    ("on-detect", po::value(&c->on_detect)->default_value(c->on_detect), "halt | warn: what a detection does (halt: every rank exits with the class's code)")
+    ("on-detect", po::value(&c->on_detect)->default_value(c->on_detect), "halt | warn | diagnose: what a detection does (halt: every rank exits with the class's code; diagnose: culprit bisect runs in the job and its verdict is the exit code)")
     ("detect-nonfinite", po::value(&c->detect_nonfinite)->default_value(c->detect_nonfinite)->implicit_value(true), "detect NaN/Inf in micro-shard losses and gradients and in the parameters")
     ("spike-window", po::value(&c->spike_window)->default_value(c->spike_window), "loss and gradient-norm spike detection over the last N steps (0: off)")
     ("spike-z", po::value(&c->spike_z)->default_value(c->spike_z, num(c->spike_z)), "spike: robust z-score (median/MAD) above this ...")
@@ -317,8 +317,10 @@ Status validate(const TrainConfig& c, int world) {
   if (c.checkpoint_every < 0) return Status::Error("option '--checkpoint-every' must not be negative");
   if (c.keep_last < 1) return Status::Error("option '--keep-last' must be at least 1");
   if (c.keep_every < 0) return Status::Error("option '--keep-every' must not be negative");
-  if (c.on_detect != "halt" && c.on_detect != "warn")
-    return Status::Error("option '--on-detect': unknown action '" + c.on_detect + "' (valid: halt, warn)");
+  if (c.on_detect != "halt" && c.on_detect != "warn" && c.on_detect != "diagnose")
+    return Status::Error("option '--on-detect': unknown action '" + c.on_detect + "' (valid: halt, warn, diagnose)");
+  if (c.on_detect == "diagnose" && c.trace == "off")
+    return Status::Error("option '--on-detect diagnose' needs the trace: --trace step or layer");
   if (c.spike_window < 0) return Status::Error("option '--spike-window' must not be negative");
   if (c.spike_action != "warn" && c.spike_action != "halt")
     return Status::Error("option '--spike-action': unknown action '" + c.spike_action + "' (valid: warn, halt)");

@@ -108,7 +108,7 @@ void Trainer::incident(Incident inc, bool may_halt) {
     Status st = log_incident(cfg_.run_dir, inc);
     if (!st.ok()) std::fprintf(stderr, "culprit: warning: %s\n", st.message().c_str());
   }
-  if (may_halt && cfg_.on_detect == "halt" && halt_.ok())
+  if (may_halt && (cfg_.on_detect == "halt" || cfg_.on_detect == "diagnose") && halt_.ok())
     halt_ = Status::Error("halted at step " + std::to_string(inc.step) + " by the " + inc.detector + " detector (" +
                               class_name(inc.cls) + "): " + inc.message,
                           exit_code_for(inc.cls));

@@ -9,7 +9,7 @@ import sys
 import unittest
 
 sys.path.insert(0, os.path.dirname(__file__))
-from culprit_testlib import TempDirTest, run  # noqa: E402
+from culprit_testlib import TempDirTest, run, run_each_rank_code  # noqa: E402
 
 CODES = {"none": 0, "hardware-transient": 20, "hardware-persistent": 21, "software-nondeterminism": 22,
          "numerical-instability": 23, "data": 24}
@@ -104,6 +104,28 @@ class Bisect(TempDirTest):
             first_nan = next(json.loads(l)["step"] for l in f if json.loads(l)["loss"] is None)
         got = self.bisect(d, 3, "numerical-instability")
         self.assertEqual((got["step"], got["rank"]), (first_nan, -1), got)
+
+    def test_on_detect_diagnose_runs_the_bisection_in_the_job(self):
+        # A NaN in rank 1's forward pass halts the job; the bisection runs in it and its verdict is the
+        # exit code of every rank, naming the host to exclude.
+        d = self.path("diagnose")
+        workdir = self.path("diagnose-rc")
+        os.makedirs(workdir)
+        codes, out, err = run_each_rank_code(
+            ["train", "--run-dir", d, "--model", "mlp", "--steps", "8", "--trace", "layer", "--quiet",
+             "--on-detect", "diagnose", "--inject", "step=3,rank=1,layer=fc2,index=3,phase=forward,kind=nan"]
+            + SIZE["mlp"], 3, workdir)
+        self.assertEqual(codes, [CODES["hardware-transient"]] * 3, err)
+        self.assertIn("halted at step 3 by the nonfinite detector", err)
+        self.assertRegex(err, r"culprit: exclude host \S+ \(rank 1, device cpu\) before requeueing: hardware-transient")
+        got = diagnosis(d)
+        self.assertEqual((got["verdict"], got["step"], got["phase"], got["layer"], got["rank"]),
+                         ("hardware-transient", 3, "forward", "fc2", 1), got)
+        # diagnose needs the trace.
+        res = run(["train", "--on-detect", "diagnose", "--trace", "off", "--quiet"] + SIZE["mlp"], world=2,
+                  run_dir=self.path("diagnose-notrace"))
+        self.assertEqual(res.code, 2, res.err)
+        self.assertIn("--on-detect diagnose' needs the trace", res.err)
 
     def test_bad_input(self):
         res = run(["train", "--model", "mlp", "--steps", "3", "--trace", "off", "--quiet"] + SIZE["mlp"], world=1,
