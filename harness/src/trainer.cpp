@@ -209,6 +209,34 @@ Status Trainer::init() {
                                     }
                                     return Status::OK();
                                   }));
+  // State that a training-mode forward pass changes (batch-norm running statistics) would depend on
+  // which micro-shards each rank computed: outside the determinism contract. Refuse it plainly.
+  if (data_.n >= 2) {
+    std::vector<Fingerprint> before, after;
+    std::vector<at::Tensor> saved;
+    for (const auto& b : model_.buffers()) {
+      before.push_back(tensor_fingerprint(b.tensor));
+      saved.push_back(b.tensor.detach().clone());
+    }
+    if (!before.empty()) {
+      CULPRIT_RETURN_IF_ERROR(guarded("model " + cfg_.model, [&] {
+        torch::NoGradGuard ng;
+        model_.forward(x_all_.narrow(0, 0, 2));
+        return Status::OK();
+      }));
+      auto bufs = model_.buffers();
+      std::string changed;
+      torch::NoGradGuard ng;
+      for (std::size_t i = 0; i < bufs.size(); ++i) {
+        if (tensor_fingerprint(bufs[i].tensor) != before[i] && changed.empty()) changed = bufs[i].name;
+        bufs[i].tensor.copy_(saved[i]);
+      }
+      if (!changed.empty())
+        return Status::Error("model " + cfg_.model + " updates state in its forward pass ('" + changed +
+                             "', e.g. batch-norm running statistics): it would depend on which micro-shards each "
+                             "rank computed; use LayerNorm or GroupNorm, or BatchNorm with track_running_stats=False");
+    }
+  }
   return Status::OK();
 }
 
@@ -331,6 +359,21 @@ void Trainer::compute_shard(std::int64_t s, int k, float* leaf, int attempt) {
   attempt_ = 0;
 }
 
+// Keeps the model's buffers (batch-norm running statistics) across a recomputation: a spot check or
+// a replayed micro-shard runs the forward pass in training mode, which must not change the state.
+struct BufferGuard {
+  explicit BufferGuard(Model& m) : model(m) {
+    for (const auto& b : model.buffers()) saved.push_back(b.tensor.detach().clone());
+  }
+  ~BufferGuard() {
+    torch::NoGradGuard ng;
+    auto bufs = model.buffers();
+    for (std::size_t i = 0; i < bufs.size() && i < saved.size(); ++i) bufs[i].tensor.copy_(saved[i]);
+  }
+  Model& model;
+  std::vector<at::Tensor> saved;
+};
+
 std::vector<Fingerprint> Trainer::param_grad_fps(const float* leaf) const {
   std::vector<Fingerprint> out;
   for (std::size_t i = 0; i < params_.size(); ++i)
@@ -377,6 +420,7 @@ void Trainer::check_shards(std::int64_t s) {
   const int M = cfg_.micro_shards, W = comm_.size;
   // Redundant computation: this rank recomputes its share of the previous rank's micro-shards.
   for (int k : spot_shards(s, comm_.rank)) {
+    BufferGuard keep(model_);
     compute_shard(s, k, spot_leaf_.data(), 1);
     facts_[M + k] = fingerprint_bytes(spot_leaf_.data(), spot_leaf_.size() * sizeof(float));
   }
@@ -397,6 +441,7 @@ void Trainer::check_shards(std::int64_t s) {
     std::vector<Fingerprint> tie(M, 0);
     for (int k : differ)
       if (third(k) == comm_.rank) {
+        BufferGuard keep(model_);
         compute_shard(s, k, spot_leaf_.data(), 2);
         tie[k] = fingerprint_bytes(spot_leaf_.data(), spot_leaf_.size() * sizeof(float));
       }
@@ -891,7 +936,10 @@ void Trainer::replay_shard(int k, int round, ShardResult* out) {
   cur_step_ = s;
   round_ = round;
   std::vector<float> leaf(static_cast<std::size_t>(P_ + 1));
-  compute_shard(s, k, leaf.data(), 0);
+  {
+    BufferGuard keep(model_);
+    compute_shard(s, k, leaf.data(), 0);
+  }
   round_ = 0;
   out->step = s;
   out->shard = k;

@@ -29,7 +29,20 @@ class Regressor(torch.nn.Module):
         return self.fc2(torch.tanh(self.fc1(x)))
 
 
-MODELS = {"mlp_dropout": MlpDropout, "regressor": Regressor}
+class MlpBatchNorm(torch.nn.Module):
+    """fc1 -> batch norm -> relu -> fc2: running statistics are state that a forward pass changes."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc1 = torch.nn.Linear(32, 24)
+        self.bn = torch.nn.BatchNorm1d(24)
+        self.fc2 = torch.nn.Linear(24, 10)
+
+    def forward(self, x):
+        return self.fc2(torch.relu(self.bn(self.fc1(x))))
+
+
+MODELS = {"mlp_dropout": MlpDropout, "regressor": Regressor, "mlp_bn": MlpBatchNorm}
 
 if __name__ == "__main__":
     torch.manual_seed(7)

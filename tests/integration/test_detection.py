@@ -3,11 +3,14 @@ meant for it, the incident names the rank, and --on-detect halt exits with the c
 rank. A clean run raises nothing."""
 import json
 import os
+import subprocess
 import sys
 import unittest
 
 sys.path.insert(0, os.path.dirname(__file__))
 from culprit_testlib import TempDirTest, run, run_each_rank_code  # noqa: E402
+
+PY = "/usr/bin/python3"
 
 W = 3
 BASE = ["--model", "mlp", "--steps", "6", "--global-batch", "24", "--micro-shards", "4", "--samples", "96",

@@ -38,6 +38,7 @@ class Errors(TempDirTest):
         with open(self.path("bad.ini"), "w") as f:
             f.write("steps = 3\nno-such-option = 1\n")
         subprocess.run([PY, os.path.join(HERE, "scripted_models.py"), "mlp_dropout", self.path("net.pt")], check=True)
+        subprocess.run([PY, os.path.join(HERE, "scripted_models.py"), "mlp_bn", self.path("bn.pt")], check=True)
         os.makedirs(self.path("used"))
         with open(self.path("used", "run.json"), "w") as f:
             f.write("{}\n")
@@ -99,6 +100,12 @@ class Errors(TempDirTest):
         self.expect_error(self.rd() + ["--model", "gpt"] + flat, "model gpt needs int64 token sequences")
         self.expect_error(self.rd() + ["--model", "torchscript:" + self.path("net.pt")] + flat,
                           "does not accept samples of shape [7]")
+
+    def test_stateful_forward_is_refused(self):
+        # Batch-norm running statistics would depend on which micro-shards each rank computed.
+        self.expect_error(self.rd() + ["--model", "torchscript:" + self.path("bn.pt"), "--sample-shape", "32",
+                                       "--classes", "10"],
+                          "updates state in its forward pass ('bn.running_mean'")
 
     def test_single_process_without_mpirun(self):
         res = run(["train", "--micro-shards", "3"], run_dir=self.path("single"))
