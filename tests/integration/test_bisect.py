@@ -134,7 +134,14 @@ class Bisect(TempDirTest):
         d = self.trained("nockpt", "mlp", 1, [])
         for f in os.listdir(os.path.join(d, "checkpoints")):
             os.remove(os.path.join(d, "checkpoints", f))
+        torn = self.trained("torn", "mlp", 2, [])
+        path = os.path.join(torn, "trace", "rank-00001.h5")
+        with open(path, "rb") as f:
+            blob = f.read()
+        with open(path, "wb") as f:
+            f.write(blob[: len(blob) // 2])
         for args, needle in [(["--run-dir", self.path("missing")], "holds no run (no run.json)"),
+                             (["--run-dir", torn], "trace '%s'" % path),
                              (["--run-dir", self.path("notrace")], "no trace in"),
                              (["--run-dir", d], "no valid checkpoint"),
                              (["--run-dir", d, "--reruns", "0"], "'--reruns' must be at least 1"),
