@@ -5,8 +5,11 @@ faults no detector caught; a clean run gives none, noise on every rank software-
 learning rate that blows up numerical-instability with no rank blamed."""
 import json
 import os
+import shutil
+import subprocess
 import sys
 import unittest
+from html.parser import HTMLParser
 
 sys.path.insert(0, os.path.dirname(__file__))
 from culprit_testlib import TempDirTest, run, run_each_rank_code  # noqa: E402
@@ -44,6 +47,31 @@ CASES = [
 ]
 
 
+class Elements(HTMLParser):
+    """Every element's tag and attributes."""
+
+    def __init__(self):
+        super().__init__()
+        self.found = []
+
+    def handle_starttag(self, tag, attrs):
+        self.found.append((tag, dict(attrs)))
+
+
+def check_report(test, html, step):
+    """diagnosis.html holds both plots, the faulty step marked in each, and differing cells there."""
+    p = Elements()
+    p.feed(html)
+    ids = {a.get("id"): (t, a) for t, a in p.found if a.get("id")}
+    test.assertEqual(ids["loss-plot"][0], "svg")
+    test.assertEqual(ids["layer-map"][0], "svg")
+    test.assertEqual(ids["faulty-step-marker"][1]["data-step"], str(step))
+    test.assertEqual(ids["faulty-step-column"][1]["data-step"], str(step))
+    differ = [a for t, a in p.found if t == "rect" and a.get("class") == "differ"]
+    test.assertTrue(differ and all(a["data-step"] == str(step) for a in differ), differ)
+    test.assertTrue([a for t, a in p.found if t == "polyline" and a.get("class") == "rank"])
+
+
 def diagnosis(run_dir):
     with open(os.path.join(run_dir, "diagnosis.json")) as f:
         return json.load(f)
@@ -78,6 +106,22 @@ class Bisect(TempDirTest):
                     self.assertEqual((got["reruns"], got["reproduced"]), (8, 8), got)
                 if verdict == "hardware-transient" and rank < wb and phase in ("forward", "backward", "grad"):
                     self.assertEqual((got["reruns"], got["reproduced"]), (8, 0), got)
+
+    def test_report_opens_in_a_browser(self):
+        d = self.trained("report", "mlp", 3, ["--inject", "step=5,rank=1,layer=fc2,index=3,phase=forward,kind=bitflip,"
+                                                          "bit=22"])
+        got = self.bisect(d, 2, "hardware-transient")
+        page = os.path.join(d, "diagnosis.html")
+        with open(page) as f:
+            check_report(self, f.read(), got["step"])
+        # Headless Chromium (Debian's chromium, installed by scripts/setup.sh) loads it; the DOM it
+        # builds holds the same elements.
+        browser = shutil.which("chromium")
+        self.assertIsNotNone(browser, "chromium is missing (scripts/setup.sh installs it)")
+        res = subprocess.run([browser, "--headless", "--no-sandbox", "--disable-gpu", "--dump-dom", "file://" + page],
+                             capture_output=True, text=True, timeout=120)
+        self.assertEqual(res.returncode, 0, res.stderr)
+        check_report(self, res.stdout, got["step"])
 
     def test_intermittent_fault_reproduces_now_and_then(self):
         d = self.trained("intermittent", "mlp", 3,
