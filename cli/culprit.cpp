@@ -31,6 +31,7 @@ const char* kUsage =
     "  diff     compare two checkpoints tensor by tensor\n"
     "  replay   re-execute a recorded step on chosen ranks and compare every fingerprint with the trace\n"
     "  bisect   name the faulty step, layer, phase and rank of a run, with a verdict\n"
+    "  audit    --compare A B: the first step and tensor where two runs meant to be identical differ\n"
     "\n"
     "'culprit <command> --help' lists a command's options. Every option can also come from an INI\n"
     "file given with --config FILE (key = value, the option's name without dashes; the command line\n"
@@ -155,6 +156,31 @@ int run_bisect(const std::vector<std::string>& args) {
   }
   MPI_Finalize();
   return code;
+}
+
+const char* kAuditHelp =
+    "culprit audit --compare RUN_A RUN_B   where two runs meant to be identical part ways: a binary search\n"
+    "                                      over their common checkpoints, then their traces; exit 0 equal,\n"
+    "                                      5 different (first differing step and tensor printed)\n";
+
+int run_audit(const std::vector<std::string>& args) {
+  if (args.size() == 1 && (args[0] == "--help" || args[0] == "-h")) {
+    std::printf("%s", kAuditHelp);
+    return culprit::kExitOk;
+  }
+  if (args.size() != 3 || args[0] != "--compare") {
+    error_line("audit takes --compare RUN_A RUN_B (see culprit audit --help)");
+    return culprit::kExitUsage;
+  }
+  culprit::h5::init();
+  std::string report;
+  culprit::Status st = culprit::replay::compare_runs(args[1], args[2], &report);
+  std::fputs(report.c_str(), stdout);
+  if (!st.ok()) {
+    if (st.code() != culprit::kExitDiffers) error_line(st.message());
+    return st.code();
+  }
+  return culprit::kExitOk;
 }
 
 int run_replay(const std::vector<std::string>& args) {
@@ -294,7 +320,8 @@ int main(int argc, char** argv) {
     culprit::bisect::Options bo;
     std::ostringstream bs;
     bs << bisect_options(&bo);
-    std::printf("culprit bisect (mpirun -np W culprit bisect --run-dir RUN):\n%s", bs.str().c_str());
+    std::printf("culprit bisect (mpirun -np W culprit bisect --run-dir RUN):\n%s\n", bs.str().c_str());
+    std::printf("culprit audit:\n%s", kAuditHelp);
     return culprit::kExitOk;
   }
   if (cmd == "--version") {
@@ -304,7 +331,8 @@ int main(int argc, char** argv) {
   if (cmd == "train") return run_train(args);
   if (cmd == "replay") return run_replay(args);
   if (cmd == "bisect") return run_bisect(args);
+  if (cmd == "audit") return run_audit(args);
   if (cmd == "inspect" || cmd == "verify" || cmd == "diff") return run_tool(cmd, args);
-  error_line("unknown command '" + cmd + "' (valid: train, replay, bisect, inspect, verify, diff; see culprit --help)");
+  error_line("unknown command '" + cmd + "' (valid: train, replay, bisect, audit, inspect, verify, diff; see culprit --help)");
   return culprit::kExitUsage;
 }

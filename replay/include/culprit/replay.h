@@ -24,4 +24,9 @@ struct Options {
 // otherwise an error with kExitDiffers whose message counts the mismatches.
 Status run(const Options& opt, const Comm& comm);
 
+// culprit audit --compare A B (one process): two runs meant to be identical. A binary search over
+// their common checkpoints brackets the divergence, their traces then give the first differing step
+// and tensor. *report is printable; OK when they agree, an error with kExitDiffers when not.
+Status compare_runs(const std::string& run_a, const std::string& run_b, std::string* report);
+
 }  // namespace culprit::replay
