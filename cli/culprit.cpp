@@ -159,6 +159,9 @@ int run_bisect(const std::vector<std::string>& args) {
 }
 
 const char* kAuditHelp =
+    "mpirun -np W culprit audit --run-dir RUN   replay every checkpoint interval (spread over the ranks)\n"
+    "                                      against the trace and the next checkpoint; exit 0 all reproduce,\n"
+    "                                      5 some do not (the first one named)\n"
     "culprit audit --compare RUN_A RUN_B   where two runs meant to be identical part ways: a binary search\n"
     "                                      over their common checkpoints, then their traces; exit 0 equal,\n"
     "                                      5 different (first differing step and tensor printed)\n";
@@ -168,8 +171,24 @@ int run_audit(const std::vector<std::string>& args) {
     std::printf("%s", kAuditHelp);
     return culprit::kExitOk;
   }
+  if (args.size() == 2 && args[0] == "--run-dir") {
+    mallopt(M_MMAP_THRESHOLD, 1 << 30);
+    mallopt(M_TRIM_THRESHOLD, -1);
+    int provided = 0;
+    MPI_Init_thread(nullptr, nullptr, MPI_THREAD_MULTIPLE, &provided);
+    culprit::h5::init();
+    const culprit::Comm comm = culprit::Comm::world();
+    culprit::Status st = culprit::replay::audit(args[1], comm);
+    int code = culprit::kExitOk;
+    if (!st.ok()) {
+      if (comm.rank == 0) error_line(st.message());
+      code = st.code();
+    }
+    MPI_Finalize();
+    return code;
+  }
   if (args.size() != 3 || args[0] != "--compare") {
-    error_line("audit takes --compare RUN_A RUN_B (see culprit audit --help)");
+    error_line("audit takes --run-dir RUN or --compare RUN_A RUN_B (see culprit audit --help)");
     return culprit::kExitUsage;
   }
   culprit::h5::init();

@@ -296,4 +296,95 @@ Status run(const Options& opt, const Comm& comm) {
                        kExitDiffers);
 }
 
+Status audit(const std::string& run_dir, const Comm& comm) {
+  harness::TrainConfig cfg;
+  CULPRIT_RETURN_IF_ERROR(agree(comm, harness::load_run_config(run_dir, &cfg)));
+  Recorded rec;
+  CULPRIT_RETURN_IF_ERROR(agree(comm, load_trace(run_dir, &rec)));
+  // The valid checkpoints, in order; every consecutive pair is an interval.
+  std::vector<std::pair<std::int64_t, std::string>> ckpts;
+  std::vector<std::string> damaged;
+  for (const auto& [step, path] : ckpt::list(run_dir)) {
+    ckpt::Checkpoint c;
+    Status st = ckpt::read(path, &c, /*verify=*/true);
+    if (st.ok()) ckpts.push_back({step, path});
+    else damaged.push_back(st.message());
+  }
+  if (ckpts.size() < 2)
+    return agree(comm, Status::Error("'" + run_dir + "' holds " + std::to_string(ckpts.size()) +
+                                     " valid checkpoint(s): an audit needs two (an interval)"));
+  // Each rank audits its intervals alone (the results do not depend on the world size).
+  MPI_Comm solo_comm;
+  CULPRIT_MPI_CHECK(MPI_Comm_split(comm.comm, comm.rank, 0, &solo_comm));
+  Comm solo{solo_comm, 0, 1, comm.host};
+  std::vector<std::string> mine;
+  Status failure;
+  const auto t0 = MPI_Wtime();
+  for (std::size_t i = 0; i + 1 < ckpts.size() && failure.ok(); ++i) {
+    if (static_cast<int>(i % comm.size) != comm.rank) continue;
+    const std::int64_t from = ckpts[i].first, to = ckpts[i + 1].first;
+    std::unique_ptr<harness::Engine> engine;
+    failure = harness::Engine::open(cfg, solo, ckpts[i].second, rec.header.level == "layer", &engine);
+    if (!failure.ok()) break;
+    const auto layers = engine->layers(), params = engine->params();
+    const bool layers_recorded = rec.header.level == "layer" && rec.header.layers == layers;
+    std::string verdict;
+    StepResult sr;
+    while (engine->step() < to && verdict.empty()) {
+      failure = engine->run_step(&sr);
+      if (!failure.ok()) break;
+      for (const auto& r : sr.shards) {
+        auto it = rec.shards.find({r.step, r.shard});
+        if (it == rec.shards.end()) continue;
+        const std::string d = first_difference(r, it->second, layers, params, layers_recorded);
+        if (!d.empty()) {
+          verdict = "step " + std::to_string(sr.step) + " micro-shard " + std::to_string(r.shard) + " (recorded by rank " +
+                    std::to_string(it->second.rank) + " on " + it->second.host + ") differs " + d;
+          break;
+        }
+      }
+      auto st = rec.steps.find(sr.step);
+      if (verdict.empty() && st != rec.steps.end()) {
+        const std::string d = step_difference(sr, st->second, params);
+        if (!d.empty()) verdict = "step " + std::to_string(sr.step) + ": " + d;
+      }
+    }
+    if (!failure.ok()) break;
+    if (verdict.empty()) {
+      // The interval must end in the next checkpoint's state.
+      ckpt::Checkpoint c;
+      failure = ckpt::read(ckpts[i + 1].second, &c, true);
+      if (!failure.ok()) break;
+      for (std::size_t p = 0; p < params.size() && p < sr.param_fps.size(); ++p)
+        for (const auto& t : c.model)
+          if (t.name == params[p] && fingerprint_bytes(t.bytes.data(), t.bytes.size()) != sr.param_fps[p] && verdict.empty())
+            verdict = "the replay does not end in " + ckpts[i + 1].second + " ('" + params[p] + "' differs)";
+    }
+    mine.push_back("interval " + std::to_string(from) + ".." + std::to_string(to) + " (rank " +
+                   std::to_string(comm.rank) + "): " + (verdict.empty() ? "reproduced bitwise" : "MISMATCH " + verdict));
+  }
+  MPI_Comm_free(&solo_comm);
+  CULPRIT_RETURN_IF_ERROR(agree(comm, failure));
+  auto lines = gather_lines(comm, mine);
+  // In interval order.
+  std::sort(lines.begin(), lines.end(), [](const std::string& a, const std::string& b) {
+    return std::stoll(a.substr(9)) < std::stoll(b.substr(9));
+  });
+  int bad = 0;
+  std::string first_bad;
+  if (comm.rank == 0) {
+    std::printf("culprit audit: %s, %zu interval(s) on %d rank(s)\n", run_dir.c_str(), ckpts.size() - 1, comm.size);
+    for (const auto& d : damaged) std::printf("damaged checkpoint skipped: %s\n", d.c_str());
+    for (const auto& l : lines) {
+      std::printf("%s\n", l.c_str());
+      if (l.find("MISMATCH") != std::string::npos && bad++ == 0) first_bad = l;
+    }
+    std::printf("audited in %.2f s\n", MPI_Wtime() - t0);
+    std::fflush(stdout);
+  }
+  const std::string msg = broadcast_string(
+      comm, bad ? std::to_string(bad) + " interval(s) do not reproduce; first: " + first_bad : std::string());
+  return msg.empty() ? Status::OK() : Status::Error(msg, kExitDiffers);
+}
+
 }  // namespace culprit::replay

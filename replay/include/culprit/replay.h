@@ -24,6 +24,12 @@ struct Options {
 // otherwise an error with kExitDiffers whose message counts the mismatches.
 Status run(const Options& opt, const Comm& comm);
 
+// culprit audit --run-dir RUN (collective, any world size): every interval between consecutive valid
+// checkpoints is replayed from its first checkpoint, the intervals spread over the ranks (each rank
+// alone), and must reproduce the trace and the next checkpoint bitwise. Rank 0 prints one line per
+// interval. OK when all reproduce; an error with kExitDiffers naming the first that does not.
+Status audit(const std::string& run_dir, const Comm& comm);
+
 // culprit audit --compare A B (one process): two runs meant to be identical. A binary search over
 // their common checkpoints brackets the divergence, their traces then give the first differing step
 // and tensor. *report is printable; OK when they agree, an error with kExitDiffers when not.
