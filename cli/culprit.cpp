@@ -42,7 +42,9 @@ void error_line(const std::string& msg) {
   std::fflush(stderr);
 }
 
-int run_train(const std::vector<std::string>& args) {
+// Start-up of the MPI commands (train, replay, bisect, audit --run-dir): memory settings, MPI with
+// thread support for the I/O thread, HDF5's error handling; the world communicator.
+culprit::Comm start_mpi() {
   // Keep freed memory in the process: libtorch allocates and frees step-sized buffers every step,
   // and glibc would hand each large one back to the kernel and fault it in again. On virtual
   // machines a fresh page is expensive (docs/performance.md), and the page cache of checkpoint
@@ -52,7 +54,11 @@ int run_train(const std::vector<std::string>& args) {
   int provided = 0;
   MPI_Init_thread(nullptr, nullptr, MPI_THREAD_MULTIPLE, &provided);
   culprit::h5::init();
-  const culprit::Comm comm = culprit::Comm::world();
+  return culprit::Comm::world();
+}
+
+int run_train(const std::vector<std::string>& args) {
+  const culprit::Comm comm = start_mpi();
   culprit::harness::TrainConfig cfg;
   bool help = false;
   culprit::Status st = culprit::agree(comm, culprit::harness::parse_train_options(args, &cfg, &help));
@@ -117,12 +123,7 @@ po::options_description bisect_options(culprit::bisect::Options* o) {
 }
 
 int run_bisect(const std::vector<std::string>& args) {
-  mallopt(M_MMAP_THRESHOLD, 1 << 30);
-  mallopt(M_TRIM_THRESHOLD, -1);
-  int provided = 0;
-  MPI_Init_thread(nullptr, nullptr, MPI_THREAD_MULTIPLE, &provided);
-  culprit::h5::init();
-  const culprit::Comm comm = culprit::Comm::world();
+  const culprit::Comm comm = start_mpi();
   culprit::bisect::Options opt;
   auto desc = bisect_options(&opt);
   culprit::Status st;
@@ -172,12 +173,7 @@ int run_audit(const std::vector<std::string>& args) {
     return culprit::kExitOk;
   }
   if (args.size() == 2 && args[0] == "--run-dir") {
-    mallopt(M_MMAP_THRESHOLD, 1 << 30);
-    mallopt(M_TRIM_THRESHOLD, -1);
-    int provided = 0;
-    MPI_Init_thread(nullptr, nullptr, MPI_THREAD_MULTIPLE, &provided);
-    culprit::h5::init();
-    const culprit::Comm comm = culprit::Comm::world();
+    const culprit::Comm comm = start_mpi();
     culprit::Status st = culprit::replay::audit(args[1], comm);
     int code = culprit::kExitOk;
     if (!st.ok()) {
@@ -203,12 +199,7 @@ int run_audit(const std::vector<std::string>& args) {
 }
 
 int run_replay(const std::vector<std::string>& args) {
-  mallopt(M_MMAP_THRESHOLD, 1 << 30);
-  mallopt(M_TRIM_THRESHOLD, -1);
-  int provided = 0;
-  MPI_Init_thread(nullptr, nullptr, MPI_THREAD_MULTIPLE, &provided);
-  culprit::h5::init();
-  const culprit::Comm comm = culprit::Comm::world();
+  const culprit::Comm comm = start_mpi();
   culprit::replay::Options opt;
   std::string ranks, trace;
   auto desc = replay_options(&opt, &ranks, &trace);
