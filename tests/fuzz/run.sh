@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Builds the libFuzzer target (preset "fuzz": clang, ASan) and fuzzes the checkpoint and trace readers
 # for FUZZ_SECONDS (default 30) from a corpus of real files made by build/culprit, with a fixed seed.
-# Every crash is re-run and classified by its innermost frame:
+# Every crash is re-run and classified by its innermost frame of real code (sanitizer interceptors
+# such as ASan's strdup are skipped):
 #   - inside culprit's code: a culprit bug -> exit 1;
 #   - inside libhdf5 (HDF5 1.10's own parser on a damaged header): reported, listed in
 #     $OUT/hdf5-defects.txt, not failing: culprit cannot fix the library it links.
@@ -27,7 +28,11 @@ ours=0 hdf5=0
 for a in "$out"/artifacts/crash-* "$out"/artifacts/leak-* "$out"/artifacts/timeout-* "$out"/artifacts/oom-*; do
   [ -e "$a" ] || continue
   report=$(build-fuzz/tests/fuzz_readers "$a" 2>&1 || true)
-  frame=$(printf '%s\n' "$report" | grep -E '^ +#[0-9]+ ' | grep -v -E '__interceptor|__asan|__sanitizer|fuzzer::|__memcpy|__memmove|__memset|__str|sysdeps|in malloc|in calloc|in realloc|in free|in operator new' | head -n 1)
+  # The innermost frame that is real code: sanitizer runtime and its libc interceptors (strdup,
+  # memcpy, ...) live in the fuzz binary itself with no source location, so they are skipped.
+  frame=$(printf '%s\n' "$report" | grep -E '^ +#[0-9]+ ' \
+    | grep -v -E '\(\S*fuzz_readers\+0x[0-9a-f]+\)' \
+    | grep -v -E '__interceptor|__asan|__sanitizer|fuzzer::|sysdeps|libc\.so' | head -n 1)
   if printf '%s' "$frame" | grep -q 'libhdf5'; then
     hdf5=$((hdf5 + 1))
     echo "$a: $frame" >>"$out/hdf5-defects.txt"
