@@ -177,7 +177,7 @@ Status write_diagnosis(const std::string& run_dir, const Diagnosis& d) {
                               {"phase", d.phase},     {"rank", d.rank},   {"host", d.host},
                               {"device", d.device},   {"reruns", d.reruns}, {"reproduced", d.reproduced},
                               {"evidence", d.evidence}, {"steps_replayed", d.steps_replayed},
-                              {"seconds", d.seconds}};
+                              {"seconds", d.seconds}, {"startup_seconds", d.startup_seconds}};
   const auto path = fs::path(run_dir) / "diagnosis.json";
   std::ofstream out(path);
   out << j.dump(2) << "\n";
@@ -322,7 +322,10 @@ Status run(const Options& opt, const Comm& comm, Diagnosis* d) {
       pick_checkpoint(comm, opt.run_dir, incident ? rec.first.step : end, /*newest=*/incident, &ckpt_path));
   const bool layer = rec.header.level == "layer";
   std::unique_ptr<harness::Engine> engine;
-  CULPRIT_RETURN_IF_ERROR(harness::Engine::open(cfg, comm, ckpt_path, layer, &engine));
+  // Rotated by one rank: run_step itself recomputes every micro-shard on the rank after the one that
+  // recorded it (same world size), so a replayed step costs one step-time.
+  CULPRIT_RETURN_IF_ERROR(harness::Engine::open(cfg, comm, ckpt_path, layer, &engine, /*rotate=*/1));
+  d->startup_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   const auto layers = engine->layers(), params = engine->params();
   // The step x layer map of the report: rows input, layers (forward and backward), leaf, update.
   std::vector<std::string> map_rows{"input"};
@@ -351,31 +354,41 @@ Status run(const Options& opt, const Comm& comm, Diagnosis* d) {
   while (state != State::kDone) {
     ev = Evidence();
     if (state == State::kFindStep) {
-      // Each step: every micro-shard recomputed on the rank after the one that recorded it (a
-      // persistent fault would otherwise reproduce itself), then the update as the run did it.
+      // Each step: every micro-shard recomputed on a rank other than the one that recorded it (a
+      // persistent fault would otherwise reproduce itself), then the update as the run did it. The
+      // rotated engine does both in one run_step; only where a different world size puts a
+      // micro-shard back on its recording rank is it computed once more, on the next rank.
       while (engine->step() < end) {
         const std::int64_t t = engine->step() + 1;
         CULPRIT_RETURN_IF_ERROR(agree(comm, engine->mark()));
         int first_bad = M;
         // For the report's map: which rows (input, each layer, the leaf; the update below) differ.
         std::vector<int> rows(map_rows.size(), 0);
-        for (int k = 0; k < M; ++k) {
-          auto it = rec.shards.find({t, k});
-          if (it == rec.shards.end()) continue;
-          if ((it->second.rank + 1) % W != comm.rank) continue;
-          ShardResult r;
-          CULPRIT_RETURN_IF_ERROR(engine->compute_shard(k, 0, &r));
-          const ShardResult want = from_row(it->second);
-          if (!first_difference(r, want, layers, params).first.empty()) first_bad = std::min(first_bad, k);
+        auto compare = [&](const ShardResult& r, const trace::ShardRow& row) {
+          const ShardResult want = from_row(row);
+          if (!first_difference(r, want, layers, params).first.empty()) first_bad = std::min(first_bad, r.shard);
           rows[0] |= r.input_fp != want.input_fp;
           for (std::size_t i = 0; layer && i < layers.size() && i < r.fwd.size() && i < want.fwd.size(); ++i)
             rows[1 + i] |= r.fwd[i] != want.fwd[i] || r.bwd[i] != want.bwd[i];
           rows[map_rows.size() - 2] |= r.grad_fp != want.grad_fp || !same_float(r.loss, want.loss);
+        };
+        for (int k = 0; k < M; ++k) {
+          auto it = rec.shards.find({t, k});
+          if (it == rec.shards.end()) continue;
+          const int rr = it->second.rank;
+          if (harness::Engine::replay_rank(k, M, W, 1) != rr || (rr + 1) % W != comm.rank) continue;
+          ShardResult r;
+          CULPRIT_RETURN_IF_ERROR(engine->compute_shard(k, 0, &r));
+          compare(r, it->second);
+        }
+        StepResult sr;
+        CULPRIT_RETURN_IF_ERROR(engine->run_step(&sr));
+        for (const auto& r : sr.shards) {
+          auto it = rec.shards.find({t, r.shard});
+          if (it != rec.shards.end() && it->second.rank != comm.rank) compare(r, it->second);
         }
         int fb = M;
         CULPRIT_MPI_CHECK(MPI_Allreduce(&first_bad, &fb, 1, MPI_INT, MPI_MIN, comm.comm));
-        StepResult sr;
-        CULPRIT_RETURN_IF_ERROR(engine->run_step(&sr));
         ++d->steps_replayed;
         // The update against every rank's record of it.
         std::string diff;

@@ -48,10 +48,10 @@ bool Trainer::fires(const FaultSpec& f, Phase phase, int occurrence, bool per_sh
   // ones draw again.
   const std::uint64_t occ = static_cast<std::uint64_t>(occurrence) +
                             1000003ULL * static_cast<std::uint64_t>(attempt_ + (replaying_ ? 3 + round_ : 0));
-  if (!fault_fires(f, comm_.rank, cur_step_, /*replay=*/attempt_ > 0 || replaying_, cfg_.seed, occ)) return false;
+  if (!fault_fires(f, self(), cur_step_, /*replay=*/attempt_ > 0 || replaying_, cfg_.seed, occ)) return false;
   if (f.kind == FaultKind::kHang) {
     // A stuck device: the rank stops here, in the middle of the step.
-    std::fprintf(stderr, "culprit: injected fault: rank %d hangs for %g s in step %lld (%s)\n", comm_.rank, f.seconds,
+    std::fprintf(stderr, "culprit: injected fault: rank %d hangs for %g s in step %lld (%s)\n", self(), f.seconds,
                  static_cast<long long>(cur_step_), f.text.c_str());
     std::fflush(stderr);
     std::this_thread::sleep_for(std::chrono::duration<double>(f.seconds));

@@ -530,7 +530,7 @@ void Trainer::step(std::int64_t s) {
       trace::ShardRow row;
       row.step = s;
       row.shard = k;
-      row.rank = comm_.rank;
+      row.rank = self();
       row.host = comm_.host;
       row.device = "cpu";
       row.loss = leaf[P_];
@@ -882,8 +882,9 @@ Status train(const TrainConfig& cfg, const Comm& world) {
 
 // ---- replay (culprit/engine.h) ----
 
-void Trainer::begin_replay(std::int64_t done) {
+void Trainer::begin_replay(std::int64_t done, int device_rank) {
   replaying_ = true;
+  device_rank_ = device_rank;
   capture_ = true;
   done_ = done;
   info_.hosts.assign(comm_.size, comm_.host);
@@ -943,7 +944,7 @@ void Trainer::replay_shard(int k, int round, ShardResult* out) {
   round_ = 0;
   out->step = s;
   out->shard = k;
-  out->rank = comm_.rank;
+  out->rank = self();
   out->loss = leaf[P_];
   out->grad_fp = fingerprint_bytes(leaf.data(), static_cast<std::size_t>(P_) * sizeof(float));
   out->input_fp = input_fp_;
@@ -957,7 +958,18 @@ namespace {
 
 class EngineImpl : public Engine {
  public:
-  Status init(const TrainConfig& cfg, const Comm& comm, const std::string& path, bool layer_trace) {
+  ~EngineImpl() override {
+    trainer_.reset();
+    if (layout_.comm != MPI_COMM_NULL && layout_.comm != comm_.comm) MPI_Comm_free(&layout_.comm);
+  }
+  Status init(const TrainConfig& cfg, const Comm& comm, const std::string& path, bool layer_trace, int rotate) {
+    comm_ = comm;
+    layout_ = comm;
+    const int W = comm.size, rot = ((rotate % W) + W) % W;
+    if (rot != 0) {
+      layout_.rank = (comm.rank - rot + W) % W;
+      CULPRIT_MPI_CHECK(MPI_Comm_split(comm.comm, 0, layout_.rank, &layout_.comm));
+    }
     cfg_ = cfg;
     cfg_.detect_nonfinite = false;
     cfg_.comm_check = false;
@@ -979,14 +991,13 @@ class EngineImpl : public Engine {
     setup_determinism(cfg_.threads);
     CULPRIT_RETURN_IF_ERROR(agree(comm, load_dataset(cfg_, &data_)));
     CULPRIT_RETURN_IF_ERROR(agree(comm, guarded("model " + cfg_.model, [&] { return make_model(cfg_, data_, &model_); })));
-    trainer_ = std::make_unique<Trainer>(cfg_, comm, data_, *model_);
+    trainer_ = std::make_unique<Trainer>(cfg_, layout_, data_, *model_);
     CULPRIT_RETURN_IF_ERROR(agree(comm, guarded("setup", [&] { return trainer_->init(); })));
     ckpt::Checkpoint c;
     CULPRIT_RETURN_IF_ERROR(agree(comm, ckpt::read(path, &c, /*verify=*/true)));
     CULPRIT_RETURN_IF_ERROR(agree(comm, check_compatible(cfg_, data_, c, path)));
     CULPRIT_RETURN_IF_ERROR(agree(comm, guarded("restoring " + path, [&] { return trainer_->restore(c); })));
-    trainer_->begin_replay(c.step);
-    comm_ = comm;
+    trainer_->begin_replay(c.step, comm.rank);
     return Status::OK();
   }
   std::int64_t step() const override { return trainer_->replayed(); }
@@ -1020,6 +1031,7 @@ class EngineImpl : public Engine {
  private:
   TrainConfig cfg_;
   Comm comm_;
+  Comm layout_;  // comm_ re-ordered by `rotate`: the trainer's micro-shard layout and reduction
   Dataset data_;
   std::unique_ptr<Model> model_;
   std::unique_ptr<Trainer> trainer_;
@@ -1029,12 +1041,22 @@ class EngineImpl : public Engine {
 }  // namespace
 
 Status Engine::open(const TrainConfig& cfg, const Comm& comm, const std::string& checkpoint, bool layer_trace,
-                    std::unique_ptr<Engine>* out) {
+                    std::unique_ptr<Engine>* out, int rotate) {
   CULPRIT_RETURN_IF_ERROR(agree(comm, validate(cfg, comm.size)));
   auto e = std::make_unique<EngineImpl>();
-  CULPRIT_RETURN_IF_ERROR(e->init(cfg, comm, checkpoint, layer_trace));
+  CULPRIT_RETURN_IF_ERROR(e->init(cfg, comm, checkpoint, layer_trace, rotate));
   *out = std::move(e);
   return Status::OK();
+}
+
+int Engine::replay_rank(int k, int micro_shards, int world, int rotate) {
+  int owner = world - 1;
+  for (int r = 0; r < world; ++r)
+    if (shard_range(r, world, micro_shards).hi > k) {
+      owner = r;
+      break;
+    }
+  return (owner + ((rotate % world) + world) % world) % world;
 }
 
 }  // namespace culprit::harness

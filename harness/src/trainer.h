@@ -41,7 +41,9 @@ class Trainer {
   Status restore(const ckpt::Checkpoint& c);
   Status run(std::int64_t start_step, const std::string& resumed_from);
   // Replay (culprit/engine.h): no trace, metrics or checkpoints; faults fire as in a replay.
-  void begin_replay(std::int64_t done);
+  // device_rank: the rank whose device this process is (its faults, the rank in its results) when
+  // `comm` is a re-ordered layout of the ranks; -1: comm's own rank.
+  void begin_replay(std::int64_t done, int device_rank = -1);
   void replay_step(StepResult* out);
   void replay_shard(int k, int round, ShardResult* out);
   std::int64_t replayed() const { return done_; }
@@ -117,6 +119,8 @@ class Trainer {
   int first_shard_ = 0;
   int bad_shard_ = -1;  // first micro-shard of this step with a non-finite loss or gradient
   int attempt_ = 0;     // see compute_shard
+  int device_rank_ = -1;  // begin_replay's; see self()
+  int self() const { return device_rank_ < 0 ? comm_.rank : device_rank_; }
   bool replaying_ = false, capture_ = false;  // replay: faults as replays; keep every micro-shard row
   int round_ = 0;        // the replay's rerun of a micro-shard (intermittent faults draw anew)
   std::int64_t done_ = 0;  // replay: steps completed

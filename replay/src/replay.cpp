@@ -301,15 +301,27 @@ Status audit(const std::string& run_dir, const Comm& comm) {
   CULPRIT_RETURN_IF_ERROR(agree(comm, harness::load_run_config(run_dir, &cfg)));
   Recorded rec;
   CULPRIT_RETURN_IF_ERROR(agree(comm, load_trace(run_dir, &rec)));
-  // The valid checkpoints, in order; every consecutive pair is an interval.
-  std::vector<std::pair<std::int64_t, std::string>> ckpts;
-  std::vector<std::string> damaged;
-  for (const auto& [step, path] : ckpt::list(run_dir)) {
+  const auto t0 = MPI_Wtime();
+  // The valid checkpoints, in order; every consecutive pair is an interval. Each rank verifies
+  // every W-th checkpoint; the ranks then agree on which are valid.
+  const auto all = ckpt::list(run_dir);
+  std::vector<int> valid(all.size(), 1);
+  std::vector<std::string> my_damaged;
+  for (std::size_t j = 0; j < all.size(); ++j) {
+    if (static_cast<int>(j % comm.size) != comm.rank) continue;
     ckpt::Checkpoint c;
-    Status st = ckpt::read(path, &c, /*verify=*/true);
-    if (st.ok()) ckpts.push_back({step, path});
-    else damaged.push_back(st.message());
+    Status st = ckpt::read(all[j].second, &c, /*verify=*/true);
+    if (!st.ok()) {
+      valid[j] = 0;
+      my_damaged.push_back(st.message());
+    }
   }
+  CULPRIT_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, valid.data(), static_cast<int>(valid.size()), MPI_INT, MPI_MIN,
+                                  comm.comm));
+  const std::vector<std::string> damaged = gather_lines(comm, my_damaged);
+  std::vector<std::pair<std::int64_t, std::string>> ckpts;
+  for (std::size_t j = 0; j < all.size(); ++j)
+    if (valid[j]) ckpts.push_back(all[j]);
   if (ckpts.size() < 2)
     return agree(comm, Status::Error("'" + run_dir + "' holds " + std::to_string(ckpts.size()) +
                                      " valid checkpoint(s): an audit needs two (an interval)"));
@@ -319,7 +331,6 @@ Status audit(const std::string& run_dir, const Comm& comm) {
   Comm solo{solo_comm, 0, 1, comm.host};
   std::vector<std::string> mine;
   Status failure;
-  const auto t0 = MPI_Wtime();
   for (std::size_t i = 0; i + 1 < ckpts.size() && failure.ok(); ++i) {
     if (static_cast<int>(i % comm.size) != comm.rank) continue;
     const std::int64_t from = ckpts[i].first, to = ckpts[i + 1].first;
@@ -351,9 +362,9 @@ Status audit(const std::string& run_dir, const Comm& comm) {
     }
     if (!failure.ok()) break;
     if (verdict.empty()) {
-      // The interval must end in the next checkpoint's state.
+      // The interval must end in the next checkpoint's state (verified above).
       ckpt::Checkpoint c;
-      failure = ckpt::read(ckpts[i + 1].second, &c, true);
+      failure = ckpt::read(ckpts[i + 1].second, &c, /*verify=*/false);
       if (!failure.ok()) break;
       for (std::size_t p = 0; p < params.size() && p < sr.param_fps.size(); ++p)
         for (const auto& t : c.model)

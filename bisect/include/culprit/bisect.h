@@ -27,6 +27,7 @@ struct Diagnosis {
   std::vector<std::string> evidence;
   std::int64_t steps_replayed = 0;
   double seconds = 0;
+  double startup_seconds = 0;  // of `seconds`: reading the run and opening the replay engine
 };
 
 // Collective (any world size). Writes RUN/diagnosis.json on rank 0 and prints a summary there.
