@@ -348,6 +348,7 @@ Status run(const Options& opt, const Comm& comm, Diagnosis* d) {
   std::int64_t s = -1;
   int bad_shard = -1;          // the first differing micro-shard of the faulty step
   std::string update_diff;     // or the update's difference
+  std::string update_param;    // and its first differing parameter
   int blamed = -1;             // the blamed rank
   std::string phase, where;    // --inject's phase and layer
   ShardResult reference;       // the faulty computation as recorded (kRerun compares with it)
@@ -391,16 +392,18 @@ Status run(const Options& opt, const Comm& comm, Diagnosis* d) {
         CULPRIT_MPI_CHECK(MPI_Allreduce(&first_bad, &fb, 1, MPI_INT, MPI_MIN, comm.comm));
         ++d->steps_replayed;
         // The update against every rank's record of it.
-        std::string diff;
+        std::string diff, diff_param;
         for (int r : rec.ranks) {
           auto it = rec.steps.find({r, t});
           if (it == rec.steps.end()) continue;
           if (it->second.grad_fp != sr.grad_fp && diff.empty()) diff = "reduced gradient";
           for (std::size_t i = 0; i < params.size() && i < it->second.param_fps.size(); ++i)
             if (it->second.param_fps[i] != sr.param_fps[i]) {
-              if (diff.empty() || diff == "reduced gradient")
+              if (diff.empty() || diff == "reduced gradient") {
                 diff = (diff.empty() ? "" : "reduced gradient, ") + std::string("parameter ") + params[i] +
                        " of rank " + std::to_string(r);
+                diff_param = params[i];
+              }
               break;
             }
         }
@@ -413,6 +416,7 @@ Status run(const Options& opt, const Comm& comm, Diagnosis* d) {
           s = t;
           bad_shard = fb < M ? fb : -1;
           update_diff = diff;
+          update_param = diff_param;
           ev.step_found = true;
           note("step " + std::to_string(t) + " does not reproduce: " +
                (fb < M ? "micro-shard " + std::to_string(fb) + " differs" : "its update differs (" + diff + ")"));
@@ -466,10 +470,26 @@ Status run(const Options& opt, const Comm& comm, Diagnosis* d) {
           blamed = orig;
           note("micro-shard " + std::to_string(bad_shard) + ": every replay agrees with the others and not with the "
                "record of rank " + std::to_string(orig));
+        } else if (W == 2 && groups.size() == 2 && orig < W && same_result(all[orig], reference) &&
+                   !(incident && rec.first.step == s && rec.first.rank >= 0 && rec.first.rank < W)) {
+          // Two ranks, each reproducing its own result: the recording rank its record, the other
+          // something else. Either the recording rank is persistently faulty or the other one is;
+          // two opinions cannot tell which (an online incident naming a rank would).
+          ev.ambiguous_pair = true;
+          const int other = 1 - orig;
+          auto [ph, lay] = first_difference(all[orig], all[other], layers, params);
+          phase = ph.empty() ? "grad" : ph;
+          where = lay;
+          ev.input_differs = phase == "data";
+          note("micro-shard " + std::to_string(bad_shard) + ": rank " + std::to_string(orig) +
+               " reproduces its record, rank " + std::to_string(other) + " computes it differently (" + phase +
+               (where.empty() ? "" : " of " + where) + "): a persistent fault on one of ranks 0 and 1; bisect "
+               "with 3 or more ranks to tell which");
         } else if (groups.size() == 2 && (groups[major].size() >= 2 || W == 2)) {
-          // One rank (or, with two, the recording one) is the odd one out.
+          // One rank is the odd one out (with two: the recording one, or the one an incident named).
           const auto& odd = groups[1 - major];
-          const int x = W == 2 ? orig : odd[0];
+          const bool named = incident && rec.first.step == s && rec.first.rank >= 0 && rec.first.rank < W;
+          const int x = W == 2 ? (named ? rec.first.rank : orig) : odd[0];
           const bool x_is_record = same_result(all[x], reference);
           if (odd.size() == 1 || W == 2) {
             blamed = x;
@@ -498,7 +518,9 @@ Status run(const Options& opt, const Comm& comm, Diagnosis* d) {
         int odd_rank = -1;
         std::string first_param;
         // Ranks whose recorded parameters after the step differ from the replayed update.
+        // In the original layout: a faulty link is exercised as in the run (same world size).
         StepResult sr;
+        CULPRIT_RETURN_IF_ERROR(agree(comm, engine->set_rotation(0)));
         CULPRIT_RETURN_IF_ERROR(agree(comm, engine->mark()));
         CULPRIT_RETURN_IF_ERROR(engine->run_step(&sr));
         std::vector<int> differ;
@@ -512,10 +534,17 @@ Status run(const Options& opt, const Comm& comm, Diagnosis* d) {
               break;
             }
         }
-        const bool reduced = rec.steps.count({rec.ranks[0], s}) && rec.steps.at({rec.ranks[0], s}).grad_fp != sr.grad_fp;
+        // A reduction fault: the replay's comm check sees a message change on its way (the link's fault
+        // reappeared), or the reduced gradient differs from the record.
+        const bool comm_now = !sr.comm_faults.empty();
+        const bool reduced = comm_now || (rec.steps.count({rec.ranks[0], s}) &&
+                                          rec.steps.at({rec.ranks[0], s}).grad_fp != sr.grad_fp);
         if (reduced) {
+          // The replay's own comm check names a sender whose fault reappeared; otherwise the
+          // online comm check's incident does.
           phase = "comm";
-          odd_rank = rec.first.step == s && rec.first.detector == "comm" ? rec.first.rank : -1;
+          odd_rank = comm_now ? sr.comm_faults[0].first
+                     : rec.first.step == s && rec.first.detector == "comm" ? rec.first.rank : -1;
         } else if (differ.size() == 1) {
           const bool opt_state = incident && rec.first.message.find("(optimizer state)") != std::string::npos &&
                                  rec.first.rank == differ[0];
@@ -526,7 +555,7 @@ Status run(const Options& opt, const Comm& comm, Diagnosis* d) {
           odd_rank = rec.first.rank;
           phase = "param";
         }
-        where = module_of(first_param);
+        where = module_of(first_param.empty() ? update_param : first_param);
         // A persistent fault at rest reappears on its rank in the replayed update.
         std::vector<std::uint64_t> mine(sr.param_fps.begin(), sr.param_fps.end()), all(mine.size() * W);
         CULPRIT_MPI_CHECK(MPI_Allgather(mine.data(), static_cast<int>(mine.size()), MPI_UINT64_T, all.data(),
@@ -534,6 +563,7 @@ Status run(const Options& opt, const Comm& comm, Diagnosis* d) {
         int odd_now = 0;
         for (int r = 1; r < W; ++r)
           if (!std::equal(all.begin() + r * mine.size(), all.begin() + (r + 1) * mine.size(), all.begin())) odd_now = 1;
+        if (reduced) odd_now = comm_now;
         ev.update_reproduced = odd_now != 0;
         d->reruns = 1;
         d->reproduced = odd_now;

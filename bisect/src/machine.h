@@ -35,6 +35,8 @@ struct Evidence {
   bool healthy_disagree = false;      // replays on healthy ranks disagree among themselves
   bool rerunnable = false;            // the blamed computation is a micro-shard (else: the update)
   bool update_reproduced = false;     // the update's fault reappeared on its rank in the replay
+  bool ambiguous_pair = false;        // two ranks, each reproducing its own result: one of them is
+                                      // faulty, and two opinions cannot tell which
   // kRerun
   int reproduced = 0;                 // reruns that reproduced the recorded (faulty) result
 };

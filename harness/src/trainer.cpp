@@ -554,7 +554,7 @@ void Trainer::step(std::int64_t s) {
     sf.apply = [](const void* ctx, float v) { return corrupt_value(*static_cast<const FaultSpec*>(ctx), v); };
     send_fault = &sf;
   }
-  cc_.enabled = cfg_.comm_check;
+  cc_.enabled = cfg_.comm_check || replaying_;  // a replay reports its comm faults (StepResult)
   tree_allreduce(comm_, static_cast<int>(M), *acc_, reduced_.data(), &tree_ws_, send_fault, &cc_);
 
   // The reduced gradient becomes every parameter's gradient; the optimizer steps.
@@ -930,6 +930,28 @@ void Trainer::replay_step(StepResult* out) {
   out->shards.clear();
   for (const auto& r : shard_rows_) out->shards.push_back(to_result(r));
   shard_rows_.clear();
+  // Every rank's message fingerprints, for the reduction's comm faults (ranks as the caller knows them).
+  out->comm_faults.clear();
+  const int W = comm_.size;
+  if (W > 1) {
+    std::vector<Fingerprint> mine;
+    mine.insert(mine.end(), cc_.sent.begin(), cc_.sent.end());
+    mine.insert(mine.end(), cc_.received.begin(), cc_.received.end());
+    mine.insert(mine.end(), cc_.chunks.begin(), cc_.chunks.end());
+    const int n = static_cast<int>(mine.size());
+    std::vector<Fingerprint> all(mine.size() * W);
+    CULPRIT_MPI_CHECK(MPI_Allgather(mine.data(), n, MPI_UINT64_T, all.data(), n, MPI_UINT64_T, comm_.comm));
+    std::vector<CommCheck> per_rank(W);
+    for (int r = 0; r < W; ++r)
+      for (int j = 0; j < W; ++j) {
+        per_rank[r].sent.push_back(all[r * n + j]);
+        per_rank[r].received.push_back(all[r * n + W + j]);
+        per_rank[r].chunks.push_back(all[r * n + 2 * W + j]);
+      }
+    const int rot = (self() - comm_.rank + W) % W;  // layout rank -> the process's own rank
+    for (const auto& [from, to] : comm_mismatches(per_rank))
+      out->comm_faults.push_back({(from + rot) % W, (to + rot) % W});
+  }
 }
 
 void Trainer::replay_shard(int k, int round, ShardResult* out) {
@@ -965,11 +987,7 @@ class EngineImpl : public Engine {
   Status init(const TrainConfig& cfg, const Comm& comm, const std::string& path, bool layer_trace, int rotate) {
     comm_ = comm;
     layout_ = comm;
-    const int W = comm.size, rot = ((rotate % W) + W) % W;
-    if (rot != 0) {
-      layout_.rank = (comm.rank - rot + W) % W;
-      CULPRIT_MPI_CHECK(MPI_Comm_split(comm.comm, 0, layout_.rank, &layout_.comm));
-    }
+    set_layout(rotate);
     cfg_ = cfg;
     cfg_.detect_nonfinite = false;
     cfg_.comm_check = false;
@@ -1016,6 +1034,10 @@ class EngineImpl : public Engine {
       return Status::OK();
     });
   }
+  Status set_rotation(int rotate) override {
+    set_layout(rotate);  // the trainer holds a reference to layout_: it sees the new one
+    return Status::OK();
+  }
   Status mark() override {
     return guarded("keeping the state", [&] {
       trainer_->mark(&marked_);
@@ -1029,6 +1051,15 @@ class EngineImpl : public Engine {
   std::vector<std::string> layers() const override { return trainer_->layer_names(); }
 
  private:
+  void set_layout(int rotate) {
+    if (layout_.comm != MPI_COMM_NULL && layout_.comm != comm_.comm) MPI_Comm_free(&layout_.comm);
+    layout_ = comm_;
+    const int W = comm_.size, rot = ((rotate % W) + W) % W;
+    if (rot != 0) {
+      layout_.rank = (comm_.rank - rot + W) % W;
+      CULPRIT_MPI_CHECK(MPI_Comm_split(comm_.comm, 0, layout_.rank, &layout_.comm));
+    }
+  }
   TrainConfig cfg_;
   Comm comm_;
   Comm layout_;  // comm_ re-ordered by `rotate`: the trainer's micro-shard layout and reduction

@@ -44,6 +44,34 @@ CASES = [
      "hardware-persistent", 3, "forward", "conv2", 0),
     ("gpt", 4, 2, "step=4,rank=3,layer=blocks.0.mlp.fc,index=5,phase=forward,kind=bitflip,bit=22",
      "hardware-transient", 4, "forward", "blocks.0.mlp.fc", 3),
+    # The other phase x mode cells, on other models, ranks, layers and steps.
+    ("mlp", 3, 3, "step=5,rank=0,layer=fc1,index=3,phase=grad,kind=bitflip,bit=22,mode=persistent",
+     "hardware-persistent", 5, "grad", "fc1", 0),
+    ("mlp", 4, 3, "step=6,rank=3,layer=fc2,index=2,phase=backward,kind=bitflip,bit=22",
+     "hardware-transient", 6, "backward", "fc2", 3),
+    ("mlp", 3, 3, "step=5,rank=2,layer=fc1,index=2,phase=optimizer,kind=bitflip,bit=22,mode=persistent",
+     "hardware-persistent", 5, "optimizer", "fc1", 2),
+    ("mlp", 3, 3, "step=4,rank=1,layer=fc1,index=3,phase=comm,kind=bitflip,bit=30,mode=persistent",
+     "hardware-persistent", 4, "comm", "fc1", 1),
+    # A silent link fault (no online comm check): the replay's own comm check names the sender.
+    ("mlp", 3, 3, "step=4,rank=2,layer=fc2,index=1,phase=comm,kind=bitflip,bit=30,mode=persistent --comm-check false",
+     "hardware-persistent", 4, "comm", "fc2", 2),
+    ("cnn", 3, 2, "step=5,rank=1,layer=conv1,index=5,phase=grad,kind=scale,factor=3",
+     "hardware-transient", 5, "grad", "conv1", 1),
+    ("cnn", 4, 2, "step=3,rank=2,index=7,phase=data,kind=bitflip,bit=22", "data", 3, "data", "", 2),
+    ("cnn", 3, 3, "step=4,rank=2,layer=conv2,index=2,phase=comm,kind=bitflip,bit=30",
+     "hardware-transient", 4, "comm", "conv2", 2),
+    ("gpt", 3, 3, "step=5,rank=2,layer=blocks.0.mlp.fc,index=2,phase=grad,kind=bitflip,bit=22,mode=persistent",
+     "hardware-persistent", 5, "grad", "blocks.0.mlp.fc", 2),
+    ("gpt", 2, 3, "step=4,rank=0,layer=blocks.0.mlp.fc,index=4,phase=param,kind=bitflip,bit=22",
+     "hardware-transient", 4, "param", "blocks.0.mlp.fc", 0),
+    ("gpt", 4, 4, "step=6,rank=1,layer=blocks.0.mlp.fc,index=1,phase=optimizer,kind=bitflip,bit=22",
+     "hardware-transient", 6, "optimizer", "blocks.0.mlp.fc", 1),
+    # Bisecting a persistent fault on two ranks: each reproduces its own result, and two opinions
+    # cannot tell which is faulty: the verdict, step, phase and layer, and no rank (rank -1).
+    ("mlp", 2, 2, "step=4,rank=1,index=4,phase=data,kind=bitflip,bit=22,mode=persistent", "data", 4, "data", "", -1),
+    ("cnn", 2, 2, "step=4,rank=1,layer=fc,index=1,phase=backward,kind=bitflip,bit=22,mode=persistent",
+     "hardware-persistent", 4, "backward", "fc", -1),
 ]
 
 
@@ -94,15 +122,18 @@ class Bisect(TempDirTest):
     def test_injected_faults_are_named_exactly(self):
         for i, (model, wt, wb, spec, verdict, step, phase, layer, rank) in enumerate(CASES):
             with self.subTest(model=model, spec=spec, bisect_world=wb):
-                d = self.trained("case%d" % i, model, wt, ["--inject", spec])
+                inject, *extra = spec.split(" ", 1)
+                d = self.trained("case%d" % i, model, wt, ["--inject", inject] + (extra[0].split() if extra else []))
                 got = self.bisect(d, wb, verdict)
                 self.assertEqual((got["verdict"], got["step"], got["phase"], got["layer"], got["rank"]),
                                  (verdict, step, phase, layer, rank), got)
-                self.assertTrue(got["host"], got)
-                self.assertEqual(got["device"], "cpu")
+                self.assertEqual(bool(got["host"]), rank >= 0, got)
+                self.assertEqual(got["device"], "cpu" if rank >= 0 else "")
                 self.assertTrue(got["evidence"], got)
                 self.assertGreaterEqual(got["steps_replayed"], 1)
-                if verdict == "hardware-persistent" and phase not in ("param", "optimizer", "comm"):
+                if rank < 0:
+                    self.assertTrue(any("3 or more ranks" in e for e in got["evidence"]), got)
+                elif verdict == "hardware-persistent" and phase not in ("param", "optimizer", "comm"):
                     self.assertEqual((got["reruns"], got["reproduced"]), (8, 8), got)
                 if verdict == "hardware-transient" and rank < wb and phase in ("forward", "backward", "grad"):
                     self.assertEqual((got["reruns"], got["reproduced"]), (8, 0), got)

@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "culprit/fingerprint.h"
@@ -36,6 +37,9 @@ struct StepResult {
   Fingerprint grad_fp = 0;              // the reduced gradient
   std::vector<Fingerprint> param_fps;   // every parameter after the update
   std::vector<ShardResult> shards;      // the micro-shards this rank computed
+  // Reduction messages that arrived unlike they were sent in this replayed step (sender, receiver),
+  // as ranks of the engine's communicator; the same on every rank.
+  std::vector<std::pair<int, int>> comm_faults;
 };
 
 class Engine {
@@ -58,6 +62,10 @@ class Engine {
   // Local: micro-shard k of the next step computed on this rank; nothing is updated. `round` makes
   // an intermittent fault draw anew on each rerun.
   virtual Status compute_shard(int k, int round, ShardResult* out) = 0;
+  // Collective: the layout of the following run_steps (see open's `rotate`). With rotate 0 every rank
+  // sends the reduction's messages the original run's rank of that number sent (same world size): a
+  // faulty link reappears there.
+  virtual Status set_rotation(int rotate) = 0;
   // Keeps the current state in memory; rewind() returns to it (local, no I/O).
   virtual Status mark() = 0;
   virtual Status rewind() = 0;
