@@ -410,6 +410,14 @@ Status run(const Options& opt, const Comm& comm, Diagnosis* d) {
         rows.back() = !diff.empty();
         CULPRIT_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, rows.data(), static_cast<int>(rows.size()), MPI_INT, MPI_MAX,
                                         comm.comm));
+        // A rank's own replayed update can differ from the others' (a fault at rest reappearing
+        // there): every rank takes the lowest differing rank's account, so all decide alike.
+        if (rows.back()) {
+          int from = diff.empty() ? W : comm.rank;
+          CULPRIT_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &from, 1, MPI_INT, MPI_MIN, comm.comm));
+          diff = broadcast_string(comm, diff, from);
+          diff_param = broadcast_string(comm, diff_param, from);
+        }
         map_steps.push_back(t);
         map_cells.push_back(rows);
         if (fb < M || !diff.empty()) {
@@ -523,12 +531,32 @@ Status run(const Options& opt, const Comm& comm, Diagnosis* d) {
         CULPRIT_RETURN_IF_ERROR(agree(comm, engine->set_rotation(0)));
         CULPRIT_RETURN_IF_ERROR(agree(comm, engine->mark()));
         CULPRIT_RETURN_IF_ERROR(engine->run_step(&sr));
+        // Every rank's replayed parameters: a fault at rest may reappear on its own rank, so the
+        // healthy update is the one most ranks replayed (with a tie, the lowest rank's that no
+        // incident at this step names). Every rank decides from the same data.
+        const std::size_t np = sr.param_fps.size();
+        std::vector<std::uint64_t> mine(sr.param_fps.begin(), sr.param_fps.end()), all(np * W);
+        CULPRIT_MPI_CHECK(MPI_Allgather(mine.data(), static_cast<int>(np), MPI_UINT64_T, all.data(),
+                                        static_cast<int>(np), MPI_UINT64_T, comm.comm));
+        auto replay_of = [&](int r) { return all.begin() + static_cast<std::ptrdiff_t>(r * np); };
+        auto same_replay = [&](int a, int b) { return std::equal(replay_of(a), replay_of(a) + np, replay_of(b)); };
+        const int suspect = incident && rec.first.step >= s - 1 && rec.first.rank >= 0 ? rec.first.rank : -1;
+        int good = -1, good_votes = 0;
+        for (int r = 0; r < W; ++r) {
+          int votes = 0;
+          for (int q = 0; q < W; ++q) votes += same_replay(r, q);
+          if (votes > good_votes || (votes == good_votes && good == suspect)) good = r, good_votes = votes;
+        }
+        const std::vector<std::uint64_t> healthy(replay_of(good), replay_of(good) + np);
+        int odd_now = 0;
+        for (int r = 0; r < W; ++r) odd_now |= !same_replay(r, good);
+        // Ranks whose recorded parameters after the step differ from the healthy replayed update.
         std::vector<int> differ;
         for (int r : rec.ranks) {
           auto it = rec.steps.find({r, s});
           if (it == rec.steps.end()) continue;
-          for (std::size_t i = 0; i < params.size() && i < it->second.param_fps.size(); ++i)
-            if (it->second.param_fps[i] != sr.param_fps[i]) {
+          for (std::size_t i = 0; i < params.size() && i < it->second.param_fps.size() && i < np; ++i)
+            if (it->second.param_fps[i] != healthy[i]) {
               differ.push_back(r);
               if (first_param.empty()) first_param = params[i];
               break;
@@ -556,13 +584,6 @@ Status run(const Options& opt, const Comm& comm, Diagnosis* d) {
           phase = "param";
         }
         where = module_of(first_param.empty() ? update_param : first_param);
-        // A persistent fault at rest reappears on its rank in the replayed update.
-        std::vector<std::uint64_t> mine(sr.param_fps.begin(), sr.param_fps.end()), all(mine.size() * W);
-        CULPRIT_MPI_CHECK(MPI_Allgather(mine.data(), static_cast<int>(mine.size()), MPI_UINT64_T, all.data(),
-                                        static_cast<int>(mine.size()), MPI_UINT64_T, comm.comm));
-        int odd_now = 0;
-        for (int r = 1; r < W; ++r)
-          if (!std::equal(all.begin() + r * mine.size(), all.begin() + (r + 1) * mine.size(), all.begin())) odd_now = 1;
         if (reduced) odd_now = comm_now;
         ev.update_reproduced = odd_now != 0;
         d->reruns = 1;

@@ -167,6 +167,30 @@ class Bisect(TempDirTest):
         self.assertGreater(got["reproduced"], 0, got)  # 12 draws at p = 0.6: all missing has p 1.7e-5
         self.assertLess(got["reproduced"], 12, got)     # all hitting has p 2.2e-3
 
+    def test_intermittent_faults_in_every_other_phase(self):
+        # (model, spec, phase, layer, rank): the first step the fault hit is at or after step=.
+        cases = [
+            ("gpt", "step=4,rank=1,layer=blocks.0.attn.proj,index=2,phase=backward,kind=scale,factor=2",
+             "backward", "blocks.0.attn.proj", 1),
+            ("cnn", "step=4,rank=2,layer=conv1,index=2,phase=grad,kind=scale,factor=2", "grad", "conv1", 2),
+            ("mlp", "step=4,rank=2,layer=fc1,index=2,phase=param,kind=scale,factor=2", "param", "fc1", 2),
+            ("mlp", "step=4,rank=1,layer=fc1,index=2,phase=comm,kind=bitflip,bit=30", "comm", "fc1", 1),
+            ("mlp", "step=4,rank=1,index=2,phase=data,kind=bitflip,bit=22", "data", "", 1),
+            ("mlp", "step=4,rank=0,layer=fc2,index=2,phase=optimizer,kind=bitflip,bit=22", "optimizer", "fc2", 0),
+        ]
+        for i, (model, spec, phase, layer, rank) in enumerate(cases):
+            with self.subTest(spec=spec):
+                d = self.trained("intermittent%d" % i, model, 3, ["--inject", spec + ",mode=intermittent,p=0.6"])
+                res = run(["bisect", "--run-dir", d, "--reruns", "12"], world=3, use_mpirun=True)
+                got = diagnosis(d)
+                verdicts = ("data",) if phase == "data" else ("hardware-persistent", "hardware-transient")
+                self.assertIn(got["verdict"], verdicts, res.out + res.err)
+                self.assertEqual((got["phase"], got["layer"], got["rank"]), (phase, layer, rank), got)
+                self.assertIn(got["step"], (4, 5, 6), got)
+                if phase in ("forward", "backward", "grad"):
+                    self.assertEqual(got["reruns"], 12, got)
+                    self.assertGreater(got["reproduced"], 0, got)
+
     def test_clean_run_noise_and_instability(self):
         got = self.bisect(self.trained("clean", "mlp", 3, []), 2, "none")
         self.assertEqual((got["step"], got["rank"]), (-1, -1), got)
