@@ -59,6 +59,7 @@ CASES = [
     ("cnn", 3, 2, "step=5,rank=1,layer=conv1,index=5,phase=grad,kind=scale,factor=3",
      "hardware-transient", 5, "grad", "conv1", 1),
     ("cnn", 4, 2, "step=3,rank=2,index=7,phase=data,kind=bitflip,bit=22", "data", 3, "data", "", 2),
+    ("cnn", 3, 3, "step=5,rank=1,index=3,phase=data,kind=bitflip,bit=22,mode=persistent", "data", 5, "data", "", 1),
     ("cnn", 3, 3, "step=4,rank=2,layer=conv2,index=2,phase=comm,kind=bitflip,bit=30",
      "hardware-transient", 4, "comm", "conv2", 2),
     ("gpt", 3, 3, "step=5,rank=2,layer=blocks.0.mlp.fc,index=2,phase=grad,kind=bitflip,bit=22,mode=persistent",
