@@ -17,6 +17,7 @@
 #include "culprit/harness.h"
 #include "culprit/mpi_util.h"
 #include "culprit/replay.h"
+#include "culprit/screen.h"
 
 namespace {
 
@@ -31,7 +32,9 @@ const char* kUsage =
     "  diff     compare two checkpoints tensor by tensor\n"
     "  replay   re-execute a recorded step on chosen ranks and compare every fingerprint with the trace\n"
     "  bisect   name the faulty step, layer, phase and rank of a run, with a verdict\n"
-    "  audit    --compare A B: the first step and tensor where two runs meant to be identical differ\n"
+    "  audit    replay every checkpoint interval (--run-dir, --share, --merge); --compare A B: where two\n"
+    "           runs meant to be identical differ\n"
+    "  screen   known-answer test of every rank's device; prints verdicts and a ready --exclude list\n"
     "\n"
     "'culprit <command> --help' lists a command's options. Every option can also come from an INI\n"
     "file given with --config FILE (key = value, the option's name without dashes; the command line\n"
@@ -160,9 +163,14 @@ int run_bisect(const std::vector<std::string>& args) {
 }
 
 const char* kAuditHelp =
-    "mpirun -np W culprit audit --run-dir RUN   replay every checkpoint interval (spread over the ranks)\n"
-    "                                      against the trace and the next checkpoint; exit 0 all reproduce,\n"
-    "                                      5 some do not (the first one named)\n"
+    "mpirun -np W culprit audit --run-dir RUN [--share I/N]\n"
+    "                                      replay every checkpoint interval (spread over the ranks)\n"
+    "                                      against the trace and the next checkpoint; writes RUN/audit.json;\n"
+    "                                      exit 0 all reproduce, 5 some do not (the first one named).\n"
+    "                                      --share I/N: only intervals i with i mod N == I (a job array's\n"
+    "                                      task I), written to RUN/audit/part-IIII-of-NNNN.json\n"
+    "culprit audit --merge RUN             one report from every share's part: RUN/audit.json; exit 0, 5,\n"
+    "                                      or 2 when a share is missing or the parts disagree\n"
     "culprit audit --compare RUN_A RUN_B   where two runs meant to be identical part ways: a binary search\n"
     "                                      over their common checkpoints, then their traces; exit 0 equal,\n"
     "                                      5 different (first differing step and tensor printed)\n";
@@ -172,9 +180,19 @@ int run_audit(const std::vector<std::string>& args) {
     std::printf("%s", kAuditHelp);
     return culprit::kExitOk;
   }
-  if (args.size() == 2 && args[0] == "--run-dir") {
+  if (!args.empty() && args[0] == "--run-dir" && (args.size() == 2 || (args.size() == 4 && args[2] == "--share"))) {
+    culprit::replay::AuditOptions opt;
+    culprit::Status parsed;
+    if (args.size() == 4) {
+      int i = -1, n = -1, used = 0;
+      if (std::sscanf(args[3].c_str(), "%d/%d%n", &i, &n, &used) != 2 || used != static_cast<int>(args[3].size()) ||
+          n < 1 || i < 0 || i >= n)
+        parsed = culprit::Status::Error("option '--share': '" + args[3] + "' is not I/N with 0 <= I < N");
+      opt.share = i;
+      opt.shares = n;
+    }
     const culprit::Comm comm = start_mpi();
-    culprit::Status st = culprit::replay::audit(args[1], comm);
+    culprit::Status st = parsed.ok() ? culprit::replay::audit(args[1], comm, opt) : parsed;
     int code = culprit::kExitOk;
     if (!st.ok()) {
       if (comm.rank == 0) error_line(st.message());
@@ -183,8 +201,13 @@ int run_audit(const std::vector<std::string>& args) {
     MPI_Finalize();
     return code;
   }
+  if (args.size() == 2 && args[0] == "--merge") {
+    culprit::Status st = culprit::replay::merge_audit(args[1]);
+    if (!st.ok()) error_line(st.message());
+    return st.code();
+  }
   if (args.size() != 3 || args[0] != "--compare") {
-    error_line("audit takes --run-dir RUN or --compare RUN_A RUN_B (see culprit audit --help)");
+    error_line("audit takes --run-dir RUN [--share I/N], --merge RUN or --compare RUN_A RUN_B (see culprit audit --help)");
     return culprit::kExitUsage;
   }
   culprit::h5::init();
@@ -308,6 +331,52 @@ int run_tool(const std::string& cmd, const std::vector<std::string>& args) {
   return code;
 }
 
+po::options_description screen_options(culprit::harness::ScreenOptions* o, bool* help) {
+  po::options_description d("culprit screen options");
+  d.add_options()
+    ("help,h", po::bool_switch(help), "this help")
+    ("seconds", po::value(&o->seconds)->default_value(o->seconds), "repeat the tests for about this long (at least once)")
+    ("size", po::value(&o->size)->default_value(o->size), "matrix size N (N x N float32)")
+    ("device", po::value(&o->device)->default_value(o->device), "the device each rank screens (cpu)")
+    ("threads", po::value(&o->threads)->default_value(o->threads), "intra-op threads per rank")
+    ("report", po::value(&o->report), "write the JSON report here (rank 0)")
+    ("inject", po::value(&o->inject)->composing(), "a fault for testing the screen: layer=matmul|reduce|pointwise, "
+                                                   "step=repetition, rank, kind, mode (as culprit train --inject)");
+  return d;
+}
+
+int run_screen(const std::vector<std::string>& args) {
+  const culprit::Comm comm = start_mpi();
+  culprit::harness::ScreenOptions opt;
+  bool help = false;
+  auto desc = screen_options(&opt, &help);
+  culprit::Status st;
+  try {
+    po::variables_map vm;
+    po::store(po::command_line_parser(args).options(desc).run(), vm);
+    po::notify(vm);
+  } catch (const po::error& e) {
+    st = culprit::Status::Error(e.what());
+  }
+  st = culprit::agree(comm, st);
+  int code = culprit::kExitOk;
+  if (st.ok() && help) {
+    if (comm.rank == 0) {
+      std::ostringstream os;
+      os << desc;
+      std::printf("usage: mpirun -np W culprit screen [options]   (one rank per device)\n\n%s", os.str().c_str());
+    }
+  } else {
+    if (st.ok()) st = culprit::harness::screen(opt, comm);
+    if (!st.ok()) {
+      if (comm.rank == 0) error_line(st.message());
+      code = st.code();
+    }
+  }
+  MPI_Finalize();
+  return code;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -331,7 +400,12 @@ int main(int argc, char** argv) {
     std::ostringstream bs;
     bs << bisect_options(&bo);
     std::printf("culprit bisect (mpirun -np W culprit bisect --run-dir RUN):\n%s\n", bs.str().c_str());
-    std::printf("culprit audit:\n%s", kAuditHelp);
+    std::printf("culprit audit:\n%s\n", kAuditHelp);
+    culprit::harness::ScreenOptions so;
+    bool sh = false;
+    std::ostringstream ss;
+    ss << screen_options(&so, &sh);
+    std::printf("culprit screen (mpirun -np W culprit screen, one rank per device):\n%s", ss.str().c_str());
     return culprit::kExitOk;
   }
   if (cmd == "--version") {
@@ -342,7 +416,8 @@ int main(int argc, char** argv) {
   if (cmd == "replay") return run_replay(args);
   if (cmd == "bisect") return run_bisect(args);
   if (cmd == "audit") return run_audit(args);
+  if (cmd == "screen") return run_screen(args);
   if (cmd == "inspect" || cmd == "verify" || cmd == "diff") return run_tool(cmd, args);
-  error_line("unknown command '" + cmd + "' (valid: train, replay, bisect, audit, inspect, verify, diff; see culprit --help)");
+  error_line("unknown command '" + cmd + "' (valid: train, replay, bisect, audit, screen, inspect, verify, diff; see culprit --help)");
   return culprit::kExitUsage;
 }

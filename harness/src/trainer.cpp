@@ -78,6 +78,8 @@ Status guarded(const std::string& what, Fn&& f) {
   }
 }
 
+}  // namespace
+
 // Deterministic settings; returns the BLAS thread count set (0: no thread control found).
 int setup_determinism(int threads) {
   at::globalContext().setDeterministicAlgorithms(true, /*warn_only=*/false);
@@ -97,6 +99,8 @@ int setup_determinism(int threads) {
   }
   return 0;
 }
+
+namespace {
 
 std::string json_float(float v) {
   if (!std::isfinite(v)) return "null";

@@ -30,6 +30,9 @@ Fingerprint tensor_fingerprint(const at::Tensor& t);
 // The set fingerprint of named tensors; *each (optional) gets every tensor's own fingerprint.
 Fingerprint set_fingerprint(const std::vector<NamedTensor>& tensors, std::vector<Fingerprint>* each = nullptr);
 Status truncate_metrics(const std::string& path, std::int64_t keep);
+// Deterministic libtorch settings (docs/determinism.md); returns the BLAS thread count set (0: no
+// thread control found).
+int setup_determinism(int threads);
 
 class Trainer {
  public:

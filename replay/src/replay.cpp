@@ -4,7 +4,11 @@
 #include <cstdio>
 #include <cstring>
 #include <map>
+#include <filesystem>
+#include <fstream>
 #include <set>
+
+#include <nlohmann/json.hpp>
 
 #include "culprit/checkpoint.h"
 #include "culprit/engine.h"
@@ -14,6 +18,8 @@
 #include "culprit/trace.h"
 
 namespace culprit::replay {
+
+namespace fs = std::filesystem;
 
 namespace {
 
@@ -296,7 +302,107 @@ Status run(const Options& opt, const Comm& comm) {
                        kExitDiffers);
 }
 
-Status audit(const std::string& run_dir, const Comm& comm) {
+namespace {
+
+// One interval's outcome; travels between ranks as one line "from to rank ok detail".
+struct IntervalResult {
+  std::int64_t from = 0, to = 0;
+  int rank = 0, share = 0;
+  bool ok = true;
+  std::string detail;
+};
+
+std::string encode(const IntervalResult& r) {
+  return std::to_string(r.from) + " " + std::to_string(r.to) + " " + std::to_string(r.rank) + " " +
+         std::to_string(r.share) + " " + (r.ok ? "1" : "0") + " " + r.detail;
+}
+
+IntervalResult decode(const std::string& line) {
+  IntervalResult r;
+  char* end = nullptr;
+  const char* p = line.c_str();
+  r.from = std::strtoll(p, &end, 10);
+  r.to = std::strtoll(end, &end, 10);
+  r.rank = static_cast<int>(std::strtol(end, &end, 10));
+  r.share = static_cast<int>(std::strtol(end, &end, 10));
+  r.ok = std::strtol(end, &end, 10) != 0;
+  if (*end == ' ') ++end;
+  r.detail = end;
+  return r;
+}
+
+std::string line_of(const IntervalResult& r) {
+  return "interval " + std::to_string(r.from) + ".." + std::to_string(r.to) + " (rank " + std::to_string(r.rank) +
+         (r.share ? ", share " + std::to_string(r.share) : "") + "): " +
+         (r.ok ? "reproduced bitwise" : "MISMATCH " + r.detail);
+}
+
+nlohmann::ordered_json report_json(const std::string& run_dir, const std::vector<std::pair<std::int64_t, std::int64_t>>& all,
+                                   const std::vector<IntervalResult>& results, const std::vector<std::string>& damaged,
+                                   int share, int shares, int world) {
+  nlohmann::ordered_json j;
+  j["run_dir"] = run_dir;
+  j["share"] = share;
+  j["shares"] = shares;
+  j["world_size"] = world;
+  j["all_intervals"] = nlohmann::ordered_json::array();
+  for (const auto& [from, to] : all) j["all_intervals"].push_back({from, to});
+  j["intervals"] = nlohmann::ordered_json::array();
+  int bad = 0;
+  for (const auto& r : results) {
+    j["intervals"].push_back({{"from", r.from}, {"to", r.to}, {"rank", r.rank}, {"share", r.share},
+                              {"verdict", r.ok ? "reproduced" : "mismatch"}, {"detail", r.detail}});
+    if (!r.ok && bad++ == 0) j["first_bad"] = line_of(r);
+  }
+  if (!bad) j["first_bad"] = nullptr;
+  j["mismatches"] = bad;
+  j["damaged"] = damaged;
+  return j;
+}
+
+Status write_json(const fs::path& path, const nlohmann::ordered_json& j) {
+  std::error_code ec;
+  fs::create_directories(path.parent_path(), ec);
+  const fs::path tmp = path.string() + ".tmp";
+  {
+    std::ofstream out(tmp);
+    out << j.dump(2) << "\n";
+    if (!out) return Status::Error("cannot write '" + tmp.string() + "'");
+  }
+  fs::rename(tmp, path, ec);
+  if (ec) return Status::Error("cannot write '" + path.string() + "': " + ec.message());
+  return Status::OK();
+}
+
+// Prints the report and returns its verdict: OK, or kExitDiffers naming the first bad interval.
+Status print_report(const std::string& run_dir, const std::vector<IntervalResult>& results,
+                    const std::vector<std::string>& damaged, const std::string& how, const std::string& report) {
+  std::printf("culprit audit: %s, %zu interval(s) %s\n", run_dir.c_str(), results.size(), how.c_str());
+  for (const auto& d : damaged) std::printf("damaged checkpoint skipped: %s\n", d.c_str());
+  int bad = 0;
+  std::string first_bad;
+  for (const auto& r : results) {
+    std::printf("%s\n", line_of(r).c_str());
+    if (!r.ok && bad++ == 0) first_bad = line_of(r);
+  }
+  if (!report.empty()) std::printf("report: %s\n", report.c_str());
+  std::fflush(stdout);
+  if (!bad) return Status::OK();
+  return Status::Error(std::to_string(bad) + " interval(s) do not reproduce; first: " + first_bad, kExitDiffers);
+}
+
+}  // namespace
+
+std::string audit_part_path(const std::string& run_dir, int share, int shares) {
+  char name[64];
+  std::snprintf(name, sizeof name, "part-%04d-of-%04d.json", share, shares);
+  return (fs::path(run_dir) / "audit" / name).string();
+}
+
+Status audit(const std::string& run_dir, const Comm& comm, const AuditOptions& opt) {
+  if (opt.shares < 1 || opt.share < 0 || opt.share >= opt.shares)
+    return agree(comm, Status::Error("option '--share': " + std::to_string(opt.share) + "/" +
+                                     std::to_string(opt.shares) + " is not I/N with 0 <= I < N"));
   harness::TrainConfig cfg;
   CULPRIT_RETURN_IF_ERROR(agree(comm, harness::load_run_config(run_dir, &cfg)));
   Recorded rec;
@@ -325,15 +431,22 @@ Status audit(const std::string& run_dir, const Comm& comm) {
   if (ckpts.size() < 2)
     return agree(comm, Status::Error("'" + run_dir + "' holds " + std::to_string(ckpts.size()) +
                                      " valid checkpoint(s): an audit needs two (an interval)"));
-  // Each rank audits its intervals alone (the results do not depend on the world size).
+  std::vector<std::pair<std::int64_t, std::int64_t>> intervals;
+  for (std::size_t i = 0; i + 1 < ckpts.size(); ++i) intervals.push_back({ckpts[i].first, ckpts[i + 1].first});
+  // This share's intervals (i mod shares), spread over the ranks; each rank audits alone (the
+  // results do not depend on the world size).
+  std::vector<std::size_t> share_intervals;
+  for (std::size_t i = 0; i < intervals.size(); ++i)
+    if (static_cast<int>(i % opt.shares) == opt.share) share_intervals.push_back(i);
   MPI_Comm solo_comm;
   CULPRIT_MPI_CHECK(MPI_Comm_split(comm.comm, comm.rank, 0, &solo_comm));
   Comm solo{solo_comm, 0, 1, comm.host};
   std::vector<std::string> mine;
   Status failure;
-  for (std::size_t i = 0; i + 1 < ckpts.size() && failure.ok(); ++i) {
-    if (static_cast<int>(i % comm.size) != comm.rank) continue;
-    const std::int64_t from = ckpts[i].first, to = ckpts[i + 1].first;
+  for (std::size_t n = 0; n < share_intervals.size() && failure.ok(); ++n) {
+    if (static_cast<int>(n % comm.size) != comm.rank) continue;
+    const std::size_t i = share_intervals[n];
+    const std::int64_t to = ckpts[i + 1].first;
     std::unique_ptr<harness::Engine> engine;
     failure = harness::Engine::open(cfg, solo, ckpts[i].second, rec.header.level == "layer", &engine);
     if (!failure.ok()) break;
@@ -371,31 +484,114 @@ Status audit(const std::string& run_dir, const Comm& comm) {
           if (t.name == params[p] && fingerprint_bytes(t.bytes.data(), t.bytes.size()) != sr.param_fps[p] && verdict.empty())
             verdict = "the replay does not end in " + ckpts[i + 1].second + " ('" + params[p] + "' differs)";
     }
-    mine.push_back("interval " + std::to_string(from) + ".." + std::to_string(to) + " (rank " +
-                   std::to_string(comm.rank) + "): " + (verdict.empty() ? "reproduced bitwise" : "MISMATCH " + verdict));
+    IntervalResult r;
+    r.from = intervals[i].first;
+    r.to = intervals[i].second;
+    r.rank = comm.rank;
+    r.share = opt.share;
+    r.ok = verdict.empty();
+    r.detail = verdict;
+    mine.push_back(encode(r));
   }
   MPI_Comm_free(&solo_comm);
   CULPRIT_RETURN_IF_ERROR(agree(comm, failure));
-  auto lines = gather_lines(comm, mine);
-  // In interval order.
-  std::sort(lines.begin(), lines.end(), [](const std::string& a, const std::string& b) {
-    return std::stoll(a.substr(9)) < std::stoll(b.substr(9));
-  });
-  int bad = 0;
-  std::string first_bad;
+  std::vector<IntervalResult> results;
+  for (const auto& l : gather_lines(comm, mine)) results.push_back(decode(l));
+  std::sort(results.begin(), results.end(), [](const auto& a, const auto& b) { return a.from < b.from; });
+  Status verdict;
   if (comm.rank == 0) {
-    std::printf("culprit audit: %s, %zu interval(s) on %d rank(s)\n", run_dir.c_str(), ckpts.size() - 1, comm.size);
-    for (const auto& d : damaged) std::printf("damaged checkpoint skipped: %s\n", d.c_str());
-    for (const auto& l : lines) {
-      std::printf("%s\n", l.c_str());
-      if (l.find("MISMATCH") != std::string::npos && bad++ == 0) first_bad = l;
-    }
+    // A share writes its part for `--merge`; a whole audit writes RUN/audit.json.
+    const std::string path = opt.shares > 1 ? audit_part_path(run_dir, opt.share, opt.shares)
+                                            : (fs::path(run_dir) / "audit.json").string();
+    auto j = report_json(run_dir, intervals, results, damaged, opt.share, opt.shares, comm.size);
+    j["seconds"] = MPI_Wtime() - t0;
+    Status written = write_json(path, j);
+    const std::string how = "on " + std::to_string(comm.size) + " rank(s)" +
+                            (opt.shares > 1 ? ", share " + std::to_string(opt.share) + " of " +
+                                                  std::to_string(opt.shares) + " (" +
+                                                  std::to_string(intervals.size()) + " in the run)"
+                                            : "");
+    verdict = print_report(run_dir, results, damaged, how, written.ok() ? path : "");
     std::printf("audited in %.2f s\n", MPI_Wtime() - t0);
     std::fflush(stdout);
+    if (!written.ok()) verdict = written;
   }
-  const std::string msg = broadcast_string(
-      comm, bad ? std::to_string(bad) + " interval(s) do not reproduce; first: " + first_bad : std::string());
-  return msg.empty() ? Status::OK() : Status::Error(msg, kExitDiffers);
+  const std::string msg = broadcast_string(comm, verdict.ok() ? std::string() : verdict.message());
+  const int code = verdict.code();
+  int agreed = code;
+  CULPRIT_MPI_CHECK(MPI_Bcast(&agreed, 1, MPI_INT, 0, comm.comm));
+  return msg.empty() ? Status::OK() : Status::Error(msg, agreed);
+}
+
+Status audit(const std::string& run_dir, const Comm& comm) { return audit(run_dir, comm, AuditOptions()); }
+
+Status merge_audit(const std::string& run_dir) {
+  const fs::path dir = fs::path(run_dir) / "audit";
+  std::error_code ec;
+  if (!fs::is_directory(dir, ec))
+    return Status::Error("'" + dir.string() + "' does not exist: no audit share has written its part");
+  // The parts, by their N; exactly one N may be present.
+  std::map<int, std::map<int, fs::path>> parts;
+  for (const auto& e : fs::directory_iterator(dir, ec)) {
+    int i = -1, n = -1;
+    const std::string name = e.path().filename().string();
+    if (std::sscanf(name.c_str(), "part-%d-of-%d.json", &i, &n) == 2 && name.size() == 22 && i >= 0 && i < n)
+      parts[n][i] = e.path();
+  }
+  if (parts.empty()) return Status::Error("'" + dir.string() + "' holds no part-I-of-N.json");
+  if (parts.size() > 1)
+    return Status::Error("'" + dir.string() + "' holds parts of audits with different share counts (" +
+                         std::to_string(parts.begin()->first) + " and " + std::to_string(parts.rbegin()->first) + ")");
+  const int shares = parts.begin()->first;
+  const auto& files = parts.begin()->second;
+  std::string missing;
+  for (int i = 0; i < shares; ++i)
+    if (!files.count(i)) missing += (missing.empty() ? "" : ", ") + std::to_string(i);
+  if (!missing.empty())
+    return Status::Error("the audit of '" + run_dir + "' in " + std::to_string(shares) + " shares lacks share(s) " +
+                         missing + " (did every array task finish?)");
+  nlohmann::json first_all;
+  std::vector<IntervalResult> results;
+  std::set<std::string> damaged;
+  for (const auto& [i, path] : files) {
+    nlohmann::json j;
+    try {
+      std::ifstream in(path);
+      j = nlohmann::json::parse(in);
+      if (first_all.is_null()) first_all = j.at("all_intervals");
+      if (j.at("all_intervals") != first_all)
+        return Status::Error("'" + path.string() + "' audited other intervals than share 0 (checkpoints changed "
+                             "between the array's tasks?)");
+      for (const auto& d : j.at("damaged")) damaged.insert(d.get<std::string>());
+      for (const auto& r : j.at("intervals")) {
+        IntervalResult x;
+        x.from = r.at("from").get<std::int64_t>();
+        x.to = r.at("to").get<std::int64_t>();
+        x.rank = r.at("rank").get<int>();
+        x.share = r.at("share").get<int>();
+        x.ok = r.at("verdict").get<std::string>() == "reproduced";
+        x.detail = r.at("detail").get<std::string>();
+        results.push_back(x);
+      }
+    } catch (const std::exception& e) {
+      return Status::Error("'" + path.string() + "' is not an audit part: " + e.what());
+    }
+  }
+  std::sort(results.begin(), results.end(), [](const auto& a, const auto& b) { return a.from < b.from; });
+  std::vector<std::pair<std::int64_t, std::int64_t>> all;
+  for (const auto& v : first_all) all.push_back({v.at(0).get<std::int64_t>(), v.at(1).get<std::int64_t>()});
+  std::vector<std::pair<std::int64_t, std::int64_t>> got;
+  for (const auto& r : results) got.push_back({r.from, r.to});
+  if (got != all)
+    return Status::Error("the parts of the audit of '" + run_dir + "' cover " + std::to_string(got.size()) + " of " +
+                         std::to_string(all.size()) + " intervals");
+  const std::vector<std::string> dmg(damaged.begin(), damaged.end());
+  const std::string path = (fs::path(run_dir) / "audit.json").string();
+  auto j = report_json(run_dir, all, results, dmg, 0, shares, 0);
+  j.erase("share");
+  j.erase("world_size");
+  CULPRIT_RETURN_IF_ERROR(write_json(path, j));
+  return print_report(run_dir, results, dmg, "merged from " + std::to_string(shares) + " share(s)", path);
 }
 
 }  // namespace culprit::replay

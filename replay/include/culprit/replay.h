@@ -28,7 +28,19 @@ Status run(const Options& opt, const Comm& comm);
 // checkpoints is replayed from its first checkpoint, the intervals spread over the ranks (each rank
 // alone), and must reproduce the trace and the next checkpoint bitwise. Rank 0 prints one line per
 // interval. OK when all reproduce; an error with kExitDiffers naming the first that does not.
+// Writes RUN/audit.json (docs/replay.md).
 Status audit(const std::string& run_dir, const Comm& comm);
+// With a share I of N (a Slurm array task): only intervals i with i mod N == I, and the report goes
+// to RUN/audit/part-IIII-of-NNNN.json for merge_audit.
+struct AuditOptions {
+  int share = 0, shares = 1;
+};
+Status audit(const std::string& run_dir, const Comm& comm, const AuditOptions& opt);
+std::string audit_part_path(const std::string& run_dir, int share, int shares);
+// culprit audit --merge RUN (one process): every share's part present and covering the run's
+// intervals; writes RUN/audit.json and prints the report. kExitDiffers when an interval does not
+// reproduce; an error naming the missing share(s) or foreign parts otherwise.
+Status merge_audit(const std::string& run_dir);
 
 // culprit audit --compare A B (one process): two runs meant to be identical. A binary search over
 // their common checkpoints brackets the divergence, their traces then give the first differing step
