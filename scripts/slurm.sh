@@ -45,12 +45,12 @@ start_munge() {
   mkdir -p /run/munge /var/log/munge /var/lib/munge
   chown munge:munge /run/munge /var/log/munge /var/lib/munge
   chmod 0755 /run/munge
-  runuser -u munge -- /usr/sbin/munged --force
+  runuser -u munge -- /usr/sbin/munged --force --pid-file=/run/munge/munged.pid
   for _ in $(seq 50); do
-    munge -n 2>/dev/null | unmunge >/dev/null 2>&1 && {
-      pgrep -u munge -x munged | head -n 1 >"$dir/munged.pid"
+    if munge -n 2>/dev/null | unmunge >/dev/null 2>&1 && [ -s /run/munge/munged.pid ]; then
+      cp /run/munge/munged.pid "$dir/munged.pid"  # ours to stop
       return
-    }
+    fi
     sleep 0.1
   done
   fail "munged did not start (see /var/log/munge/munged.log)"
@@ -91,6 +91,9 @@ AccountingStorageType=accounting_storage/none
 JobCompType=jobcomp/none
 JobAcctGatherType=jobacct_gather/none
 $node NodeAddr=127.0.0.1 State=UNKNOWN
+# A second node that never comes up (nothing listens on its port): a job that excludes this host
+# stays pending for it, as on a cluster with other nodes, instead of being refused at submission.
+NodeName=culprit-spare NodeAddr=127.0.0.1 Port=$((port + 2)) ${node#NodeName=* } State=DOWN
 PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP
 EOF
 }
@@ -112,9 +115,9 @@ start() {
   export SLURM_CONF="$conf"
   local state=""
   for _ in $(seq 150); do
-    state=$(sinfo -h -o "%T" 2>/dev/null | head -n 1 || true)
+    state=$(sinfo -h -n "$(hostname -s)" -o "%T" 2>/dev/null | head -n 1 || true)
     case "$state" in
-      idle | mixed | allocated) echo "slurm.sh: node $(hostname -s) is $state; export SLURM_CONF=$conf" >&2; return ;;
+      idle* | mixed* | allocated*) echo "slurm.sh: node $(hostname -s) is $state; export SLURM_CONF=$conf" >&2; return ;;
       down* | drain*) scontrol update nodename="$(hostname -s)" state=resume >/dev/null 2>&1 || true ;;
     esac
     sleep 0.2

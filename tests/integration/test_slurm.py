@@ -1,0 +1,187 @@
+"""jobs/ on a real single-node Slurm (scripts/slurm.sh starts munged, slurmctld and slurmd; the tests
+submit with sbatch and read outcomes with scontrol):
+- train.sbatch with an injected persistent fault ends with the hardware-persistent exit code, logs its
+  decision, and submits a follow-up job that excludes the node and resumes from the checkpoint before
+  the faulty step; a continuation from there ends bitwise equal to a clean run (negative control: the
+  faulty run's own last checkpoint is not);
+- postmortem.sbatch writes the expected diagnosis of a silent fault;
+- the audit array and its merge job write one report covering every interval;
+- screen.sbatch passes a healthy node and excludes it when a flip is injected into its matmul.
+CULPRIT_SKIP_SLURM=1 skips these tests; otherwise daemons that do not start fail them."""
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+import unittest
+
+sys.path.insert(0, os.path.dirname(__file__))
+from culprit_testlib import CULPRIT, TempDirTest, run  # noqa: E402
+
+ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "../.."))
+JOBS = os.path.join(ROOT, "jobs")
+SLURM_DIR = os.environ.get("CULPRIT_SLURM_DIR", "/tmp/culprit-slurm-test")
+SHAPE = ["--steps", "8", "--keep-last", "10", "--trace", "layer", "--global-batch", "24", "--micro-shards", "4",
+         "--samples", "96", "--quiet"]
+SIZE = SHAPE + ["--checkpoint-every", "2"]
+SKIP = os.environ.get("CULPRIT_SKIP_SLURM") == "1"
+
+
+def slurm_env(extra=None):
+    env = dict(os.environ)
+    env["SLURM_CONF"] = os.path.join(SLURM_DIR, "slurm.conf")
+    env["CULPRIT"] = os.path.abspath(CULPRIT)
+    env["CULPRIT_SLURM_DIR"] = SLURM_DIR
+    env.update(extra or {})
+    return env
+
+
+def sbatch(args, cwd, extra=None):
+    out = subprocess.run(["sbatch", "--parsable"] + args, cwd=cwd, env=slurm_env(extra), capture_output=True,
+                         text=True, timeout=60)
+    if out.returncode != 0:
+        raise AssertionError("sbatch failed: " + out.stderr)
+    return out.stdout.strip().split(";")[0]
+
+
+def job_info(job):
+    out = subprocess.run(["scontrol", "show", "job", job], env=slurm_env(), capture_output=True, text=True,
+                         timeout=60).stdout
+    return dict(re.findall(r"(\w+)=(\S*)", out))
+
+
+def wait(job, timeout=300):
+    """The job's final state and exit code once it has ended."""
+    end = time.time() + timeout
+    while time.time() < end:
+        info = job_info(job)
+        if info.get("JobState") in ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY"):
+            return info["JobState"], int(info["ExitCode"].split(":")[0])
+        time.sleep(0.5)
+    raise AssertionError("job %s did not end within %d s: %s" % (job, timeout, job_info(job)))
+
+
+@unittest.skipIf(SKIP, "CULPRIT_SKIP_SLURM=1: Slurm tests not wanted")
+class Slurm(TempDirTest):
+    @classmethod
+    def setUpClass(cls):
+        res = subprocess.run(["bash", os.path.join(ROOT, "scripts/slurm.sh"), "start"], env=slurm_env(),
+                             capture_output=True, text=True, timeout=600)
+        if res.returncode != 0:
+            raise AssertionError("the test Slurm did not start (scripts/slurm.sh start): " + res.stderr.strip())
+
+    @classmethod
+    def tearDownClass(cls):
+        subprocess.run(["bash", os.path.join(ROOT, "scripts/slurm.sh"), "stop"], env=slurm_env(),
+                       capture_output=True, text=True, timeout=120)
+
+    def decisions(self, run_dir):
+        with open(os.path.join(run_dir, "incidents.jsonl")) as f:
+            return [j for j in map(json.loads, f) if j["detector"] == "jobs"]
+
+    def test_train_excludes_the_bad_node_and_the_continuation_matches_a_clean_run(self):
+        run_dir = self.path("run")
+        overcommit = {"CULPRIT_SRUN_ARGS": "-O", "CULPRIT_SBATCH_ARGS": "-O"}
+        job = sbatch(["-n", "3", "-O", "-o", self.path("train-%j.out"), os.path.join(JOBS, "train.sbatch"), run_dir]
+                     + SIZE + ["--inject", "step=5,rank=1,layer=fc2,index=3,phase=grad,kind=nan,mode=persistent"],
+                     cwd=self.tmp, extra=overcommit)
+        state, code = wait(job)
+        log = open(self.path("train-%s.out" % job)).read()
+        self.assertEqual((state, code), ("FAILED", 21), log)
+        diag = json.load(open(os.path.join(run_dir, "diagnosis.json")))
+        self.assertEqual((diag["verdict"], diag["step"], diag["rank"]), ("hardware-persistent", 5, 1), diag)
+        host = diag["host"]
+        # The decision, with the job id, the restart count, the exclude list and the resume point.
+        d = self.decisions(run_dir)[-1]
+        self.assertEqual((d["class"], d["slurm_job_id"], d["restart"], d["exit_code"]), ("requeue", job, 0, 21), d)
+        self.assertEqual(d["exclude"], host)
+        self.assertTrue(d["resume_from"].endswith("checkpoints/step-00000004.h5"), d)
+        # The follow-up job: on one node it stays pending, excluding the node, with the fault not passed on.
+        follow = d["next_job"]
+        info = job_info(follow)
+        self.assertEqual(info["ExcNodeList"], host, info)
+        self.assertIn(info["JobState"], ("PENDING", "CANCELLED"), info)
+        command = subprocess.run(["scontrol", "show", "job", follow], env=slurm_env(), capture_output=True,
+                                 text=True).stdout
+        self.assertIn("train.sbatch " + run_dir, command)
+        self.assertNotIn("--inject", command)
+        subprocess.run(["scancel", follow], env=slurm_env(), check=True)
+        # The continuation (as the follow-up would run on a healthy node), and a clean run.
+        job2 = sbatch(["-n", "3", "-O", "-o", self.path("cont-%j.out"), os.path.join(JOBS, "train.sbatch"), run_dir]
+                      + SIZE, cwd=self.tmp,
+                      extra=dict(overcommit, CULPRIT_RESTART="1", CULPRIT_EXCLUDE=host,
+                                 CULPRIT_RESUME_FROM=d["resume_from"]))
+        state, code = wait(job2)
+        self.assertEqual((state, code), ("COMPLETED", 0), open(self.path("cont-%s.out" % job2)).read())
+        self.assertEqual(self.decisions(run_dir)[-1]["class"], "done")
+        clean = self.path("clean")
+        res = run(["train"] + SIZE, world=2, run_dir=clean)
+        self.assertEqual(res.code, 0, res.err)
+        final = "checkpoints/step-00000008.h5"
+        same = run(["diff", os.path.join(clean, final), os.path.join(run_dir, final)])
+        self.assertEqual(same.code, 0, same.out)
+        # Negative control: the faulty job's own state (NaN on rank 1 from step 5) is not a clean one.
+        faulty = self.path("faulty")
+        res = run(["train"] + SIZE + ["--on-detect", "warn", "--detect-nonfinite", "false", "--inject",
+                   "step=5,rank=1,layer=fc2,index=3,phase=grad,kind=scale,factor=2,mode=persistent"],
+                  world=3, run_dir=faulty)
+        differs = run(["diff", os.path.join(clean, final), os.path.join(faulty, final)])
+        self.assertEqual(differs.code, 5, differs.out)
+
+    def test_postmortem_job_writes_the_diagnosis(self):
+        run_dir = self.path("silent")
+        res = run(["train"] + SIZE + ["--on-detect", "warn", "--inject",
+                   "step=5,rank=0,layer=fc1,index=3,phase=grad,kind=bitflip,bit=22,mode=persistent"],
+                  world=3, run_dir=run_dir)
+        self.assertEqual(res.code, 0, res.err)
+        job = sbatch(["-n", "3", "-O", "-o", self.path("pm-%j.out"), os.path.join(JOBS, "postmortem.sbatch"),
+                      run_dir], cwd=self.tmp, extra={"CULPRIT_SRUN_ARGS": "-O"})
+        state, code = wait(job)
+        out = open(self.path("pm-%s.out" % job)).read()
+        self.assertEqual((state, code), ("FAILED", 21), out)
+        diag = json.load(open(os.path.join(run_dir, "diagnosis.json")))
+        self.assertEqual((diag["verdict"], diag["step"], diag["phase"], diag["layer"], diag["rank"]),
+                         ("hardware-persistent", 5, "grad", "fc1", 0), diag)
+        self.assertTrue(os.path.exists(os.path.join(run_dir, "diagnosis.html")))
+        self.assertIn("verdict hardware-persistent", out)
+        d = self.decisions(run_dir)[-1]
+        self.assertEqual((d["class"], d["slurm_job_id"], d["exit_code"]), ("postmortem", job, 21), d)
+
+    def test_audit_array_and_merge_job_cover_every_interval(self):
+        run_dir = self.path("audited")
+        res = run(["train"] + SHAPE + ["--checkpoint-every", "1", "--on-detect", "warn", "--inject",
+                   "step=6,rank=1,layer=fc2,index=1,phase=forward,kind=bitflip,bit=20"], world=2, run_dir=run_dir)
+        self.assertEqual(res.code, 0, res.err)
+        out = subprocess.run([os.path.join(JOBS, "submit-audit.sh"), run_dir, "3", "-o", self.path("audit-%j.out")],
+                             cwd=self.tmp, env=slurm_env(), capture_output=True, text=True, timeout=60)
+        self.assertEqual(out.returncode, 0, out.stderr)
+        ids = dict(kv.split("=") for kv in out.stdout.split())
+        state, code = wait(ids["merge"])
+        self.assertEqual((state, code), ("FAILED", 5), job_info(ids["merge"]))
+        report = json.load(open(os.path.join(run_dir, "audit.json")))
+        self.assertEqual(report["shares"], 3)
+        self.assertEqual([(i["from"], i["to"]) for i in report["intervals"]], [(s, s + 1) for s in range(8)])
+        self.assertEqual(sorted({i["share"] for i in report["intervals"]}), [0, 1, 2])
+        bad = [(i["from"], i["to"]) for i in report["intervals"] if i["verdict"] != "reproduced"]
+        self.assertEqual(bad, [(5, 6)], report)  # negative control: the other intervals reproduce
+        self.assertIn("step 6", report["first_bad"])
+
+    def test_screen_job_prints_the_exclude_list(self):
+        good = sbatch(["-o", self.path("screen-%j.out"), os.path.join(JOBS, "screen.sbatch")], cwd=self.tmp,
+                      extra={"CULPRIT_SCREEN_SECONDS": "1"})
+        bad = sbatch(["-o", self.path("screen-%j.out"), os.path.join(JOBS, "screen.sbatch"), "--inject",
+                      "rank=0,layer=matmul,step=3,kind=bitflip,bit=2,index=9"], cwd=self.tmp,
+                     extra={"CULPRIT_SCREEN_SECONDS": "1"})
+        self.assertEqual(wait(good), ("COMPLETED", 0))
+        self.assertEqual(open(self.path("screen-%s.out" % good)).read().splitlines()[-1], "--exclude=")
+        self.assertEqual(wait(bad), ("FAILED", 10))
+        host = subprocess.run(["hostname", "-s"], capture_output=True, text=True).stdout.strip()
+        self.assertEqual(open(self.path("screen-%s.out" % bad)).read().splitlines()[-1], "--exclude=" + host)
+        report = json.load(open(os.path.join(self.tmp, "screen-%s.json" % bad)))
+        self.assertEqual(report["devices"][0]["verdict"], "fail")
+        self.assertEqual(report["devices"][0]["failures"]["matmul"], 1)
+
+
+if __name__ == "__main__":
+    unittest.main(verbosity=2)
