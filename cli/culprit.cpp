@@ -4,6 +4,7 @@
 
 #include <cstdio>
 #include <cstring>
+#include <functional>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -125,10 +126,13 @@ po::options_description bisect_options(culprit::bisect::Options* o) {
   return d;
 }
 
-int run_bisect(const std::vector<std::string>& args) {
+// The shape every MPI subcommand but train shares: parse the options (`check` adds the command's own
+// validation), agree on the outcome on every rank, then print the help on rank 0 or run `body`, which
+// returns the exit code when its Status stays OK; one error line on rank 0; MPI_Finalize.
+int mpi_command(const std::vector<std::string>& args, const po::options_description& desc, const char* usage,
+                const std::function<culprit::Status(const po::variables_map&)>& check,
+                const std::function<int(const culprit::Comm&, culprit::Status*)>& body) {
   const culprit::Comm comm = start_mpi();
-  culprit::bisect::Options opt;
-  auto desc = bisect_options(&opt);
   culprit::Status st;
   bool help = false;
   try {
@@ -136,7 +140,7 @@ int run_bisect(const std::vector<std::string>& args) {
     po::store(po::command_line_parser(args).options(desc).run(), vm);
     po::notify(vm);
     help = vm.count("help") > 0;
-    if (!help && !vm.count("run-dir")) st = culprit::Status::Error("option '--run-dir' is required");
+    if (!help) st = check(vm);
   } catch (const po::error& e) {
     st = culprit::Status::Error(e.what());
   }
@@ -146,20 +150,31 @@ int run_bisect(const std::vector<std::string>& args) {
     if (comm.rank == 0) {
       std::ostringstream os;
       os << desc;
-      std::printf("usage: mpirun -np W culprit bisect --run-dir RUN [options]\n\n%s", os.str().c_str());
+      std::printf("usage: %s\n\n%s", usage, os.str().c_str());
     }
   } else {
-    culprit::bisect::Diagnosis d;
-    if (st.ok()) st = culprit::bisect::run(opt, comm, &d);
+    if (st.ok()) code = body(comm, &st);
     if (!st.ok()) {
       if (comm.rank == 0) error_line(st.message());
       code = st.code();
-    } else {
-      code = culprit::bisect::exit_code(d.verdict);
     }
   }
   MPI_Finalize();
   return code;
+}
+
+int run_bisect(const std::vector<std::string>& args) {
+  culprit::bisect::Options opt;
+  return mpi_command(
+      args, bisect_options(&opt), "mpirun -np W culprit bisect --run-dir RUN [options]",
+      [&](const po::variables_map& vm) {
+        return vm.count("run-dir") ? culprit::Status::OK() : culprit::Status::Error("option '--run-dir' is required");
+      },
+      [&](const culprit::Comm& comm, culprit::Status* st) {
+        culprit::bisect::Diagnosis d;
+        *st = culprit::bisect::run(opt, comm, &d);
+        return culprit::bisect::exit_code(d.verdict);
+      });
 }
 
 const char* kAuditHelp =
@@ -222,57 +237,37 @@ int run_audit(const std::vector<std::string>& args) {
 }
 
 int run_replay(const std::vector<std::string>& args) {
-  const culprit::Comm comm = start_mpi();
   culprit::replay::Options opt;
   std::string ranks, trace;
-  auto desc = replay_options(&opt, &ranks, &trace);
-  culprit::Status st;
-  bool help = false;
-  try {
-    po::variables_map vm;
-    po::store(po::command_line_parser(args).options(desc).run(), vm);
-    po::notify(vm);
-    help = vm.count("help") > 0;
-    if (!help && !vm.count("run-dir")) st = culprit::Status::Error("option '--run-dir' is required");
-    if (!help && st.ok() && !vm.count("step")) st = culprit::Status::Error("option '--step' is required");
-    if (st.ok() && trace != "step" && trace != "layer")
-      st = culprit::Status::Error("option '--trace': unknown level '" + trace + "' (valid: step, layer)");
-    opt.layer = trace == "layer";
-    std::size_t pos = 0;
-    while (st.ok() && pos < ranks.size()) {
-      const auto end = ranks.find(',', pos);
-      const std::string item = ranks.substr(pos, end == std::string::npos ? std::string::npos : end - pos);
-      try {
-        std::size_t used = 0;
-        const int r = std::stoi(item, &used);
-        if (used != item.size()) throw std::invalid_argument(item);
-        opt.ranks.push_back(r);
-      } catch (const std::exception&) {
-        st = culprit::Status::Error("option '--ranks': '" + ranks + "' is not a comma-separated list of ranks");
-      }
-      if (end == std::string::npos) break;
-      pos = end + 1;
-    }
-  } catch (const po::error& e) {
-    st = culprit::Status::Error(e.what());
-  }
-  st = culprit::agree(comm, st);
-  int code = culprit::kExitOk;
-  if (st.ok() && help) {
-    if (comm.rank == 0) {
-      std::ostringstream os;
-      os << desc;
-      std::printf("usage: mpirun -np W culprit replay --run-dir RUN --step S [options]\n\n%s", os.str().c_str());
-    }
-  } else {
-    if (st.ok()) st = culprit::replay::run(opt, comm);
-    if (!st.ok()) {
-      if (comm.rank == 0) error_line(st.message());
-      code = st.code();
-    }
-  }
-  MPI_Finalize();
-  return code;
+  return mpi_command(
+      args, replay_options(&opt, &ranks, &trace), "mpirun -np W culprit replay --run-dir RUN --step S [options]",
+      [&](const po::variables_map& vm) {
+        if (!vm.count("run-dir")) return culprit::Status::Error("option '--run-dir' is required");
+        if (!vm.count("step")) return culprit::Status::Error("option '--step' is required");
+        if (trace != "step" && trace != "layer")
+          return culprit::Status::Error("option '--trace': unknown level '" + trace + "' (valid: step, layer)");
+        opt.layer = trace == "layer";
+        std::size_t pos = 0;
+        while (pos < ranks.size()) {
+          const auto end = ranks.find(',', pos);
+          const std::string item = ranks.substr(pos, end == std::string::npos ? std::string::npos : end - pos);
+          try {
+            std::size_t used = 0;
+            const int r = std::stoi(item, &used);
+            if (used != item.size()) throw std::invalid_argument(item);
+            opt.ranks.push_back(r);
+          } catch (const std::exception&) {
+            return culprit::Status::Error("option '--ranks': '" + ranks + "' is not a comma-separated list of ranks");
+          }
+          if (end == std::string::npos) break;
+          pos = end + 1;
+        }
+        return culprit::Status::OK();
+      },
+      [&](const culprit::Comm& comm, culprit::Status* st) {
+        *st = culprit::replay::run(opt, comm);
+        return culprit::kExitOk;
+      });
 }
 
 // inspect / verify / diff: one process, no MPI needed.
@@ -331,10 +326,10 @@ int run_tool(const std::string& cmd, const std::vector<std::string>& args) {
   return code;
 }
 
-po::options_description screen_options(culprit::harness::ScreenOptions* o, bool* help) {
+po::options_description screen_options(culprit::harness::ScreenOptions* o) {
   po::options_description d("culprit screen options");
   d.add_options()
-    ("help,h", po::bool_switch(help), "this help")
+    ("help,h", "print this help")
     ("seconds", po::value(&o->seconds)->default_value(o->seconds), "repeat the tests for about this long (at least once)")
     ("size", po::value(&o->size)->default_value(o->size), "matrix size N (N x N float32)")
     ("device", po::value(&o->device)->default_value(o->device), "the device each rank screens (cpu)")
@@ -346,35 +341,14 @@ po::options_description screen_options(culprit::harness::ScreenOptions* o, bool*
 }
 
 int run_screen(const std::vector<std::string>& args) {
-  const culprit::Comm comm = start_mpi();
   culprit::harness::ScreenOptions opt;
-  bool help = false;
-  auto desc = screen_options(&opt, &help);
-  culprit::Status st;
-  try {
-    po::variables_map vm;
-    po::store(po::command_line_parser(args).options(desc).run(), vm);
-    po::notify(vm);
-  } catch (const po::error& e) {
-    st = culprit::Status::Error(e.what());
-  }
-  st = culprit::agree(comm, st);
-  int code = culprit::kExitOk;
-  if (st.ok() && help) {
-    if (comm.rank == 0) {
-      std::ostringstream os;
-      os << desc;
-      std::printf("usage: mpirun -np W culprit screen [options]   (one rank per device)\n\n%s", os.str().c_str());
-    }
-  } else {
-    if (st.ok()) st = culprit::harness::screen(opt, comm);
-    if (!st.ok()) {
-      if (comm.rank == 0) error_line(st.message());
-      code = st.code();
-    }
-  }
-  MPI_Finalize();
-  return code;
+  return mpi_command(
+      args, screen_options(&opt), "mpirun -np W culprit screen [options]   (one rank per device)",
+      [](const po::variables_map&) { return culprit::Status::OK(); },
+      [&](const culprit::Comm& comm, culprit::Status* st) {
+        *st = culprit::harness::screen(opt, comm);
+        return culprit::kExitOk;
+      });
 }
 
 }  // namespace
@@ -402,9 +376,8 @@ int main(int argc, char** argv) {
     std::printf("culprit bisect (mpirun -np W culprit bisect --run-dir RUN):\n%s\n", bs.str().c_str());
     std::printf("culprit audit:\n%s\n", kAuditHelp);
     culprit::harness::ScreenOptions so;
-    bool sh = false;
     std::ostringstream ss;
-    ss << screen_options(&so, &sh);
+    ss << screen_options(&so);
     std::printf("culprit screen (mpirun -np W culprit screen, one rank per device):\n%s", ss.str().c_str());
     return culprit::kExitOk;
   }
