@@ -34,36 +34,20 @@ struct Incident {
 };
 
 // What the original run recorded: every rank's trace and its first incident.
-struct Record {
-  trace::Header header;
-  std::map<std::pair<int, std::int64_t>, trace::StepRow> steps;  // (rank, step)
-  std::map<std::pair<std::int64_t, int>, trace::ShardRow> shards;  // (step, micro-shard)
-  std::vector<int> ranks;
-  std::int64_t last = 0;
+struct Record : trace::RunTrace {
   Incident first;
 };
 
 Status load_record(const std::string& run_dir, Record* rec) {
-  const auto files = trace::list(run_dir);
-  if (files.empty())
-    return Status::Error("no trace in '" + run_dir + "/trace' (was the run trained with --trace off?)");
-  for (std::size_t i = 0; i < files.size(); ++i) {
-    trace::TraceFile tf;
-    CULPRIT_RETURN_IF_ERROR(trace::read(files[i], &tf));
-    if (i == 0) rec->header = tf.header;
-    rec->ranks.push_back(tf.header.rank);
-    for (const auto& s : tf.steps) {
-      rec->steps[{tf.header.rank, s.step}] = s;
-      rec->last = std::max(rec->last, s.step);
-    }
-    for (const auto& r : tf.shards) rec->shards[{r.step, r.shard}] = r;
-  }
+  CULPRIT_RETURN_IF_ERROR(trace::read_run(run_dir, rec));
   std::ifstream in(fs::path(run_dir) / "incidents.jsonl");
   std::string line;
   while (std::getline(in, line)) {
     try {
       auto j = nlohmann::json::parse(line);
-      if (j.at("detector").get<std::string>() == "collective-timeout") continue;
+      // A rank that stopped answering, or a jobs/ script's decision, is not where a fault shows.
+      const auto detector = j.at("detector").get<std::string>();
+      if (detector == "collective-timeout" || detector == "jobs") continue;
       rec->first = {j.at("step").get<std::int64_t>(), j.at("detector").get<std::string>(),
                     j.at("message").get<std::string>(), j.at("rank").get<int>()};
       break;
@@ -99,19 +83,6 @@ std::pair<std::string, std::string> first_difference(const ShardResult& a, const
   return {"", ""};
 }
 
-ShardResult from_row(const trace::ShardRow& r) {
-  ShardResult s;
-  s.step = r.step;
-  s.shard = r.shard;
-  s.rank = r.rank;
-  s.loss = r.loss;
-  s.grad_fp = r.grad_fp;
-  s.input_fp = r.input_fp;
-  s.fwd = r.fwd;
-  s.bwd = r.bwd;
-  s.param_grad = r.param_grad;
-  return s;
-}
 
 // Two computations of a micro-shard agree: input, every layer's forward and backward, every
 // parameter's gradient (where recorded), the leaf and the loss. A fault can change a layer's
@@ -230,7 +201,7 @@ Status write_html(const std::string& run_dir, const Diagnosis& d, const Record& 
     if (std::isfinite(row.loss)) acc.first += row.loss, acc.second += 1;
   }
   double lo = 1e300, hi = -1e300;
-  std::int64_t s0 = 1, s1 = std::max<std::int64_t>(2, rec.last);
+  std::int64_t s0 = 1, s1 = std::max<std::int64_t>(2, rec.last_step);
   for (const auto& [r, series] : per_rank)
     for (const auto& [st, acc] : series)
       if (acc.second) lo = std::min(lo, acc.first / acc.second), hi = std::max(hi, acc.first / acc.second);
@@ -316,7 +287,7 @@ Status run(const Options& opt, const Comm& comm, Diagnosis* d) {
   // Where to start: the newest valid checkpoint before the first incident; without one, the oldest.
   const bool incident = rec.first.step > 0;
   // One step past the incident: a fault in the optimizer state shows in the parameters a step later.
-  const std::int64_t end = incident ? std::min(rec.first.step + 1, rec.last) : rec.last;
+  const std::int64_t end = incident ? std::min(rec.first.step + 1, rec.last_step) : rec.last_step;
   std::string ckpt_path;
   CULPRIT_RETURN_IF_ERROR(
       pick_checkpoint(comm, opt.run_dir, incident ? rec.first.step : end, /*newest=*/incident, &ckpt_path));
@@ -366,7 +337,7 @@ Status run(const Options& opt, const Comm& comm, Diagnosis* d) {
         // For the report's map: which rows (input, each layer, the leaf; the update below) differ.
         std::vector<int> rows(map_rows.size(), 0);
         auto compare = [&](const ShardResult& r, const trace::ShardRow& row) {
-          const ShardResult want = from_row(row);
+          const ShardResult want = harness::shard_result(row);
           if (!first_difference(r, want, layers, params).first.empty()) first_bad = std::min(first_bad, r.shard);
           rows[0] |= r.input_fp != want.input_fp;
           for (std::size_t i = 0; layer && i < layers.size() && i < r.fwd.size() && i < want.fwd.size(); ++i)
@@ -459,7 +430,7 @@ Status run(const Options& opt, const Comm& comm, Diagnosis* d) {
         CULPRIT_RETURN_IF_ERROR(agree(comm, engine->compute_shard(bad_shard, 0, &mine)));
         mine.rank = comm.rank;
         const auto all = allgather(comm, mine, layer ? layers.size() : 0, layer ? params.size() : 0);
-        reference = from_row(row);
+        reference = harness::shard_result(row);
         // Group the replays.
         std::vector<int> group(W, -1);
         std::vector<std::vector<int>> groups;

@@ -181,6 +181,34 @@ std::vector<std::string> list(const std::string& run_dir) {
   return out;
 }
 
+const StepRow* RunTrace::step(std::int64_t s) const {
+  for (int r : ranks) {
+    auto it = steps.find({r, s});
+    if (it != steps.end()) return &it->second;
+  }
+  return nullptr;
+}
+
+Status read_run(const std::string& run_dir, RunTrace* out) {
+  *out = RunTrace();
+  const auto files = list(run_dir);
+  if (files.empty())
+    return Status::Error("no trace in '" + run_dir + "/" + kTraceDir + "' (was the run trained with --trace off?)");
+  for (std::size_t i = 0; i < files.size(); ++i) {
+    TraceFile tf;
+    CULPRIT_RETURN_IF_ERROR(read(files[i], &tf));
+    if (i == 0) out->header = tf.header;
+    out->ranks.push_back(tf.header.rank);
+    for (const auto& s : tf.steps) {
+      out->steps[{tf.header.rank, s.step}] = s;
+      out->first_step = out->first_step ? std::min(out->first_step, s.step) : s.step;
+      out->last_step = std::max(out->last_step, s.step);
+    }
+    for (const auto& r : tf.shards) out->shards[{r.step, r.shard}] = r;
+  }
+  return Status::OK();
+}
+
 Status Writer::open(const std::string& path, const Header& h, std::int64_t keep_through_step, std::string* warning) {
   header_ = h;
   const std::string where = "trace '" + path + "'";

@@ -64,6 +64,26 @@ Fingerprint fingerprint_bytes(const void* data, std::size_t nbytes) {
   return fp;
 }
 
+Fingerprint combine_chunk_hashes(const std::uint64_t* hashes, std::size_t nchunks) {
+  if (nchunks == 0) return XXH3_64bits(nullptr, 0);
+  XXH3_state_t* st = XXH3_createState();
+  if (!st) throw std::bad_alloc();
+  XXH3_64bits_reset(st);
+  unsigned char batch[8 * 64];
+  std::size_t in_batch = 0;
+  for (std::size_t c = 0; c < nchunks; ++c) {
+    put_le64(batch + 8 * in_batch, hashes[c]);
+    if (++in_batch == 64) {
+      XXH3_64bits_update(st, batch, sizeof batch);
+      in_batch = 0;
+    }
+  }
+  if (in_batch) XXH3_64bits_update(st, batch, 8 * in_batch);
+  const Fingerprint fp = XXH3_64bits_digest(st);
+  XXH3_freeState(st);
+  return fp;
+}
+
 std::string fingerprint_hex(Fingerprint fp) {
   char buf[17];
   std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(fp));

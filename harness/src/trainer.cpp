@@ -898,8 +898,7 @@ void Trainer::begin_replay(std::int64_t done, int device_rank) {
   spot_leaf_.assign(static_cast<std::size_t>(P_ + 1), 0.0f);
 }
 
-namespace {
-ShardResult to_result(const trace::ShardRow& r) {
+ShardResult shard_result(const trace::ShardRow& r) {
   ShardResult out;
   out.step = r.step;
   out.shard = r.shard;
@@ -912,7 +911,6 @@ ShardResult to_result(const trace::ShardRow& r) {
   out.param_grad = r.param_grad;
   return out;
 }
-}  // namespace
 
 void Trainer::mark(ckpt::Checkpoint* c) const { snapshot(done_, c); }
 
@@ -932,7 +930,7 @@ void Trainer::replay_step(StepResult* out) {
   out->grad_fp = last_row_.grad_fp;
   out->param_fps = last_row_.param_fps;
   out->shards.clear();
-  for (const auto& r : shard_rows_) out->shards.push_back(to_result(r));
+  for (const auto& r : shard_rows_) out->shards.push_back(shard_result(r));
   shard_rows_.clear();
   // Every rank's message fingerprints, for the reduction's comm faults (ranks as the caller knows them).
   out->comm_faults.clear();

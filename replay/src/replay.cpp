@@ -26,26 +26,7 @@ namespace {
 using harness::ShardResult;
 using harness::StepResult;
 
-// What the original run recorded.
-struct Recorded {
-  trace::Header header;
-  std::map<std::int64_t, trace::StepRow> steps;
-  std::map<std::pair<std::int64_t, int>, trace::ShardRow> shards;
-};
-
-Status load_trace(const std::string& run_dir, Recorded* rec) {
-  const auto files = trace::list(run_dir);
-  if (files.empty())
-    return Status::Error("no trace in '" + run_dir + "/trace' (was the run trained with --trace off?)");
-  for (std::size_t i = 0; i < files.size(); ++i) {
-    trace::TraceFile tf;
-    CULPRIT_RETURN_IF_ERROR(trace::read(files[i], &tf));
-    if (i == 0) rec->header = tf.header;
-    for (const auto& s : tf.steps) rec->steps.emplace(s.step, s);
-    for (const auto& r : tf.shards) rec->shards[{r.step, r.shard}] = r;
-  }
-  return Status::OK();
-}
+using Recorded = trace::RunTrace;
 
 std::string fbits(float v) {
   std::uint32_t u;
@@ -147,12 +128,11 @@ Status run(const Options& opt, const Comm& comm) {
   harness::TrainConfig cfg;
   CULPRIT_RETURN_IF_ERROR(agree(comm, harness::load_run_config(opt.run_dir, &cfg)));
   Recorded rec;
-  CULPRIT_RETURN_IF_ERROR(agree(comm, load_trace(opt.run_dir, &rec)));
-  if (opt.step < 1 || !rec.steps.count(opt.step))
+  CULPRIT_RETURN_IF_ERROR(agree(comm, trace::read_run(opt.run_dir, &rec)));
+  if (opt.step < 1 || !rec.step(opt.step))
     return agree(comm, Status::Error("--step " + std::to_string(opt.step) + " is not in the trace of '" + opt.run_dir +
                                      "' (steps " + (rec.steps.empty() ? std::string("none") :
-                                     std::to_string(rec.steps.begin()->first) + ".." +
-                                     std::to_string(rec.steps.rbegin()->first)) + ")"));
+                                     std::to_string(rec.first_step) + ".." + std::to_string(rec.last_step)) + ")"));
   for (int r : opt.ranks)
     if (r < 0 || r >= comm.size)
       return agree(comm, Status::Error("--ranks: rank " + std::to_string(r) + " does not exist (world size " +
@@ -193,7 +173,8 @@ Status run(const Options& opt, const Comm& comm) {
                        std::to_string(it->second.rank) + " on " + it->second.host + ")");
     }
     const auto lines = gather_lines(comm, mine);
-    const std::string d = step_difference(sr, rec.steps.at(sr.step), params);
+    const trace::StepRow* row = rec.step(sr.step);
+    const std::string d = row ? step_difference(sr, *row, params) : std::string();
     for (const auto& l : lines) say(l);
     if (!d.empty()) say("step " + std::to_string(sr.step) + " update: MISMATCH " + d);
     const int bad = static_cast<int>(lines.size()) + (d.empty() ? 0 : 1);
@@ -290,7 +271,7 @@ Status run(const Options& opt, const Comm& comm) {
   // And the step's update, computed as the original run did.
   StepResult sr;
   CULPRIT_RETURN_IF_ERROR(engine->run_step(&sr));
-  const std::string d = step_difference(sr, rec.steps.at(s), params);
+  const std::string d = step_difference(sr, *rec.step(s), params);
   say("step " + std::to_string(s) + " update: " + (d.empty() ? "match" : "MISMATCH " + d));
   if (!d.empty()) ++mismatches;
   if (mismatches == 0) {
@@ -406,7 +387,7 @@ Status audit(const std::string& run_dir, const Comm& comm, const AuditOptions& o
   harness::TrainConfig cfg;
   CULPRIT_RETURN_IF_ERROR(agree(comm, harness::load_run_config(run_dir, &cfg)));
   Recorded rec;
-  CULPRIT_RETURN_IF_ERROR(agree(comm, load_trace(run_dir, &rec)));
+  CULPRIT_RETURN_IF_ERROR(agree(comm, trace::read_run(run_dir, &rec)));
   const auto t0 = MPI_Wtime();
   // The valid checkpoints, in order; every consecutive pair is an interval. Each rank verifies
   // every W-th checkpoint; the ranks then agree on which are valid.
@@ -467,9 +448,9 @@ Status audit(const std::string& run_dir, const Comm& comm, const AuditOptions& o
           break;
         }
       }
-      auto st = rec.steps.find(sr.step);
-      if (verdict.empty() && st != rec.steps.end()) {
-        const std::string d = step_difference(sr, st->second, params);
+      const trace::StepRow* row = rec.step(sr.step);
+      if (verdict.empty() && row) {
+        const std::string d = step_difference(sr, *row, params);
         if (!d.empty()) verdict = "step " + std::to_string(sr.step) + ": " + d;
       }
     }

@@ -1,6 +1,8 @@
-"""culprit audit --compare: two runs meant to be identical, one trained on data with one sample
-changed, are told apart at the first step that used the sample, naming the first differing tensor; two
-identical runs (on different world sizes) compare equal."""
+"""culprit audit --run-dir: every checkpoint interval replayed, a silent fault found in its interval,
+RUN/audit.json; --share I/N and --merge (the Slurm job array's parts) give the same report, and a
+missing share is named. culprit audit --compare: two runs meant to be identical, one trained on data
+with one sample changed, are told apart at the first step that used the sample, naming the first
+differing tensor; two identical runs (on different world sizes) compare equal."""
 import json
 import os
 import sys
@@ -36,6 +38,27 @@ class AuditRun(TempDirTest):
             self.assertRegex(res.out, r"interval %s \(rank \d\): reproduced bitwise" % interval)
         self.assertRegex(res.out, r"interval 6..9 \(rank 0\): MISMATCH step 8 micro-shard 1 \(recorded by rank 1 on \S+\)")
         self.assertIn("1 interval(s) do not reproduce; first: interval 6..9", res.err)
+        whole = json.load(open(os.path.join(bad.run_dir, "audit.json")))
+        self.assertEqual(whole["mismatches"], 1)
+        self.assertEqual([(i["from"], i["verdict"]) for i in whole["intervals"]],
+                         [(0, "reproduced"), (3, "reproduced"), (6, "mismatch"), (9, "reproduced")])
+        # The same audit in three shares (as a Slurm job array would run it), then merged.
+        os.remove(os.path.join(bad.run_dir, "audit.json"))
+        for share in (0, 2):
+            res = run(["audit", "--run-dir", bad.run_dir, "--share", "%d/3" % share], world=2, use_mpirun=True)
+            # Share 0 holds intervals 0..3 and 9..12, share 2 the faulty 6..9.
+            self.assertEqual(res.code, 5 if share == 2 else 0, res.out + res.err)
+        res = run(["audit", "--merge", bad.run_dir])
+        self.assertEqual(res.code, 2, res.out + res.err)
+        self.assertIn("lacks share(s) 1", res.err)
+        res = run(["audit", "--run-dir", bad.run_dir, "--share", "1/3"], world=1, use_mpirun=True)
+        self.assertEqual(res.code, 0, res.out + res.err)  # share 1: interval 3..6
+        res = run(["audit", "--merge", bad.run_dir])
+        self.assertEqual(res.code, 5, res.out + res.err)
+        merged = json.load(open(os.path.join(bad.run_dir, "audit.json")))
+        self.assertEqual(merged["shares"], 3)
+        self.assertEqual([(i["from"], i["verdict"]) for i in merged["intervals"]],
+                         [(i["from"], i["verdict"]) for i in whole["intervals"]])
         # The clean run reproduces everywhere, on any world size.
         clean = self.train("clean", self.ARGS, world=3)
         for world in (1, 3):
@@ -97,7 +120,9 @@ class AuditCompare(TempDirTest):
 
     def test_bad_input(self):
         for args, needle in [(["--compare", self.path("nope"), self.path("nope2")], "holds neither checkpoints nor a trace"),
-                             (["--compare", "x"], "audit takes --run-dir RUN or --compare RUN_A RUN_B")]:
+                             (["--compare", "x"], "audit takes --run-dir RUN [--share I/N], --merge RUN or --compare"),
+                             (["--run-dir", self.path("r"), "--share", "3/3"], "'--share': '3/3' is not I/N"),
+                             (["--merge", self.path("nope")], "no audit share has written its part")]:
             res = run(["audit"] + args)
             self.assertEqual(res.code, 2, res.out + res.err)
             self.assertIn("culprit: error: ", res.err)

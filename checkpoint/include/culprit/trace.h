@@ -2,6 +2,8 @@
 // Rows are written first and the committed counts last, so a reader can tell a torn tail.
 #pragma once
 #include <cstdint>
+#include <map>
+#include <utility>
 #include <string>
 #include <vector>
 
@@ -75,6 +77,19 @@ Status read(const std::string& path, TraceFile* out);
 Status read_open(const h5::Handle& file, const std::string& name, TraceFile* out);
 // Every rank-*.h5 of a run, sorted by rank.
 std::vector<std::string> list(const std::string& run_dir);
+// Every rank's trace of a run, merged: what culprit replay, bisect and audit compare against.
+struct RunTrace {
+  Header header;  // the lowest rank's
+  std::map<std::pair<int, std::int64_t>, StepRow> steps;    // (rank, step)
+  std::map<std::pair<std::int64_t, int>, ShardRow> shards;  // (step, micro-shard)
+  std::vector<int> ranks;                                   // the ranks with a trace file
+  std::int64_t first_step = 0, last_step = 0;               // the recorded steps' range (0: none)
+  // The lowest rank's record of step s, or null.
+  const StepRow* step(std::int64_t s) const;
+};
+// Reads every rank's trace of `run_dir`; an error when there is none or one is damaged.
+Status read_run(const std::string& run_dir, RunTrace* out);
+
 // Sets the committed counts of an existing file to the rows with step <= keep_through_step.
 Status truncate(const std::string& path, std::int64_t keep_through_step);
 

@@ -31,6 +31,9 @@ const char* dtype_name(DType t);
 std::size_t dtype_size(DType t);
 
 Fingerprint fingerprint_bytes(const void* data, std::size_t nbytes);
+// The last step of fingerprint_bytes: XXH3-64 of the chunk hashes as little-endian uint64 (the GPU
+// path hashes the chunks on the device and combines them here). nchunks = 0: the empty input's.
+Fingerprint combine_chunk_hashes(const std::uint64_t* hashes, std::size_t nchunks);
 
 // "0123456789abcdef": 16 lowercase hex digits.
 std::string fingerprint_hex(Fingerprint fp);

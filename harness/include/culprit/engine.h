@@ -14,6 +14,7 @@
 #include "culprit/harness.h"
 #include "culprit/mpi_util.h"
 #include "culprit/status.h"
+#include "culprit/trace.h"
 
 namespace culprit::harness {
 
@@ -29,6 +30,9 @@ struct ShardResult {
   std::vector<Fingerprint> param_grad;  // per parameter's gradient, with layer tracing
   std::vector<float> grad;          // the gradient leaf's values (compute_shard only)
 };
+
+// A micro-shard as the trace recorded it (no gradient values).
+ShardResult shard_result(const trace::ShardRow& row);
 
 // One step as seen by one rank.
 struct StepResult {

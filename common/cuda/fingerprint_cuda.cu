@@ -1,0 +1,124 @@
+#include "culprit/fingerprint_cuda.h"
+
+#define XXH_STATIC_LINKING_ONLY  // XXH3_generateSecret_fromSeed: the default secret, from libxxhash
+#include <cuda_runtime.h>
+#include <xxhash.h>
+
+#include <algorithm>
+#include <vector>
+
+#include "culprit/xxh3_chunk.h"
+
+namespace culprit::cuda {
+
+namespace {
+
+__constant__ unsigned char d_secret[xxh3::kSecretSize];
+
+// One thread per 4 KiB chunk.
+__global__ void chunk_hashes(const unsigned char* data, std::size_t n, std::size_t nchunks, std::uint64_t* out) {
+  const std::size_t c = static_cast<std::size_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (c >= nchunks) return;
+  const std::size_t off = c * kFingerprintChunkBytes;
+  const std::size_t len = n - off < kFingerprintChunkBytes ? n - off : kFingerprintChunkBytes;
+  out[c] = xxh3::hash64(data + off, len, d_secret);
+}
+
+Status check(cudaError_t e, const char* what) {
+  if (e == cudaSuccess) return Status::OK();
+  return Status::Error(std::string("CUDA: ") + what + ": " + cudaGetErrorString(e));
+}
+
+Status upload_secret() {
+  static bool done = false;
+  if (done) return Status::OK();
+  unsigned char secret[xxh3::kSecretSize];
+  XXH3_generateSecret_fromSeed(secret, 0);  // seed 0: XXH3's default secret
+  CULPRIT_RETURN_IF_ERROR(check(cudaMemcpyToSymbol(d_secret, secret, sizeof secret), "copying the secret"));
+  done = true;
+  return Status::OK();
+}
+
+// A device buffer freed at scope exit.
+struct DeviceBuffer {
+  void* p = nullptr;
+  ~DeviceBuffer() {
+    if (p) cudaFree(p);
+  }
+};
+
+}  // namespace
+
+bool device_available(std::string* why) {
+  int n = 0;
+  const cudaError_t e = cudaGetDeviceCount(&n);
+  if (e != cudaSuccess || n == 0) {
+    if (why) *why = e != cudaSuccess ? cudaGetErrorString(e) : "no CUDA device";
+    return false;
+  }
+  return true;
+}
+
+Status fingerprint_device(const void* device_ptr, std::size_t nbytes, Fingerprint* out) {
+  if (nbytes == 0) {
+    *out = combine_chunk_hashes(nullptr, 0);
+    return Status::OK();
+  }
+  CULPRIT_RETURN_IF_ERROR(upload_secret());
+  const std::size_t nchunks = (nbytes + kFingerprintChunkBytes - 1) / kFingerprintChunkBytes;
+  DeviceBuffer hashes;
+  CULPRIT_RETURN_IF_ERROR(check(cudaMalloc(&hashes.p, nchunks * sizeof(std::uint64_t)), "allocating chunk hashes"));
+  const unsigned threads = 128;
+  const unsigned blocks = static_cast<unsigned>((nchunks + threads - 1) / threads);
+  chunk_hashes<<<blocks, threads>>>(static_cast<const unsigned char*>(device_ptr), nbytes, nchunks,
+                                    static_cast<std::uint64_t*>(hashes.p));
+  CULPRIT_RETURN_IF_ERROR(check(cudaGetLastError(), "launching the fingerprint kernel"));
+  std::vector<std::uint64_t> host(nchunks);
+  CULPRIT_RETURN_IF_ERROR(check(cudaMemcpy(host.data(), hashes.p, nchunks * sizeof(std::uint64_t),
+                                           cudaMemcpyDeviceToHost), "copying chunk hashes"));
+  *out = combine_chunk_hashes(host.data(), nchunks);
+  return Status::OK();
+}
+
+Status fingerprint_via_device(const void* host, std::size_t nbytes, Fingerprint* out) {
+  DeviceBuffer d;
+  if (nbytes) {
+    CULPRIT_RETURN_IF_ERROR(check(cudaMalloc(&d.p, nbytes), "allocating"));
+    CULPRIT_RETURN_IF_ERROR(check(cudaMemcpy(d.p, host, nbytes, cudaMemcpyHostToDevice), "copying to the device"));
+  }
+  return fingerprint_device(d.p, nbytes, out);
+}
+
+Status bandwidth(std::size_t nbytes, int reps, double* fingerprint_gbs, double* copy_gbs) {
+  DeviceBuffer a, b;
+  CULPRIT_RETURN_IF_ERROR(check(cudaMalloc(&a.p, nbytes), "allocating"));
+  CULPRIT_RETURN_IF_ERROR(check(cudaMalloc(&b.p, nbytes), "allocating"));
+  CULPRIT_RETURN_IF_ERROR(check(cudaMemset(a.p, 0x5a, nbytes), "filling"));
+  cudaEvent_t t0, t1;
+  cudaEventCreate(&t0);
+  cudaEventCreate(&t1);
+  float best_fp = 1e30f, best_copy = 1e30f;
+  Fingerprint fp = 0;
+  for (int r = 0; r < std::max(reps, 1); ++r) {
+    float ms = 0;
+    cudaEventRecord(t0);
+    CULPRIT_RETURN_IF_ERROR(fingerprint_device(a.p, nbytes, &fp));
+    cudaEventRecord(t1);
+    cudaEventSynchronize(t1);
+    cudaEventElapsedTime(&ms, t0, t1);
+    best_fp = std::min(best_fp, ms);
+    cudaEventRecord(t0);
+    CULPRIT_RETURN_IF_ERROR(check(cudaMemcpy(b.p, a.p, nbytes, cudaMemcpyDeviceToDevice), "copying"));
+    cudaEventRecord(t1);
+    cudaEventSynchronize(t1);
+    cudaEventElapsedTime(&ms, t0, t1);
+    best_copy = std::min(best_copy, ms);
+  }
+  cudaEventDestroy(t0);
+  cudaEventDestroy(t1);
+  *fingerprint_gbs = static_cast<double>(nbytes) / (best_fp * 1e-3) / 1e9;
+  *copy_gbs = static_cast<double>(nbytes) / (best_copy * 1e-3) / 1e9;  // bytes read (a copy also writes them)
+  return Status::OK();
+}
+
+}  // namespace culprit::cuda

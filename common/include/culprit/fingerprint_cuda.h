@@ -1,0 +1,25 @@
+// fp1 fingerprints of tensors in GPU memory (docs/fingerprint.md, docs/cuda.md), without copying the
+// tensor to the host: a kernel hashes every 4 KiB chunk on the device (xxh3_chunk.h) and only the
+// chunk hashes (8 bytes per 4 KiB) come back to be combined as on the CPU. Bitwise the same
+// fingerprint as fingerprint_bytes() of the same bytes. Built when nvcc is found (CULPRIT_HAVE_CUDA);
+// this header needs no CUDA headers.
+#pragma once
+#include <cstddef>
+#include <string>
+
+#include "culprit/fingerprint.h"
+#include "culprit/status.h"
+
+namespace culprit::cuda {
+
+// Whether a CUDA device can be used; *why says why not.
+bool device_available(std::string* why);
+// fp1 of nbytes at device_ptr (device memory of the current device).
+Status fingerprint_device(const void* device_ptr, std::size_t nbytes, Fingerprint* out);
+// For tests and the GPU check: copies host bytes to the device, fingerprints them there.
+Status fingerprint_via_device(const void* host, std::size_t nbytes, Fingerprint* out);
+// For the GPU check: the kernel's and a device-to-device copy's bandwidth on nbytes (GB/s), best of
+// `reps`.
+Status bandwidth(std::size_t nbytes, int reps, double* fingerprint_gbs, double* copy_gbs);
+
+}  // namespace culprit::cuda

@@ -1,0 +1,69 @@
+// The GPU fingerprint equals the CPU one for many sizes and dtypes (needs a CUDA device; skips with
+// the reason where there is none). Also prints the kernel's bandwidth against a device-to-device copy.
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "culprit/fingerprint.h"
+#include "culprit/fingerprint_cuda.h"
+
+namespace {
+
+bool have_device() {
+  std::string why;
+  if (culprit::cuda::device_available(&why)) return true;
+  std::printf("no CUDA device here (%s): GPU tests skipped\n", why.c_str());
+  return false;
+}
+
+template <class T>
+void check_sizes(const char* dtype) {
+  std::mt19937_64 g(11);
+  for (std::size_t n : {0UL, 1UL, 3UL, 1023UL, 1024UL, 1025UL, 4096UL, 65537UL, 1000003UL, 16777216UL + 5}) {
+    std::vector<T> v(n);
+    for (auto& x : v) {
+      const std::uint64_t r = g();
+      std::memcpy(&x, &r, sizeof(T));
+    }
+    culprit::Fingerprint gpu = 0;
+    const auto st = culprit::cuda::fingerprint_via_device(v.data(), n * sizeof(T), &gpu);
+    ASSERT_TRUE(st.ok()) << st.message();
+    EXPECT_EQ(gpu, culprit::fingerprint_bytes(v.data(), n * sizeof(T))) << dtype << " x " << n;
+  }
+}
+
+}  // namespace
+
+TEST(FingerprintCuda, EqualsCpuForManySizesAndDtypes) {
+  if (!have_device()) GTEST_SKIP() << "no CUDA device";
+  check_sizes<float>("float32");
+  check_sizes<double>("float64");
+  check_sizes<std::int64_t>("int64");
+  check_sizes<std::uint16_t>("bfloat16");
+  check_sizes<std::uint8_t>("uint8");
+}
+
+TEST(FingerprintCuda, AFlippedBitChangesIt) {
+  if (!have_device()) GTEST_SKIP() << "no CUDA device";
+  std::vector<float> v(1 << 20, 1.0f);
+  culprit::Fingerprint a = 0, b = 0;
+  ASSERT_TRUE(culprit::cuda::fingerprint_via_device(v.data(), v.size() * 4, &a).ok());
+  reinterpret_cast<std::uint32_t*>(v.data())[777777] ^= 1u << 3;
+  ASSERT_TRUE(culprit::cuda::fingerprint_via_device(v.data(), v.size() * 4, &b).ok());
+  EXPECT_NE(a, b);
+}
+
+TEST(FingerprintCuda, Bandwidth) {
+  if (!have_device()) GTEST_SKIP() << "no CUDA device";
+  for (std::size_t mb : {64, 1024}) {
+    double fp = 0, copy = 0;
+    const auto st = culprit::cuda::bandwidth(mb << 20, 5, &fp, &copy);
+    ASSERT_TRUE(st.ok()) << st.message();
+    std::printf("fingerprint bandwidth %zu MiB: kernel %.1f GB/s, device-to-device copy %.1f GB/s, ratio %.2f\n", mb,
+                fp, copy, fp / copy);
+  }
+}

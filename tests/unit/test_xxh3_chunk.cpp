@@ -1,0 +1,45 @@
+// xxh3_chunk.h (the GPU fingerprint kernel's hash, compiled here as host code) against libxxhash, bit
+// for bit, for every chunk length 0..4096 at three alignments: every one of XXH3's length paths.
+#define XXH_STATIC_LINKING_ONLY
+#include <gtest/gtest.h>
+#include <xxhash.h>
+
+#include <random>
+#include <vector>
+
+#include "culprit/fingerprint.h"
+#include "culprit/xxh3_chunk.h"
+
+TEST(Xxh3Chunk, EqualsLibxxhashForEveryChunkLength) {
+  unsigned char secret[culprit::xxh3::kSecretSize];
+  XXH3_generateSecret_fromSeed(secret, 0);
+  std::mt19937_64 g(20261130);
+  std::vector<unsigned char> buf(culprit::kFingerprintChunkBytes + 8);
+  for (auto& b : buf) b = static_cast<unsigned char>(g());
+  int differ = 0;
+  for (std::size_t len = 0; len <= culprit::kFingerprintChunkBytes; ++len)
+    for (std::size_t off = 0; off < 3; ++off)
+      if (culprit::xxh3::hash64(buf.data() + off, len, secret) != XXH3_64bits(buf.data() + off, len)) {
+        ADD_FAILURE() << "length " << len << " offset " << off;
+        if (++differ > 5) return;
+      }
+}
+
+TEST(Xxh3Chunk, ChunkHashesCombineToTheFingerprint) {
+  unsigned char secret[culprit::xxh3::kSecretSize];
+  XXH3_generateSecret_fromSeed(secret, 0);
+  std::mt19937_64 g(7);
+  for (std::size_t n : {0UL, 1UL, 4095UL, 4096UL, 4097UL, 100003UL}) {
+    std::vector<unsigned char> data(n);
+    for (auto& b : data) b = static_cast<unsigned char>(g());
+    std::vector<std::uint64_t> h;
+    for (std::size_t off = 0; off < n; off += culprit::kFingerprintChunkBytes)
+      h.push_back(culprit::xxh3::hash64(data.data() + off, std::min(culprit::kFingerprintChunkBytes, n - off), secret));
+    EXPECT_EQ(culprit::combine_chunk_hashes(h.data(), h.size()), culprit::fingerprint_bytes(data.data(), n)) << n;
+  }
+  // Negative control: one flipped bit changes it.
+  std::vector<unsigned char> data(10000, 1);
+  const auto a = culprit::fingerprint_bytes(data.data(), data.size());
+  data[5000] ^= 4;
+  EXPECT_NE(a, culprit::fingerprint_bytes(data.data(), data.size()));
+}
