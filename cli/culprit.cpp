@@ -332,7 +332,7 @@ po::options_description screen_options(culprit::harness::ScreenOptions* o) {
     ("help,h", "print this help")
     ("seconds", po::value(&o->seconds)->default_value(o->seconds), "repeat the tests for about this long (at least once)")
     ("size", po::value(&o->size)->default_value(o->size), "matrix size N (N x N float32)")
-    ("device", po::value(&o->device)->default_value(o->device), "the device each rank screens (cpu)")
+    ("device", po::value(&o->device)->default_value(o->device), "cpu | cuda: the CPU path, or the GPU of the rank's local index (builds with nvcc)")
     ("threads", po::value(&o->threads)->default_value(o->threads), "intra-op threads per rank")
     ("report", po::value(&o->report), "write the JSON report here (rank 0)")
     ("inject", po::value(&o->inject)->composing(), "a fault for testing the screen: layer=matmul|reduce|pointwise, "

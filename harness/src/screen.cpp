@@ -6,6 +6,7 @@
 #include <chrono>
 #include <cstdio>
 #include <fstream>
+#include <functional>
 #include <map>
 
 #include <nlohmann/json.hpp>
@@ -13,6 +14,10 @@
 #include "culprit/exit_codes.h"
 #include "culprit/fingerprint.h"
 #include "culprit/inject.h"
+#if defined(CULPRIT_HAVE_CUDA)
+#include "culprit/screen_cuda.h"
+#include "culprit/screen_kernels.h"
+#endif
 #include "trainer.h"
 
 namespace culprit::harness {
@@ -53,6 +58,29 @@ Fingerprint run_test(int t, const Inputs& in, const std::vector<FaultSpec>& faul
   return fingerprint_bytes(out.data_ptr<float>(), static_cast<std::size_t>(out.numel()) * sizeof(float));
 }
 
+// Gathers one string per rank on rank 0.
+std::vector<std::string> gather_strings(const Comm& comm, const std::string& mine) {
+  std::string s = mine;
+  s.resize(256, '\0');
+  std::vector<char> buf(256 * static_cast<std::size_t>(comm.size));
+  CULPRIT_MPI_CHECK(MPI_Gather(s.data(), 256, MPI_CHAR, buf.data(), 256, MPI_CHAR, 0, comm.comm));
+  std::vector<std::string> out(comm.size);
+  for (int r = 0; r < comm.size && comm.rank == 0; ++r) out[r] = std::string(buf.data() + 256 * r);
+  return out;
+}
+
+#if defined(CULPRIT_HAVE_CUDA)
+// This process's index among the ranks on its host (one GPU per rank by local rank).
+int local_rank(const Comm& comm) {
+  MPI_Comm node;
+  CULPRIT_MPI_CHECK(MPI_Comm_split_type(comm.comm, MPI_COMM_TYPE_SHARED, comm.rank, MPI_INFO_NULL, &node));
+  int r = 0;
+  MPI_Comm_rank(node, &r);
+  MPI_Comm_free(&node);
+  return r;
+}
+#endif
+
 }  // namespace
 
 Status screen(const ScreenOptions& opt, const Comm& comm) {
@@ -62,8 +90,12 @@ Status screen(const ScreenOptions& opt, const Comm& comm) {
   Status st;
   if (opt.size < 1 || opt.size > 8192) st = Status::Error("option '--size' must be in 1..8192");
   if (st.ok() && !(opt.seconds >= 0)) st = Status::Error("option '--seconds' must be at least 0");
-  if (st.ok() && opt.device != "cpu")
-    st = Status::Error("option '--device': '" + opt.device + "' is not available in this build (valid: cpu)");
+  if (st.ok() && opt.device != "cpu" && opt.device != "cuda")
+    st = Status::Error("option '--device': unknown device '" + opt.device + "' (valid: cpu, cuda)");
+#if !defined(CULPRIT_HAVE_CUDA)
+  if (st.ok() && opt.device == "cuda")
+    st = Status::Error("option '--device': this culprit was built without CUDA (nvcc was not found at build time)");
+#endif
   std::vector<FaultSpec> faults;
   for (const auto& text : opt.inject) {
     if (!st.ok()) break;
@@ -72,21 +104,66 @@ Status screen(const ScreenOptions& opt, const Comm& comm) {
     st = parse_fault(text.find("phase=") == std::string::npos ? "phase=forward," + text : text, tests, &f);
     f.text = text;
     if (st.ok() && f.layer.empty()) st = Status::Error("--inject '" + text + "': screen faults need layer= (one of matmul, reduce, pointwise)");
+    if (st.ok() && opt.device == "cuda" && f.kind != FaultKind::kBitflip)
+      st = Status::Error("--inject '" + text + "': the GPU screen injects kind=bitflip only");
     faults.push_back(f);
   }
+  // The device: the CPU path, or the GPU of this rank's local index.
+  std::string device = "cpu";
+  int gpu = -1;
+#if defined(CULPRIT_HAVE_CUDA)
+  if (st.ok() && opt.device == "cuda") {
+    std::string why;
+    const int count = cuda::device_count(&why);
+    if (count == 0) st = Status::Error("--device cuda: no CUDA device on host " + comm.host + " (" + why + ")");
+    else gpu = local_rank(comm) % count, device = cuda::device_name(gpu);
+  }
+#endif
   CULPRIT_RETURN_IF_ERROR(agree(comm, st));
   setup_determinism(opt.threads);
-  const Inputs in = make_inputs(opt.size);
+  // One repetition: each test's result fingerprint on this rank's device.
+  std::function<Status(std::int64_t, std::vector<Fingerprint>*)> repetition;
+  std::vector<Fingerprint> reference;  // the GPU path's known answer, computed once on the CPU
+  Inputs in;
+  if (gpu < 0) {
+    in = make_inputs(opt.size);
+    repetition = [&](std::int64_t rep, std::vector<Fingerprint>* out) {
+      for (int t = 0; t < T; ++t) (*out)[t] = run_test(t, in, faults, comm.rank, rep);
+      return Status::OK();
+    };
+  } else {
+#if defined(CULPRIT_HAVE_CUDA)
+    std::vector<float> ref[3];
+    screen::reference(opt.size, &ref[0], &ref[1], &ref[2]);
+    for (const auto& r : ref) reference.push_back(fingerprint_bytes(r.data(), r.size() * sizeof(float)));
+    repetition = [&](std::int64_t rep, std::vector<Fingerprint>* out) {
+      cuda::ScreenFlip flip;
+      for (const auto& f : faults)
+        if (fault_fires(f, comm.rank, rep, /*replay=*/false, 1, 0)) {
+          flip.test = static_cast<int>(std::find(tests.begin(), tests.end(), f.layer) - tests.begin());
+          flip.index = static_cast<std::size_t>(f.index);
+          flip.bit = f.bit;
+        }
+      return cuda::screen_once(gpu, opt.size, flip, out->data());
+    };
+#endif
+  }
 
-  // Repetition 1 on every device; the known answer is the majority's.
+  // Repetition 1 on every device; the known answer is the CPU reference (GPU) or what the majority
+  // of devices computed (CPU path).
   const auto t0 = std::chrono::steady_clock::now();
   std::vector<Fingerprint> first(T);
-  for (int t = 0; t < T; ++t) first[t] = run_test(t, in, faults, comm.rank, 1);
+  st = repetition(1, &first);
+  CULPRIT_RETURN_IF_ERROR(agree(comm, st));
   std::vector<Fingerprint> all(static_cast<std::size_t>(T) * W);
   CULPRIT_MPI_CHECK(MPI_Allgather(first.data(), T, MPI_UINT64_T, all.data(), T, MPI_UINT64_T, comm.comm));
   std::vector<Fingerprint> known(T);
   std::vector<bool> resolved(T, true);
   for (int t = 0; t < T; ++t) {
+    if (!reference.empty()) {
+      known[t] = reference[t];
+      continue;
+    }
     std::map<Fingerprint, int> votes;
     for (int r = 0; r < W; ++r) ++votes[all[static_cast<std::size_t>(r) * T + t]];
     int best = 0, ties = 0;
@@ -101,17 +178,21 @@ Status screen(const ScreenOptions& opt, const Comm& comm) {
   std::int64_t first_failure = 0, reps = 1;
   for (int t = 0; t < T; ++t)
     if (first[t] != known[t]) ++failures[t], first_failure = 1;
+  std::vector<Fingerprint> got(T);
   for (;;) {
-    int go = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() < opt.seconds;
+    int go = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() < opt.seconds && st.ok();
     CULPRIT_MPI_CHECK(MPI_Bcast(&go, 1, MPI_INT, 0, comm.comm));
     if (!go) break;
     ++reps;
-    for (int t = 0; t < T; ++t)
-      if (run_test(t, in, faults, comm.rank, reps) != known[t]) {
+    if (!st.ok()) continue;  // a failed device call: reported below
+    st = repetition(reps, &got);
+    for (int t = 0; t < T && st.ok(); ++t)
+      if (got[t] != known[t]) {
         ++failures[t];
         if (!first_failure) first_failure = reps;
       }
   }
+  CULPRIT_RETURN_IF_ERROR(agree(comm, st));
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 
   // Rank 0 gathers every device's account.
@@ -119,14 +200,8 @@ Status screen(const ScreenOptions& opt, const Comm& comm) {
   mine.push_back(static_cast<int>(first_failure));
   std::vector<int> counts(static_cast<std::size_t>(T + 1) * W);
   CULPRIT_MPI_CHECK(MPI_Gather(mine.data(), T + 1, MPI_INT, counts.data(), T + 1, MPI_INT, 0, comm.comm));
-  std::vector<std::string> hosts(W);
-  {
-    std::string h = comm.host;
-    h.resize(256, '\0');
-    std::vector<char> buf(256 * static_cast<std::size_t>(W));
-    CULPRIT_MPI_CHECK(MPI_Gather(h.data(), 256, MPI_CHAR, buf.data(), 256, MPI_CHAR, 0, comm.comm));
-    for (int r = 0; r < W; ++r) hosts[r] = std::string(buf.data() + 256 * r);
-  }
+  const std::vector<std::string> hosts = gather_strings(comm, comm.host);
+  const std::vector<std::string> devices = gather_strings(comm, device);
   std::string verdict_msg;
   Status written;
   if (comm.rank == 0) {
@@ -150,14 +225,14 @@ Status screen(const ScreenOptions& opt, const Comm& comm) {
                      (!resolved[t] && c[t] == 0 && W == 2);
       }
       const std::string verdict = unresolved ? "unresolved" : total ? "fail" : "pass";
-      std::printf("%5d  %-20s %-8s %-12s %d %d %d%s\n", r, hosts[r].c_str(), opt.device.c_str(), verdict.c_str(), c[0],
+      std::printf("%5d  %-20s %-8s %-12s %d %d %d%s\n", r, hosts[r].c_str(), devices[r].c_str(), verdict.c_str(), c[0],
                   c[1], c[2], c[T] ? (" (first at repetition " + std::to_string(c[T]) + ")").c_str() : "");
-      nlohmann::ordered_json d = {{"rank", r}, {"host", hosts[r]}, {"device", opt.device}, {"verdict", verdict}};
+      nlohmann::ordered_json d = {{"rank", r}, {"host", hosts[r]}, {"device", devices[r]}, {"verdict", verdict}};
       for (int t = 0; t < T; ++t) d["failures"][tests[t]] = c[t];
       d["first_failure"] = c[T] ? nlohmann::ordered_json(c[T]) : nlohmann::ordered_json(nullptr);
       j["devices"].push_back(d);
       if (verdict != "pass") {
-        failed.push_back("rank " + std::to_string(r) + " (" + hosts[r] + ", " + opt.device + "): " + verdict);
+        failed.push_back("rank " + std::to_string(r) + " (" + hosts[r] + ", " + devices[r] + "): " + verdict);
         if (std::find(exclude.begin(), exclude.end(), hosts[r]) == exclude.end()) exclude.push_back(hosts[r]);
       }
     }

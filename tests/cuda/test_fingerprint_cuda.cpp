@@ -67,3 +67,26 @@ TEST(FingerprintCuda, Bandwidth) {
                 fp, copy, fp / copy);
   }
 }
+
+// The GPU screen's known answer: each test's result on the GPU is bitwise the CPU reference's.
+#include "culprit/screen_cuda.h"
+#include "culprit/screen_kernels.h"
+
+TEST(ScreenCuda, KnownAnswersAndAFlippedBit) {
+  if (!have_device()) GTEST_SKIP() << "no CUDA device";
+  for (int n : {64, 256}) {
+    std::vector<float> ref[3];
+    culprit::screen::reference(n, &ref[0], &ref[1], &ref[2]);
+    culprit::Fingerprint gpu[3];
+    ASSERT_TRUE(culprit::cuda::screen_once(0, n, {}, gpu).ok());
+    for (int t = 0; t < 3; ++t)
+      EXPECT_EQ(gpu[t], culprit::fingerprint_bytes(ref[t].data(), ref[t].size() * 4)) << "test " << t << " n " << n;
+    culprit::cuda::ScreenFlip flip;
+    flip.test = 0;
+    flip.index = 17;
+    flip.bit = 2;
+    ASSERT_TRUE(culprit::cuda::screen_once(0, n, flip, gpu).ok());
+    EXPECT_NE(gpu[0], culprit::fingerprint_bytes(ref[0].data(), ref[0].size() * 4));
+    EXPECT_EQ(gpu[1], culprit::fingerprint_bytes(ref[1].data(), ref[1].size() * 4));
+  }
+}

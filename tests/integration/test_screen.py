@@ -52,7 +52,9 @@ class Screen(TempDirTest):
     def test_bad_options(self):
         for args, needle in [(["--inject", "rank=0,layer=conv"], "unknown layer 'conv'"),
                              (["--size", "0"], "'--size'"),
-                             (["--device", "cuda"], "'--device'"),
+                             (["--device", "gpu"], "unknown device 'gpu' (valid: cpu, cuda)"),
+                             # Here: no GPU (or a build without nvcc); either way one line naming it.
+                             (["--device", "cuda"], "--device"),
                              (["--bogus"], "unrecognised option '--bogus'")]:
             with self.subTest(args=args):
                 codes, out, err = run_each_rank_code(["screen"] + args, 2, self.tmp)

@@ -43,3 +43,28 @@ TEST(Xxh3Chunk, ChunkHashesCombineToTheFingerprint) {
   data[5000] ^= 4;
   EXPECT_NE(a, culprit::fingerprint_bytes(data.data(), data.size()));
 }
+
+// The GPU screen's CPU reference (screen_kernels.h): the same bits every time, and the values a
+// double-precision computation gives to float accuracy.
+#include <cmath>
+
+#include "culprit/screen_kernels.h"
+
+TEST(ScreenReference, DeterministicAndClose) {
+  const int n = 48;
+  std::vector<float> m, r, p, m2, r2, p2;
+  culprit::screen::reference(n, &m, &r, &p);
+  culprit::screen::reference(n, &m2, &r2, &p2);
+  EXPECT_EQ(culprit::fingerprint_bytes(m.data(), m.size() * 4), culprit::fingerprint_bytes(m2.data(), m2.size() * 4));
+  for (int i : {0, 5, n - 1}) {
+    double c = 0, s = 0;
+    for (int k = 0; k < n; ++k) {
+      c += static_cast<double>(culprit::screen::input_value(0, i * n + k)) * culprit::screen::input_value(1, k * n + 3);
+      s += static_cast<double>(culprit::screen::input_value(0, i * n + k)) * culprit::screen::input_value(1, i * n + k);
+    }
+    EXPECT_NEAR(m[i * n + 3], c, 1e-4);
+    EXPECT_NEAR(r[i], s, 1e-4);
+    const double a = culprit::screen::input_value(0, i), b = culprit::screen::input_value(1, i);
+    EXPECT_NEAR(p[i], (a * b + a) / (1 + b * b), 1e-6);
+  }
+}

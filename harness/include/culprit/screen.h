@@ -14,7 +14,7 @@ namespace culprit::harness {
 struct ScreenOptions {
   double seconds = 10;           // how long to repeat (at least one repetition)
   int size = 256;                // matrices are size x size float32
-  std::string device = "cpu";    // cpu (CUDA devices: see docs/screen.md)
+  std::string device = "cpu";    // cpu | cuda (the GPU of the rank's local index; docs/screen.md)
   std::vector<std::string> inject;  // --inject SPECs: layer = a test's name, step = a repetition
   std::string report;            // JSON report path ("" = none)
   int threads = 1;
