@@ -18,6 +18,7 @@
 #include "culprit/tree_reduce.h"
 #include "data.h"
 #include "detect.h"
+#include "error_line.h"
 #include "io_worker.h"
 #include "model.h"
 #include "runinfo.h"
@@ -33,6 +34,34 @@ Status truncate_metrics(const std::string& path, std::int64_t keep);
 // Deterministic libtorch settings (docs/determinism.md); returns the BLAS thread count set (0: no
 // thread control found).
 int setup_determinism(int threads);
+
+// Runs f, turning any exception into an error Status.
+template <class Fn>
+Status guarded(const std::string& what, Fn&& f) {
+  try {
+    return f();
+  } catch (const std::exception& e) {
+    return Status::Error(what + ": " + error_line(e.what()));
+  }
+}
+
+// Keeps the model's buffers (batch-norm running statistics) across a recomputation: a spot check or
+// a replayed micro-shard runs the forward pass in training mode, which must not change the state.
+struct BufferGuard {
+  explicit BufferGuard(Model& m) : model(m) {
+    for (const auto& b : model.buffers()) saved.push_back(b.tensor.detach().clone());
+  }
+  ~BufferGuard() {
+    torch::NoGradGuard ng;
+    auto bufs = model.buffers();
+    for (std::size_t i = 0; i < bufs.size() && i < saved.size(); ++i) bufs[i].tensor.copy_(saved[i]);
+  }
+  Model& model;
+  std::vector<at::Tensor> saved;
+};
+
+// A checkpoint of another run (other seed, model, ...) must not be resumed silently.
+Status check_compatible(const TrainConfig& cfg, const Dataset& data, const ckpt::Checkpoint& c, const std::string& from);
 
 class Trainer {
  public:

@@ -1,0 +1,222 @@
+// The replay engine (culprit/engine.h): a Trainer restored from a checkpoint that re-executes steps
+// as the original run did and hands back every fingerprint, for culprit replay, bisect and audit.
+#include <torch/torch.h>
+
+#include <cctype>
+#include <cstdlib>
+
+#include "culprit/engine.h"
+#include "culprit/tree_reduce.h"
+#include "data.h"
+#include "model.h"
+#include "trainer.h"
+
+namespace culprit::harness {
+
+void Trainer::begin_replay(std::int64_t done, int device_rank) {
+  replaying_ = true;
+  device_rank_ = device_rank;
+  capture_ = true;
+  done_ = done;
+  info_.hosts.assign(comm_.size, comm_.host);
+  info_.devices.assign(comm_.size, "cpu");
+  model_.set_training(true);
+  set_fingerprint(params_, &prev_param_fps_);
+  spot_leaf_.assign(static_cast<std::size_t>(P_ + 1), 0.0f);
+}
+
+ShardResult shard_result(const trace::ShardRow& r) {
+  ShardResult out;
+  out.step = r.step;
+  out.shard = r.shard;
+  out.rank = r.rank;
+  out.loss = r.loss;
+  out.grad_fp = r.grad_fp;
+  out.input_fp = r.input_fp;
+  out.fwd = r.fwd;
+  out.bwd = r.bwd;
+  out.param_grad = r.param_grad;
+  return out;
+}
+
+void Trainer::mark(ckpt::Checkpoint* c) const { snapshot(done_, c); }
+
+Status Trainer::rewind(const ckpt::Checkpoint& c) {
+  CULPRIT_RETURN_IF_ERROR(restore(c));
+  done_ = c.step;
+  return Status::OK();
+}
+
+void Trainer::replay_step(StepResult* out) {
+  const std::int64_t s = done_ + 1;
+  shard_rows_.clear();
+  step(s);
+  done_ = s;
+  out->step = s;
+  out->loss = last_row_.loss;
+  out->grad_fp = last_row_.grad_fp;
+  out->param_fps = last_row_.param_fps;
+  out->shards.clear();
+  for (const auto& r : shard_rows_) out->shards.push_back(shard_result(r));
+  shard_rows_.clear();
+  // Every rank's message fingerprints, for the reduction's comm faults (ranks as the caller knows them).
+  out->comm_faults.clear();
+  const int W = comm_.size;
+  if (W > 1) {
+    std::vector<Fingerprint> mine;
+    mine.insert(mine.end(), cc_.sent.begin(), cc_.sent.end());
+    mine.insert(mine.end(), cc_.received.begin(), cc_.received.end());
+    mine.insert(mine.end(), cc_.chunks.begin(), cc_.chunks.end());
+    const int n = static_cast<int>(mine.size());
+    std::vector<Fingerprint> all(mine.size() * W);
+    CULPRIT_MPI_CHECK(MPI_Allgather(mine.data(), n, MPI_UINT64_T, all.data(), n, MPI_UINT64_T, comm_.comm));
+    std::vector<CommCheck> per_rank(W);
+    for (int r = 0; r < W; ++r)
+      for (int j = 0; j < W; ++j) {
+        per_rank[r].sent.push_back(all[r * n + j]);
+        per_rank[r].received.push_back(all[r * n + W + j]);
+        per_rank[r].chunks.push_back(all[r * n + 2 * W + j]);
+      }
+    const int rot = (self() - comm_.rank + W) % W;  // layout rank -> the process's own rank
+    for (const auto& [from, to] : comm_mismatches(per_rank))
+      out->comm_faults.push_back({(from + rot) % W, (to + rot) % W});
+  }
+}
+
+void Trainer::replay_shard(int k, int round, ShardResult* out) {
+  const std::int64_t s = done_ + 1;
+  cur_step_ = s;
+  round_ = round;
+  std::vector<float> leaf(static_cast<std::size_t>(P_ + 1));
+  {
+    BufferGuard keep(model_);
+    compute_shard(s, k, leaf.data(), 0);
+  }
+  round_ = 0;
+  out->step = s;
+  out->shard = k;
+  out->rank = self();
+  out->loss = leaf[P_];
+  out->grad_fp = fingerprint_bytes(leaf.data(), static_cast<std::size_t>(P_) * sizeof(float));
+  out->input_fp = input_fp_;
+  out->fwd = fwd_;
+  out->bwd = bwd_;
+  if (!fwd_.empty()) out->param_grad = param_grad_fps(leaf.data());
+  out->grad.assign(leaf.begin(), leaf.end() - 1);
+}
+
+namespace {
+
+class EngineImpl : public Engine {
+ public:
+  ~EngineImpl() override {
+    trainer_.reset();
+    if (layout_.comm != MPI_COMM_NULL && layout_.comm != comm_.comm) MPI_Comm_free(&layout_.comm);
+  }
+  Status init(const TrainConfig& cfg, const Comm& comm, const std::string& path, bool layer_trace, int rotate) {
+    comm_ = comm;
+    layout_ = comm;
+    set_layout(rotate);
+    cfg_ = cfg;
+    cfg_.detect_nonfinite = false;
+    cfg_.comm_check = false;
+    cfg_.spike_window = 0;
+    cfg_.replica_check_every = 0;
+    cfg_.check_invariants = false;
+    cfg_.spot_check = 0;
+    cfg_.trace = layer_trace ? "layer" : "off";
+    cfg_.quiet = true;
+    // A fault on a rank this world does not have never fires here (its device is not replaying).
+    std::vector<std::string> faults;
+    for (const auto& f : cfg_.inject) {
+      const auto at = f.find("rank=");
+      const bool absent = at != std::string::npos && std::isdigit(static_cast<unsigned char>(f[at + 5])) &&
+                          std::atoi(f.c_str() + at + 5) >= comm.size;
+      if (!absent) faults.push_back(f);
+    }
+    cfg_.inject = faults;
+    setup_determinism(cfg_.threads);
+    CULPRIT_RETURN_IF_ERROR(agree(comm, load_dataset(cfg_, &data_)));
+    CULPRIT_RETURN_IF_ERROR(agree(comm, guarded("model " + cfg_.model, [&] { return make_model(cfg_, data_, &model_); })));
+    trainer_ = std::make_unique<Trainer>(cfg_, layout_, data_, *model_);
+    CULPRIT_RETURN_IF_ERROR(agree(comm, guarded("setup", [&] { return trainer_->init(); })));
+    ckpt::Checkpoint c;
+    CULPRIT_RETURN_IF_ERROR(agree(comm, ckpt::read(path, &c, /*verify=*/true)));
+    CULPRIT_RETURN_IF_ERROR(agree(comm, check_compatible(cfg_, data_, c, path)));
+    CULPRIT_RETURN_IF_ERROR(agree(comm, guarded("restoring " + path, [&] { return trainer_->restore(c); })));
+    trainer_->begin_replay(c.step, comm.rank);
+    return Status::OK();
+  }
+  std::int64_t step() const override { return trainer_->replayed(); }
+  Status run_step(StepResult* out) override {
+    return agree(comm_, guarded("replaying step " + std::to_string(step() + 1), [&] {
+      trainer_->replay_step(out);
+      return Status::OK();
+    }));
+  }
+  Status compute_shard(int k, int round, ShardResult* out) override {
+    if (k < 0 || k >= cfg_.micro_shards)
+      return Status::Error("micro-shard " + std::to_string(k) + " does not exist (--micro-shards " +
+                           std::to_string(cfg_.micro_shards) + ")");
+    return guarded("replaying micro-shard " + std::to_string(k), [&] {
+      trainer_->replay_shard(k, round, out);
+      return Status::OK();
+    });
+  }
+  Status set_rotation(int rotate) override {
+    set_layout(rotate);  // the trainer holds a reference to layout_: it sees the new one
+    return Status::OK();
+  }
+  Status mark() override {
+    return guarded("keeping the state", [&] {
+      trainer_->mark(&marked_);
+      return Status::OK();
+    });
+  }
+  Status rewind() override {
+    return guarded("rewinding", [&] { return trainer_->rewind(marked_); });
+  }
+  std::vector<std::string> params() const override { return trainer_->param_names(); }
+  std::vector<std::string> layers() const override { return trainer_->layer_names(); }
+
+ private:
+  void set_layout(int rotate) {
+    if (layout_.comm != MPI_COMM_NULL && layout_.comm != comm_.comm) MPI_Comm_free(&layout_.comm);
+    layout_ = comm_;
+    const int W = comm_.size, rot = ((rotate % W) + W) % W;
+    if (rot != 0) {
+      layout_.rank = (comm_.rank - rot + W) % W;
+      CULPRIT_MPI_CHECK(MPI_Comm_split(comm_.comm, 0, layout_.rank, &layout_.comm));
+    }
+  }
+  TrainConfig cfg_;
+  Comm comm_;
+  Comm layout_;  // comm_ re-ordered by `rotate`: the trainer's micro-shard layout and reduction
+  Dataset data_;
+  std::unique_ptr<Model> model_;
+  std::unique_ptr<Trainer> trainer_;
+  ckpt::Checkpoint marked_;
+};
+
+}  // namespace
+
+Status Engine::open(const TrainConfig& cfg, const Comm& comm, const std::string& checkpoint, bool layer_trace,
+                    std::unique_ptr<Engine>* out, int rotate) {
+  CULPRIT_RETURN_IF_ERROR(agree(comm, validate(cfg, comm.size)));
+  auto e = std::make_unique<EngineImpl>();
+  CULPRIT_RETURN_IF_ERROR(e->init(cfg, comm, checkpoint, layer_trace, rotate));
+  *out = std::move(e);
+  return Status::OK();
+}
+
+int Engine::replay_rank(int k, int micro_shards, int world, int rotate) {
+  int owner = world - 1;
+  for (int r = 0; r < world; ++r)
+    if (shard_range(r, world, micro_shards).hi > k) {
+      owner = r;
+      break;
+    }
+  return (owner + ((rotate % world) + world) % world) % world;
+}
+
+}  // namespace culprit::harness
