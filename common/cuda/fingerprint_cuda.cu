@@ -49,14 +49,14 @@ struct DeviceBuffer {
 
 }  // namespace
 
-bool device_available(std::string* why) {
+int device_count(std::string* why) {
   int n = 0;
   const cudaError_t e = cudaGetDeviceCount(&n);
   if (e != cudaSuccess || n == 0) {
     if (why) *why = e != cudaSuccess ? cudaGetErrorString(e) : "no CUDA device";
-    return false;
+    return 0;
   }
-  return true;
+  return n;
 }
 
 Status fingerprint_device(const void* device_ptr, std::size_t nbytes, Fingerprint* out) {

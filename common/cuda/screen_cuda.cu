@@ -56,16 +56,6 @@ struct Buffers {
 
 }  // namespace
 
-int device_count(std::string* why) {
-  int n = 0;
-  const cudaError_t e = cudaGetDeviceCount(&n);
-  if (e != cudaSuccess || n == 0) {
-    if (why) *why = e != cudaSuccess ? cudaGetErrorString(e) : "no CUDA device";
-    return 0;
-  }
-  return n;
-}
-
 std::string device_name(int device) {
   cudaDeviceProp prop{};
   if (cudaGetDeviceProperties(&prop, device) != cudaSuccess) return "cuda:" + std::to_string(device);

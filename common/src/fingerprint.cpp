@@ -37,22 +37,19 @@ namespace {
 void put_le64(unsigned char* out, std::uint64_t v) {
   for (int i = 0; i < 8; ++i) out[i] = static_cast<unsigned char>(v >> (8 * i));
 }
-}  // namespace
 
-Fingerprint fingerprint_bytes(const void* data, std::size_t nbytes) {
-  const auto* p = static_cast<const unsigned char*>(data);
-  if (nbytes == 0) return XXH3_64bits(p, 0);
-  const std::size_t nchunks = (nbytes + kFingerprintChunkBytes - 1) / kFingerprintChunkBytes;
-  // Chunk hashes go through a small on-stack batch into a streaming digest.
+// fp1's last step: chunk hashes, as little-endian uint64, through a small on-stack batch into one
+// streaming XXH3-64 digest (no allocation per fingerprint).
+template <class HashOf>
+Fingerprint combine(std::size_t nchunks, HashOf&& hash_of) {
+  if (nchunks == 0) return XXH3_64bits(nullptr, 0);
   XXH3_state_t* st = XXH3_createState();
   if (!st) throw std::bad_alloc();
   XXH3_64bits_reset(st);
   unsigned char batch[8 * 64];
   std::size_t in_batch = 0;
   for (std::size_t c = 0; c < nchunks; ++c) {
-    const std::size_t off = c * kFingerprintChunkBytes;
-    const std::size_t len = std::min(kFingerprintChunkBytes, nbytes - off);
-    put_le64(batch + 8 * in_batch, XXH3_64bits(p + off, len));
+    put_le64(batch + 8 * in_batch, hash_of(c));
     if (++in_batch == 64) {
       XXH3_64bits_update(st, batch, sizeof batch);
       in_batch = 0;
@@ -64,24 +61,19 @@ Fingerprint fingerprint_bytes(const void* data, std::size_t nbytes) {
   return fp;
 }
 
+}  // namespace
+
+Fingerprint fingerprint_bytes(const void* data, std::size_t nbytes) {
+  const auto* p = static_cast<const unsigned char*>(data);
+  const std::size_t nchunks = (nbytes + kFingerprintChunkBytes - 1) / kFingerprintChunkBytes;
+  return combine(nchunks, [&](std::size_t c) {
+    const std::size_t off = c * kFingerprintChunkBytes;
+    return XXH3_64bits(p + off, std::min(kFingerprintChunkBytes, nbytes - off));
+  });
+}
+
 Fingerprint combine_chunk_hashes(const std::uint64_t* hashes, std::size_t nchunks) {
-  if (nchunks == 0) return XXH3_64bits(nullptr, 0);
-  XXH3_state_t* st = XXH3_createState();
-  if (!st) throw std::bad_alloc();
-  XXH3_64bits_reset(st);
-  unsigned char batch[8 * 64];
-  std::size_t in_batch = 0;
-  for (std::size_t c = 0; c < nchunks; ++c) {
-    put_le64(batch + 8 * in_batch, hashes[c]);
-    if (++in_batch == 64) {
-      XXH3_64bits_update(st, batch, sizeof batch);
-      in_batch = 0;
-    }
-  }
-  if (in_batch) XXH3_64bits_update(st, batch, 8 * in_batch);
-  const Fingerprint fp = XXH3_64bits_digest(st);
-  XXH3_freeState(st);
-  return fp;
+  return combine(nchunks, [&](std::size_t c) { return hashes[c]; });
 }
 
 std::string fingerprint_hex(Fingerprint fp) {

@@ -12,8 +12,10 @@
 
 namespace culprit::cuda {
 
+// Devices visible to this process (0 when there is no driver or device; *why says why).
+int device_count(std::string* why);
 // Whether a CUDA device can be used; *why says why not.
-bool device_available(std::string* why);
+inline bool device_available(std::string* why) { return device_count(why) > 0; }
 // fp1 of nbytes at device_ptr (device memory of the current device).
 Status fingerprint_device(const void* device_ptr, std::size_t nbytes, Fingerprint* out);
 // For tests and the GPU check: copies host bytes to the device, fingerprints them there.

@@ -5,12 +5,11 @@
 #include <string>
 
 #include "culprit/fingerprint.h"
+#include "culprit/fingerprint_cuda.h"  // device_count
 #include "culprit/status.h"
 
 namespace culprit::cuda {
 
-// Devices visible to this process (0 when there is no driver or device; *why says why).
-int device_count(std::string* why);
 std::string device_name(int device);
 // A bit flipped in a test's result before it is fingerprinted (testing the screen); test -1: none.
 struct ScreenFlip {
