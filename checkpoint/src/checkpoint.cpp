@@ -93,23 +93,24 @@ Status ensure_parent(hid_t root, const std::string& path, std::map<std::string, 
   return Status::OK();
 }
 
-Status write_tensor(const Comm& comm, hid_t group, std::map<std::string, h5::Handle>* groups,
-                    const std::string& gname, const RawTensor& t, std::size_t index) {
+// writer: this rank's place among the W writers (-1: not one).
+Status write_tensor(int writer, int W, hid_t group, std::map<std::string, h5::Handle>* groups,
+                    const RawTensor& t, std::size_t index) {
   hid_t parent;
   std::string leaf;
   CULPRIT_RETURN_IF_ERROR(ensure_parent(group, t.name, groups, &parent, &leaf));
   h5::Handle ds;
   CULPRIT_RETURN_IF_ERROR(h5::create_dataset(parent, leaf, t.dtype, t.shape, &ds));
   CULPRIT_RETURN_IF_ERROR(h5::write_attr_u64(ds.id(), kAttrFingerprint, t.fingerprint));
-  const int W = comm.size;
+  if (writer < 0) return Status::OK();
   if (!t.shape.empty() && t.bytes.size() >= kSliceBytes && t.shape[0] >= W) {
-    // Large: every rank writes its rows.
+    // Large: every writer writes its rows.
     const std::int64_t rows = t.shape[0];
-    const std::int64_t r0 = rows * comm.rank / W, r1 = rows * (comm.rank + 1) / W;
+    const std::int64_t r0 = rows * writer / W, r1 = rows * (writer + 1) / W;
     const std::size_t row_bytes = t.bytes.size() / static_cast<std::size_t>(rows);
     return h5::write_rows(ds, t.dtype, t.shape, r0, r1 - r0, t.bytes.data() + r0 * row_bytes);
   }
-  if (static_cast<int>(index % W) == comm.rank && !t.bytes.empty())
+  if (static_cast<int>(index % W) == writer && !t.bytes.empty())
     return h5::write_rows(ds, t.dtype, t.shape, 0, t.shape.empty() ? -1 : t.shape[0], t.bytes.data());
   return Status::OK();
 }
@@ -144,8 +145,13 @@ std::vector<std::pair<std::int64_t, std::string>> list(const std::string& run_di
   return out;
 }
 
-Status write(const Comm& comm, const std::string& final_path, const Checkpoint& c, WriteStats* stats) {
+Status write(const Comm& comm, const std::string& final_path, const Checkpoint& c, WriteStats* stats,
+             const std::vector<int>& writers) {
   const auto t0 = std::chrono::steady_clock::now();
+  const int W = writers.empty() ? comm.size : static_cast<int>(writers.size());
+  int writer = writers.empty() ? comm.rank : -1;
+  for (int i = 0; i < static_cast<int>(writers.size()); ++i)
+    if (writers[i] == comm.rank) writer = i;
   const std::string tmp = final_path + kTempSuffix;
   Status st;
   {
@@ -174,7 +180,7 @@ Status write(const Comm& comm, const std::string& final_path, const Checkpoint& 
       h5::Handle g;
       if (st.ok()) st = h5::create_group(file.id(), gname, &g);
       for (const auto& t : *tensors) {
-        if (st.ok()) st = write_tensor(comm, g.id(), &groups, gname, t, index++);
+        if (st.ok()) st = write_tensor(writer, W, g.id(), &groups, t, index++);
         bytes += t.bytes.size();
       }
       groups.clear();
@@ -184,7 +190,7 @@ Status write(const Comm& comm, const std::string& final_path, const Checkpoint& 
     for (const auto& t : {scalar_i64("epoch", c.epoch), scalar_i64("cursor", c.cursor)}) {
       RawTensor u = t;
       u.fingerprint = fingerprint_bytes(u.bytes.data(), u.bytes.size());
-      if (st.ok()) st = write_tensor(comm, data.id(), &groups, kData, u, index++);
+      if (st.ok()) st = write_tensor(writer, W, data.id(), &groups, u, index++);
     }
     if (stats) stats->bytes = bytes;
     st = agree(comm, st);

@@ -32,7 +32,8 @@ po::options_description describe(TrainConfig* c) {
     ("checkpoint-every", po::value(&c->checkpoint_every)->default_value(c->checkpoint_every), "checkpoint every K steps (0: only after the last step, which is always checkpointed)")
     ("keep-last", po::value(&c->keep_last)->default_value(c->keep_last), "keep the newest N checkpoints")
     ("keep-every", po::value(&c->keep_every)->default_value(c->keep_every), "also keep every checkpoint whose step is a multiple of E (0: none)")
-    ("async-checkpoint", po::value(&c->async_checkpoint)->default_value(c->async_checkpoint)->implicit_value(true), "write checkpoints in a background thread (training waits only for the copy to host memory)")
+    ("checkpoint-writers-per-host", po::value(&c->checkpoint_writers_per_host)->default_value(c->checkpoint_writers_per_host), "ranks per host that write checkpoint data, each a slice of every large tensor (0: every rank); the ranks of a host share its I/O path")
+    ("async-checkpoint", po::value(&c->async_checkpoint)->default_value(c->async_checkpoint)->implicit_value(true), "write checkpoints in a background thread, which also copies the state to host memory while the next step's forward and backward passes run (training waits at most for what is left of that copy)")
     ("inject", po::value(&c->inject)->composing(), "inject a fault (repeatable): step=S,rank=R,layer=NAME,phase=P,kind=K[,index=I,bit=B,factor=F,mode=M,p=P] (docs/detection.md)")
     ("on-detect", po::value(&c->on_detect)->default_value(c->on_detect), "halt | warn | diagnose: what a detection does (halt: every rank exits with the class's code; diagnose: culprit bisect runs in the job and its verdict is the exit code)")
     ("detect-nonfinite", po::value(&c->detect_nonfinite)->default_value(c->detect_nonfinite)->implicit_value(true), "detect NaN/Inf in micro-shard losses and gradients and in the parameters")
@@ -259,6 +260,7 @@ std::string to_ini(const TrainConfig& c) {
      << "checkpoint-every = " << c.checkpoint_every << "\n"
      << "keep-last = " << c.keep_last << "\n"
      << "keep-every = " << c.keep_every << "\n"
+     << "checkpoint-writers-per-host = " << c.checkpoint_writers_per_host << "\n"
      << "async-checkpoint = " << (c.async_checkpoint ? "true" : "false") << "\n"
      << "trace = " << c.trace << "\n"
      << "on-detect = " << c.on_detect << "\n"
@@ -317,6 +319,8 @@ Status validate(const TrainConfig& c, int world) {
   if (c.checkpoint_every < 0) return Status::Error("option '--checkpoint-every' must not be negative");
   if (c.keep_last < 1) return Status::Error("option '--keep-last' must be at least 1");
   if (c.keep_every < 0) return Status::Error("option '--keep-every' must not be negative");
+  if (c.checkpoint_writers_per_host < 0)
+    return Status::Error("option '--checkpoint-writers-per-host' must not be negative");
   if (c.on_detect != "halt" && c.on_detect != "warn" && c.on_detect != "diagnose")
     return Status::Error("option '--on-detect': unknown action '" + c.on_detect + "' (valid: halt, warn, diagnose)");
   if (c.on_detect == "diagnose" && c.trace == "off")

@@ -1,7 +1,9 @@
 // The trainer's checkpoint and trace I/O: the state copy, the background write, restore on resume.
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <thread>
 
 #include "rng.h"
 #include "culprit/watchdog.h"
@@ -13,7 +15,7 @@ namespace fs = std::filesystem;
 
 // Copies the state into *c, reusing its buffers from the previous checkpoint: fresh pages cost a
 // page fault each, which dominates the copy on some machines.
-void Trainer::snapshot(std::int64_t step, ckpt::Checkpoint* cp) const {
+void Trainer::snapshot(std::int64_t step, ckpt::Checkpoint* cp, const std::vector<NamedTensor>* buffers) const {
   ckpt::Checkpoint& c = *cp;
   c.step = step;
   auto put = [](std::vector<ckpt::RawTensor>& group, std::size_t& i, const std::string& name, const at::Tensor& t) {
@@ -29,7 +31,7 @@ void Trainer::snapshot(std::int64_t step, ckpt::Checkpoint* cp) const {
   };
   std::size_t nm = 0, no = 0, nr = 0;
   for (const auto& p : params_) put(c.model, nm, p.name, p.tensor);
-  for (const auto& b : model_.buffers()) put(c.model, nm, b.name, b.tensor);
+  for (const auto& b : buffers ? *buffers : model_.buffers()) put(c.model, nm, b.name, b.tensor);
   auto& state = opt_->state();
   for (const auto& p : params_) {
     auto it = state.find(c10::guts::to_string(p.tensor.unsafeGetTensorImpl()));
@@ -85,44 +87,89 @@ Status Trainer::drain_io() {
   return io_->drain();
 }
 
-// Copies the state to host memory (the only part training waits for when async) and hands the
-// write to the I/O thread.
+// Asynchronous checkpoints are pipelined (like CheckFreq's snapshot): the model's buffers (batch-norm
+// statistics, changed by every forward pass) are copied here, then the I/O thread copies the
+// parameters and optimizer state to host memory while the next step's forward and backward passes
+// run, which only read them; the next optimizer step first waits for that copy (fence_snapshot).
+// Training waits for: the previous checkpoint's write if still running, the buffer copy, and
+// whatever is left of the state copy at the fence. Synchronous: everything, on the spot.
 Status Trainer::save_checkpoint(std::int64_t step) {
   using clock = std::chrono::steady_clock;
   const auto t0 = clock::now();
-  if (checkpoint_in_flight_) CULPRIT_RETURN_IF_ERROR(agree(comm_, drain_io()));
+  if (checkpoint_in_flight_) {
+    CULPRIT_RETURN_IF_ERROR(agree(comm_, drain_io()));
+    checkpoint_in_flight_ = false;
+    log_checkpoint();
+  }
   const auto t1 = clock::now();
   // The previous checkpoint is written (drained above): its buffers are free for this one.
   if (!snap_) snap_ = std::make_shared<ckpt::Checkpoint>();
   auto c = snap_;
-  snapshot(step, c.get());
-  const auto t2 = clock::now();
-  const double wait = std::chrono::duration<double>(t1 - t0).count();
-  const double copy = std::chrono::duration<double>(t2 - t1).count();
+  auto buffers = std::make_shared<std::vector<NamedTensor>>();
+  for (const auto& b : model_.buffers()) buffers->push_back({b.name, b.tensor.detach().clone()});
+  cost_ = CheckpointCost();
+  cost_.step = step;
+  cost_.wait = std::chrono::duration<double>(t1 - t0).count();
+  snap_copied_ = false;
   const std::string path = ckpt::path_for(cfg_.run_dir, step);
-  io_->submit([this, c, path, step, wait, copy] {
+  io_->submit([this, c, buffers, path, step] {
     const auto w0 = clock::now();
+    // A test seam: a slow copy, so that the next optimizer step must wait for it (tests/integration).
+    static const int delay_ms = [] {
+      const char* v = std::getenv("CULPRIT_TEST_SNAPSHOT_DELAY_MS");
+      return v ? std::atoi(v) : 0;
+    }();
+    if (delay_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(delay_ms));
+    snapshot(step, c.get(), buffers.get());
+    cost_.copy = std::chrono::duration<double>(clock::now() - w0).count();
+    snap_copied_ = true;
     ckpt::compute_fingerprints(c.get());
     Comm io{io_comm_, comm_.rank, comm_.size, comm_.host};
     ckpt::WriteStats stats;
-    Status st = ckpt::write(io, path, *c, &stats);
-    if (st.ok() && comm_.rank == 0) {
-      st = ckpt::apply_retention(cfg_.run_dir, step, cfg_.keep_last, cfg_.keep_every);
-      // One line per checkpoint: what it cost (docs/performance.md).
-      std::ofstream log(fs::path(cfg_.run_dir) / "checkpoints.jsonl", std::ios::app);
-      log << "{\"step\": " << step << ", \"bytes\": " << stats.bytes << ", \"copy_seconds\": " << copy
-          << ", \"wait_seconds\": " << wait << ", \"write_seconds\": " << stats.seconds
-          << ", \"total_io_seconds\": " << std::chrono::duration<double>(clock::now() - w0).count()
-          << ", \"async\": " << (cfg_.async_checkpoint ? "true" : "false") << "}\n";
-    }
+    Status st = ckpt::write(io, path, *c, &stats, writers_);
+    if (st.ok() && comm_.rank == 0) st = ckpt::apply_retention(cfg_.run_dir, step, cfg_.keep_last, cfg_.keep_every);
+    cost_.bytes = stats.bytes;
+    cost_.write = stats.seconds;
+    cost_.total_io = std::chrono::duration<double>(clock::now() - w0).count();
     return st;
   });
   checkpoint_in_flight_ = true;
   if (!cfg_.async_checkpoint || serial_io_) {
+    Status st = agree(comm_, drain_io());
     checkpoint_in_flight_ = false;
-    return agree(comm_, drain_io());
+    cost_.stall = std::chrono::duration<double>(clock::now() - t0).count();
+    log_checkpoint();
+    return st;
   }
+  cost_.stall = std::chrono::duration<double>(clock::now() - t0).count();
   return Status::OK();
+}
+
+void Trainer::fence_snapshot() {
+  if (snap_copied_) return;
+  // The copy takes milliseconds: spin for it (a sleeping wait would add its wake-up latency to the
+  // stall); past a second, wait where the watchdog can answer the other ranks.
+  const auto t0 = std::chrono::steady_clock::now();
+  auto waited = [&] { return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(); };
+  while (!snap_copied_ && waited() < 1.0) std::this_thread::yield();
+  if (!snap_copied_ && comm_.watchdog)
+    comm_.watchdog->wait_until([this] { return snap_copied_.load(); }, "the checkpoint's copy of the state");
+  while (!snap_copied_) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  cost_.fence += waited();
+  cost_.stall += waited();
+}
+
+// One line per checkpoint: what it cost (docs/performance.md).
+void Trainer::log_checkpoint() {
+  if (comm_.rank != 0 || cost_.step < 0) return;
+  std::ofstream log(fs::path(cfg_.run_dir) / "checkpoints.jsonl", std::ios::app);
+  log << "{\"step\": " << cost_.step << ", \"bytes\": " << cost_.bytes << ", \"writers\": " << writers_.size()
+      << ", \"wait_seconds\": " << cost_.wait
+      << ", \"copy_seconds\": " << cost_.copy << ", \"fence_seconds\": " << cost_.fence
+      << ", \"stall_seconds\": " << cost_.stall << ", \"write_seconds\": " << cost_.write
+      << ", \"total_io_seconds\": " << cost_.total_io
+      << ", \"async\": " << (cfg_.async_checkpoint && !serial_io_ ? "true" : "false") << "}\n";
+  cost_.step = -1;
 }
 
 Status Trainer::restore(const ckpt::Checkpoint& c) {

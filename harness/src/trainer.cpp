@@ -533,7 +533,9 @@ void Trainer::step(std::int64_t s) {
   cc_.enabled = cfg_.comm_check || replaying_;  // a replay reports its comm faults (StepResult)
   tree_allreduce(comm_, static_cast<int>(M), *acc_, reduced_.data(), &tree_ws_, send_fault, &cc_);
 
-  // The reduced gradient becomes every parameter's gradient; the optimizer steps.
+  // The reduced gradient becomes every parameter's gradient; the optimizer steps (once the checkpoint
+  // in flight has its copy of the parameters and optimizer state).
+  fence_snapshot();
   auto grads = torch::from_blob(reduced_.data(), {P_ + 1}, torch::kFloat32);
   for (std::size_t i = 0; i < params_.size(); ++i) {
     auto& t = params_[i].tensor;
@@ -652,6 +654,11 @@ Status Trainer::run(std::int64_t start_step, const std::string& resumed_from) {
   fill_environment(&info_);
   gather_hosts(comm_, &info_);
   info_.devices.assign(comm_.size, "cpu");
+  // Checkpoint writers: the first N ranks of every host (all ranks hold the whole state).
+  std::map<std::string, int> per_host;
+  for (int r = 0; r < comm_.size; ++r)
+    if (cfg_.checkpoint_writers_per_host == 0 || per_host[info_.hosts[r]]++ < cfg_.checkpoint_writers_per_host)
+      writers_.push_back(r);
   Status st;
   if (comm_.rank == 0) {
     const std::string path = (fs::path(cfg_.run_dir) / "metrics.jsonl").string();
@@ -703,6 +710,8 @@ Status Trainer::run(std::int64_t start_step, const std::string& resumed_from) {
     if (due) st = save_checkpoint(s);
   }
   Status io_status = drain_io();
+  if (checkpoint_in_flight_ && io_status.ok()) log_checkpoint();
+  checkpoint_in_flight_ = false;
   if (io_status.ok()) io_status = io_error_;
   io_status = agree(comm_, io_status);
   if (st.ok()) st = io_status;

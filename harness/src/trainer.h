@@ -4,6 +4,7 @@
 #pragma once
 #include <torch/torch.h>
 
+#include <atomic>
 #include <map>
 #include <memory>
 #include <string>
@@ -90,8 +91,14 @@ class Trainer {
 
  private:
   friend struct LayerTrace;
-  void snapshot(std::int64_t step, ckpt::Checkpoint* c) const;
+  // Copies the state into *c; buffers: the model's buffers as copied when the checkpoint was taken
+  // (null: copy them now).
+  void snapshot(std::int64_t step, ckpt::Checkpoint* c, const std::vector<NamedTensor>* buffers = nullptr) const;
   Status save_checkpoint(std::int64_t step);
+  // Waits until the I/O thread has copied the parameters and optimizer state of the checkpoint in
+  // flight: called before anything changes them (the next optimizer step).
+  void fence_snapshot();
+  void log_checkpoint();  // rank 0: the drained checkpoint's line in RUN/checkpoints.jsonl
   // Waits for the I/O thread (bounded by the watchdog) and returns its first error.
   Status drain_io();
   Status open_trace(std::int64_t start_step);
@@ -138,7 +145,16 @@ class Trainer {
   MPI_Comm io_comm_ = MPI_COMM_NULL;
   std::unique_ptr<IoWorker> io_;
   bool checkpoint_in_flight_ = false;
+  std::vector<int> writers_;  // the ranks that write checkpoint data (--checkpoint-writers-per-host)
   std::shared_ptr<ckpt::Checkpoint> snap_;  // host copy of the state, reused checkpoint to checkpoint
+  // The checkpoint in flight: the I/O thread sets snap_copied_ once the state is copied; the
+  // other numbers are its cost (written by the I/O thread, read after a drain).
+  std::atomic<bool> snap_copied_{true};
+  struct CheckpointCost {
+    std::int64_t step = -1;
+    std::uint64_t bytes = 0;
+    double wait = 0, copy = 0, fence = 0, stall = 0, write = 0, total_io = 0;
+  } cost_;
   bool serial_io_ = false;
   Status io_error_;  // a trace write that failed while I/O was serialised
   trace::Writer trace_;

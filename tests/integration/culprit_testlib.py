@@ -32,14 +32,14 @@ class Result:
         return self.metrics()[-1]["fingerprint"]
 
 
-def run(args, world=1, run_dir=None, timeout=TIMEOUT, use_mpirun=None):
+def run(args, world=1, run_dir=None, timeout=TIMEOUT, use_mpirun=None, env=None):
     """Runs `culprit ARGS` on `world` ranks (mpirun unless world == 1 and use_mpirun is falsy)."""
     cmd = [CULPRIT] + list(args)
     if run_dir is not None:
         cmd += ["--run-dir", run_dir]
     if world > 1 or use_mpirun:
         cmd = MPIRUN + ["-np", str(world)] + cmd
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
     return Result(proc, run_dir)
 
 

@@ -45,6 +45,44 @@ class Resume(TempDirTest):
         self.assertEqual(d.code, 5)
         self.assertRegex(d.out, r"/model/fc1.weight: \d+ of 2048 elements differ, max \|a-b\| [0-9.e-]+, first at \[")
 
+    def test_pipelined_copy_is_of_the_checkpointed_step(self):
+        # The state copy runs on the I/O thread during the next step; the optimizer step waits for it.
+        # Made slow here (a test seam), the copy is still of the checkpoint's own step: the files equal
+        # a run's with synchronous checkpoints, and the log shows that training did wait.
+        args = ["--model", "cnn", "--steps", "10"] + BASE
+        self.train("sync", args + ["--async-checkpoint", "false"])
+        env = dict(os.environ, CULPRIT_TEST_SNAPSHOT_DELAY_MS="300")
+        r = run(["train", "--quiet"] + args, world=2, run_dir=self.path("slow"), env=env)
+        self.assertEqual(r.code, 0, r.err)
+        for step in (0, 5, 10):
+            d = run(["diff", ckpt(self.path("sync"), step), ckpt(self.path("slow"), step)])
+            self.assertEqual(d.code, 0, d.out + d.err)
+        log = [json.loads(l) for l in open(os.path.join(self.path("slow"), "checkpoints.jsonl"))]
+        self.assertEqual([c["step"] for c in log], [0, 5, 10])
+        self.assertGreater(log[1]["fence_seconds"], 0.1, log)
+        self.assertGreaterEqual(log[1]["stall_seconds"], log[1]["fence_seconds"])
+        # Negative control: the checkpoints of consecutive intervals differ.
+        d = run(["diff", ckpt(self.path("sync"), 5), ckpt(self.path("slow"), 10)])
+        self.assertEqual(d.code, 5, d.out)
+
+    def test_checkpoint_writers(self):
+        # Every rank holds the whole state; --checkpoint-writers-per-host picks who writes it (slices of
+        # every tensor of >= 1 MiB through MPI-IO, small tensors in turn). The files are the same.
+        args = ["--model", "mlp", "--hidden", "1024", "--steps", "4", "--checkpoint-every", "2"] + BASE[:6]
+        for n, writers in ((1, 1), (2, 2), (0, 3)):
+            self.train("w%d" % n, args + ["--checkpoint-writers-per-host", str(n)], world=3)
+            log = [json.loads(l) for l in open(os.path.join(self.path("w%d" % n), "checkpoints.jsonl"))]
+            self.assertEqual({c["writers"] for c in log}, {writers})
+        for n in (2, 0):
+            for step in (2, 4):
+                d = run(["diff", ckpt(self.path("w1"), step), ckpt(self.path("w%d" % n), step)])
+                self.assertEqual(d.code, 0, d.out + d.err)
+            v = run(["verify", self.path("w%d" % n)])
+            self.assertEqual(v.code, 0, v.out + v.err)
+        r = run(["train", "--checkpoint-writers-per-host", "-1"], run_dir=self.path("bad"))
+        self.assertEqual(r.code, 2)
+        self.assertIn("option '--checkpoint-writers-per-host' must not be negative", r.err)
+
     def test_resume_refusals(self):
         r = run(["train", "--resume"], run_dir=self.path("nothing"))
         self.assertEqual(r.code, 2)

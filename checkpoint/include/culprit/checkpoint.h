@@ -42,8 +42,10 @@ struct WriteStats {
 };
 
 // Collective over comm: writes `c` to final_path atomically (temporary name, fsync, rename, fsync
-// of the directory). Ranks write disjoint slices of large tensors through MPI-IO.
-Status write(const Comm& comm, const std::string& final_path, const Checkpoint& c, WriteStats* stats = nullptr);
+// of the directory). Every rank holds the whole state; the writers (ranks of comm, ascending; empty:
+// all) write disjoint slices of large tensors through MPI-IO and take the small ones in turn.
+Status write(const Comm& comm, const std::string& final_path, const Checkpoint& c, WriteStats* stats = nullptr,
+             const std::vector<int>& writers = {});
 
 // Reads a checkpoint (one process, no MPI). With verify, every dataset's fingerprint and the state
 // fingerprint are recomputed; a mismatch names the file, the dataset and both fingerprints.

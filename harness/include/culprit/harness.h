@@ -17,6 +17,7 @@ struct TrainConfig {
   std::int64_t checkpoint_every = 10;  // 0: only after the last step
   int keep_last = 3;
   std::int64_t keep_every = 0;
+  int checkpoint_writers_per_host = 1;  // 0: every rank writes its slice
   bool async_checkpoint = true;
   std::string trace = "step";      // off | step | layer
   std::vector<std::string> inject;  // fault specs (culprit/inject.h)
