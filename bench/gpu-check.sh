@@ -12,7 +12,10 @@
 #   - the kernel's bandwidth against a device-to-device copy of the same bytes (64 MiB, 1 GiB; target
 #     at least 0.8x),
 #   - the GPU screen's kernels: results bitwise equal to the CPU reference, a flipped bit caught.
-# GPU training (culprit built against a CUDA-enabled libtorch) is not part of this check yet.
+# and, where a CUDA-enabled libtorch is found (CULPRIT_TORCH_DIR=its share/cmake/Torch, or the torch
+# of python3 when it sees a GPU) along with MPI, HDF5 and Boost development files, GPU training:
+# culprit built against that libtorch, `--device cuda` on 2 ranks twice (bitwise the same run to run)
+# and on 1 rank (the same bits at another world size), with a NaN injected on GPU tensors caught.
 # Exit code: the tests' (0 all passed).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -32,6 +35,7 @@ log="$out/gpu-check.txt"
   build-gpu/culprit_cuda_tests
   rc=$?
   echo "gpu-check: tests exit $rc"
+  bench/gpu-train.sh || rc=$((rc == 0 ? 3 : rc))
   exit $rc
 } 2>&1 | tee "$log"
 exit "${PIPESTATUS[0]}"

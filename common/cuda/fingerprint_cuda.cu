@@ -5,6 +5,8 @@
 #include <xxhash.h>
 
 #include <algorithm>
+#include <mutex>
+#include <set>
 #include <vector>
 
 #include "culprit/xxh3_chunk.h"
@@ -29,13 +31,18 @@ Status check(cudaError_t e, const char* what) {
   return Status::Error(std::string("CUDA: ") + what + ": " + cudaGetErrorString(e));
 }
 
+// The secret lives in each device's constant memory: uploaded once per device.
 Status upload_secret() {
-  static bool done = false;
-  if (done) return Status::OK();
+  int device = 0;
+  CULPRIT_RETURN_IF_ERROR(check(cudaGetDevice(&device), "querying the current device"));
+  static std::set<int> done_on;
+  static std::mutex mu;
+  std::lock_guard<std::mutex> lock(mu);
+  if (done_on.count(device)) return Status::OK();
   unsigned char secret[xxh3::kSecretSize];
   XXH3_generateSecret_fromSeed(secret, 0);  // seed 0: XXH3's default secret
   CULPRIT_RETURN_IF_ERROR(check(cudaMemcpyToSymbol(d_secret, secret, sizeof secret), "copying the secret"));
-  done = true;
+  done_on.insert(device);
   return Status::OK();
 }
 
@@ -78,6 +85,14 @@ Status fingerprint_device(const void* device_ptr, std::size_t nbytes, Fingerprin
                                            cudaMemcpyDeviceToHost), "copying chunk hashes"));
   *out = combine_chunk_hashes(host.data(), nchunks);
   return Status::OK();
+}
+
+Status fingerprint_on(int device, const void* device_ptr, std::size_t nbytes, Fingerprint* out) {
+  CULPRIT_RETURN_IF_ERROR(check(cudaSetDevice(device), "selecting the device"));
+  // Work queued by another library (libtorch) on this device's legacy default stream is ordered
+  // before ours; a full synchronisation also covers its other streams.
+  CULPRIT_RETURN_IF_ERROR(check(cudaDeviceSynchronize(), "waiting for the device"));
+  return fingerprint_device(device_ptr, nbytes, out);
 }
 
 Status fingerprint_via_device(const void* host, std::size_t nbytes, Fingerprint* out) {

@@ -67,6 +67,7 @@ po::options_description describe(TrainConfig* c) {
     ("lr-schedule", po::value(&c->lr_schedule)->default_value(c->lr_schedule), "constant | cosine (over --steps)")
     ("warmup-steps", po::value(&c->warmup_steps)->default_value(c->warmup_steps), "linear warm-up steps")
     ("threads", po::value(&c->threads)->default_value(c->threads), "intra-op threads per rank")
+    ("device", po::value(&c->device)->default_value(c->device), "cpu | cuda: where each rank computes (cuda: the GPU of index local rank mod GPUs on the host; needs culprit built against a CUDA-enabled libtorch, docs/cuda.md)")
     ("quiet", po::value(&c->quiet)->default_value(c->quiet)->implicit_value(true), "no per-step line on stdout");
   // clang-format on
   return d;
@@ -257,6 +258,7 @@ std::string to_ini(const TrainConfig& c) {
      << "lr-schedule = " << c.lr_schedule << "\n"
      << "warmup-steps = " << c.warmup_steps << "\n"
      << "threads = " << c.threads << "\n"
+     << "device = " << c.device << "\n"
      << "checkpoint-every = " << c.checkpoint_every << "\n"
      << "keep-last = " << c.keep_last << "\n"
      << "keep-every = " << c.keep_every << "\n"
@@ -316,6 +318,8 @@ Status validate(const TrainConfig& c, int world) {
     return Status::Error("option '--lr-schedule': unknown schedule '" + c.lr_schedule + "' (valid: constant, cosine)");
   if (c.warmup_steps < 0) return Status::Error("option '--warmup-steps' must not be negative");
   if (c.threads < 1) return Status::Error("option '--threads' must be at least 1");
+  if (c.device != "cpu" && c.device != "cuda")
+    return Status::Error("option '--device': unknown device '" + c.device + "' (valid: cpu, cuda)");
   if (c.checkpoint_every < 0) return Status::Error("option '--checkpoint-every' must not be negative");
   if (c.keep_last < 1) return Status::Error("option '--keep-last' must be at least 1");
   if (c.keep_every < 0) return Status::Error("option '--keep-every' must not be negative");

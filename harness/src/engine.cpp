@@ -19,7 +19,7 @@ void Trainer::begin_replay(std::int64_t done, int device_rank) {
   capture_ = true;
   done_ = done;
   info_.hosts.assign(comm_.size, comm_.host);
-  info_.devices.assign(comm_.size, "cpu");
+  info_.devices.assign(comm_.size, device_name_);
   model_.set_training(true);
   set_fingerprint(params_, &prev_param_fps_);
   spot_leaf_.assign(static_cast<std::size_t>(P_ + 1), 0.0f);

@@ -17,6 +17,11 @@ namespace culprit::harness {
 void corrupt_in_place(const FaultSpec& spec, const at::Tensor& t) {
   if (!t.defined() || t.numel() == 0 || t.scalar_type() != at::kFloat || !t.is_contiguous()) return;
   torch::NoGradGuard ng;
+  if (!t.is_cpu()) {  // a GPU tensor: read the element, write the corrupted value back
+    auto e = t.view(-1).narrow(0, spec.index % t.numel(), 1);
+    e.fill_(corrupt_value(spec, e.item<float>()));
+    return;
+  }
   float* p = t.data_ptr<float>() + spec.index % t.numel();
   *p = corrupt_value(spec, *p);
 }
@@ -26,9 +31,9 @@ at::Tensor corrupt_output(const FaultSpec& spec, const at::Tensor& out) {
   const std::int64_t i = spec.index % out.numel();
   torch::Tensor flat = out.detach().reshape(-1);
   const float bad = corrupt_value(spec, flat[i].item<float>());
-  auto mask = torch::zeros({out.numel()}, torch::kBool);
+  auto mask = torch::zeros({out.numel()}, out.options().dtype(torch::kBool));
   mask[i] = true;
-  return torch::where(mask.view(out.sizes()), torch::full({}, bad, torch::kFloat), out);
+  return torch::where(mask.view(out.sizes()), torch::full({}, bad, out.options()), out);
 }
 
 void corrupt_tokens(const FaultSpec& spec, const at::Tensor& t, std::int64_t vocab) {
@@ -141,7 +146,8 @@ void Trainer::detect(std::int64_t s) {
   }
   bool bad_params = false;
   if (cfg_.detect_nonfinite) {
-    bad_params = !all_finite(flat_params_.data_ptr<float>(), static_cast<std::size_t>(P_));
+    bad_params = flat_params_.is_cuda() ? !torch::isfinite(flat_params_).all().item<bool>()
+                                        : !all_finite(flat_params_.data_ptr<float>(), static_cast<std::size_t>(P_));
   }
   // This rank's record: [bad micro-shard + 1, bad parameters, invariant broken, phase-1 sent (W),
   // phase-1 received (W), phase-2 chunks (W), micro-shard facts (4M), replica fingerprints].

@@ -50,14 +50,26 @@ void fill_environment(RunInfo* info) {
   info->created = buf;
 }
 
-void gather_hosts(const Comm& comm, RunInfo* info) {
+std::vector<std::string> gather_strings(const Comm& comm, const std::string& text) {
   constexpr int kLen = 256;
   std::vector<char> mine(kLen, 0), all(static_cast<std::size_t>(kLen) * comm.size, 0);
-  std::snprintf(mine.data(), kLen, "%s", comm.host.c_str());
+  std::snprintf(mine.data(), kLen, "%s", text.c_str());
   CULPRIT_MPI_CHECK(MPI_Allgather(mine.data(), kLen, MPI_CHAR, all.data(), kLen, MPI_CHAR, comm.comm));
-  info->hosts.clear();
-  for (int r = 0; r < comm.size; ++r) info->hosts.emplace_back(all.data() + static_cast<std::size_t>(r) * kLen);
+  std::vector<std::string> out;
+  for (int r = 0; r < comm.size; ++r) out.emplace_back(all.data() + static_cast<std::size_t>(r) * kLen);
+  return out;
 }
+
+int local_rank(const Comm& comm) {
+  MPI_Comm node;
+  CULPRIT_MPI_CHECK(MPI_Comm_split_type(comm.comm, MPI_COMM_TYPE_SHARED, comm.rank, MPI_INFO_NULL, &node));
+  int r = 0;
+  MPI_Comm_rank(node, &r);
+  MPI_Comm_free(&node);
+  return r;
+}
+
+void gather_hosts(const Comm& comm, RunInfo* info) { info->hosts = gather_strings(comm, comm.host); }
 
 Status write_run_json(const std::string& path, const RunInfo& i) {
   nlohmann::ordered_json j;

@@ -36,6 +36,10 @@ struct RunInfo {
 void fill_environment(RunInfo* info);
 // Collective: gathers every rank's host name into info->hosts.
 void gather_hosts(const Comm& comm, RunInfo* info);
+// This process's index among the ranks on its host (one GPU per rank by local rank); collective.
+int local_rank(const Comm& comm);
+// Every rank's `mine` (at most 255 bytes), in rank order; collective.
+std::vector<std::string> gather_strings(const Comm& comm, const std::string& mine);
 Status write_run_json(const std::string& path, const RunInfo& info);
 std::string format_json_number(double v);  // JSON number, or "null" when not finite
 

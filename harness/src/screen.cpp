@@ -18,6 +18,7 @@
 #include "culprit/screen_cuda.h"
 #include "culprit/screen_kernels.h"
 #endif
+#include "runinfo.h"
 #include "trainer.h"
 
 namespace culprit::harness {
@@ -57,29 +58,6 @@ Fingerprint run_test(int t, const Inputs& in, const std::vector<FaultSpec>& faul
   }
   return fingerprint_bytes(out.data_ptr<float>(), static_cast<std::size_t>(out.numel()) * sizeof(float));
 }
-
-// Gathers one string per rank on rank 0.
-std::vector<std::string> gather_strings(const Comm& comm, const std::string& mine) {
-  std::string s = mine;
-  s.resize(256, '\0');
-  std::vector<char> buf(256 * static_cast<std::size_t>(comm.size));
-  CULPRIT_MPI_CHECK(MPI_Gather(s.data(), 256, MPI_CHAR, buf.data(), 256, MPI_CHAR, 0, comm.comm));
-  std::vector<std::string> out(comm.size);
-  for (int r = 0; r < comm.size && comm.rank == 0; ++r) out[r] = std::string(buf.data() + 256 * r);
-  return out;
-}
-
-#if defined(CULPRIT_HAVE_CUDA)
-// This process's index among the ranks on its host (one GPU per rank by local rank).
-int local_rank(const Comm& comm) {
-  MPI_Comm node;
-  CULPRIT_MPI_CHECK(MPI_Comm_split_type(comm.comm, MPI_COMM_TYPE_SHARED, comm.rank, MPI_INFO_NULL, &node));
-  int r = 0;
-  MPI_Comm_rank(node, &r);
-  MPI_Comm_free(&node);
-  return r;
-}
-#endif
 
 }  // namespace
 

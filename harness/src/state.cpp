@@ -22,7 +22,7 @@ void Trainer::snapshot(std::int64_t step, ckpt::Checkpoint* cp, const std::vecto
     if (group.size() <= i) group.resize(i + 1);
     ckpt::RawTensor& r = group[i++];
     r.name = name;
-    auto ct = t.detach().contiguous();
+    auto ct = t.is_cuda() ? t.detach().cpu() : t.detach().contiguous();
     r.dtype = to_dtype(ct.scalar_type());
     r.shape.assign(ct.sizes().begin(), ct.sizes().end());
     const std::size_t n = ct.numel() * ct.element_size();
@@ -208,7 +208,7 @@ Status Trainer::restore(const ckpt::Checkpoint& c) {
       auto t = torch::empty(it->second->shape, torch::TensorOptions().dtype(
                                                    it->second->dtype == DType::kInt64 ? torch::kLong : torch::kFloat));
       std::memcpy(t.data_ptr(), it->second->bytes.data(), it->second->bytes.size());
-      return t;
+      return t.to(p.tensor.device());
     };
     if (cfg_.optimizer == "sgd") {
       auto buf = tensor_of("momentum_buffer");

@@ -2,16 +2,22 @@
 #include <dlfcn.h>
 #include <torch/csrc/jit/python/update_graph_executor_opt.h>
 #include <torch/torch.h>
+#include <torch/cuda.h>
 
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <algorithm>
 #include <map>
 
 #include "culprit/fingerprint.h"
+#ifdef CULPRIT_HAVE_CUDA
+#include "culprit/fingerprint_cuda.h"
+#include "culprit/screen_cuda.h"
+#endif
 #include "culprit/harness.h"
 #include "culprit/trace.h"
 #include "culprit/tree_reduce.h"
@@ -48,7 +54,16 @@ DType to_dtype(at::ScalarType t) {
 
 Fingerprint tensor_fingerprint(const at::Tensor& t) {
   auto c = t.contiguous();
-  return fingerprint_bytes(c.data_ptr(), c.numel() * c.element_size());
+  const std::size_t n = c.numel() * c.element_size();
+  if (c.is_cuda()) {
+#ifdef CULPRIT_HAVE_CUDA
+    // On the GPU: only the chunk hashes come back (culprit/fingerprint_cuda.h).
+    Fingerprint f = 0;
+    if (cuda::fingerprint_on(c.get_device(), c.data_ptr(), n, &f).ok()) return f;
+#endif
+    c = c.cpu();  // the same bytes, the same fingerprint
+  }
+  return fingerprint_bytes(c.data_ptr(), n);
 }
 
 Fingerprint set_fingerprint(const std::vector<NamedTensor>& tensors, std::vector<Fingerprint>* each) {
@@ -98,16 +113,48 @@ std::string json_float(float v) {
 
 }  // namespace
 
+Status Trainer::select_device() {
+  if (cfg_.device != "cuda") return Status::OK();
+  const int local = local_rank(comm_);
+  // cuBLAS picks its reduction order by the workspace it gets unless told: fixed before its first call.
+  setenv("CUBLAS_WORKSPACE_CONFIG", ":4096:8", 0);
+  if (!at::hasCUDA())
+    return Status::Error(std::string("--device cuda: this culprit is built against a libtorch without CUDA (") +
+                         TORCH_VERSION + "; Debian's libtorch is CPU-only): build it against a CUDA-enabled "
+                         "libtorch, see docs/cuda.md");
+  const int n = static_cast<int>(torch::cuda::device_count());
+  if (n == 0) {
+    const char* visible = std::getenv("CUDA_VISIBLE_DEVICES");
+    return Status::Error("--device cuda: no CUDA device is visible on host " + comm_.host +
+                         (visible ? std::string(" (CUDA_VISIBLE_DEVICES=") + visible + ")" : std::string()));
+  }
+  device_ = at::Device(at::kCUDA, static_cast<c10::DeviceIndex>(local % n));
+  device_name_ = "cuda:" + std::to_string(local % n);
+#ifdef CULPRIT_HAVE_CUDA
+  device_name_ += " (" + cuda::device_name(local % n) + ")";
+#endif
+  // Deterministic kernels (setup_determinism asks for them), no autotuning, no TF32 rounding.
+  auto& ctx = at::globalContext();
+  ctx.setBenchmarkCuDNN(false);
+  ctx.setDeterministicCuDNN(true);
+  ctx.setAllowTF32CuBLAS(false);
+  ctx.setAllowTF32CuDNN(false);
+  return Status::OK();
+}
+
 Status Trainer::init() {
-  // Parameters become views of one flat float32 buffer (state-dict order).
+  CULPRIT_RETURN_IF_ERROR(select_device());
+  // Parameters become views of one flat float32 buffer (state-dict order), on the device.
   params_ = model_.parameters();
   for (const auto& p : params_) {
     offsets_.push_back(P_);
     P_ += p.tensor.numel();
   }
-  flat_params_ = torch::empty({P_}, torch::kFloat32);
+  flat_params_ = torch::empty({P_}, torch::TensorOptions().dtype(torch::kFloat32).device(device_));
   {
     torch::NoGradGuard ng;
+    if (device_.is_cuda())
+      for (const auto& b : model_.buffers()) b.tensor.set_data(b.tensor.to(device_));
     for (std::size_t i = 0; i < params_.size(); ++i) {
       auto& t = params_[i].tensor;
       auto view = flat_params_.narrow(0, offsets_[i], t.numel()).view(t.sizes());
@@ -182,7 +229,7 @@ Status Trainer::init() {
                                   [&] {
                                     torch::NoGradGuard ng;
                                     model_.set_training(false);
-                                    auto x = x_all_.narrow(0, 0, 1);
+                                    auto x = x_all_.narrow(0, 0, 1).to(device_);
                                     auto out = model_.forward(x);
                                     model_.set_training(true);
                                     std::vector<std::int64_t> want{1};
@@ -212,7 +259,7 @@ Status Trainer::init() {
     if (!before.empty()) {
       CULPRIT_RETURN_IF_ERROR(guarded("model " + cfg_.model, [&] {
         torch::NoGradGuard ng;
-        model_.forward(x_all_.narrow(0, 0, 2));
+        model_.forward(x_all_.narrow(0, 0, 2).to(device_));
         return Status::OK();
       }));
       auto bufs = model_.buffers();
@@ -297,7 +344,11 @@ void Trainer::compute_shard(std::int64_t s, int k, float* leaf, int attempt) {
     else corrupt_in_place(f, x);
   }
   input_fp_ = tensor_fingerprint(x);
-  torch::manual_seed(seed);
+  if (device_.is_cuda()) {
+    x = x.to(device_);
+    y = y.to(device_);
+  }
+  torch::manual_seed(seed);  // also every CUDA generator: dropout masks on the GPU follow the seed
   if (attempt == 0 && !facts_.empty()) {
     const std::int64_t M = cfg_.micro_shards;
     facts_[2 * M + k] = tensor_fingerprint(at::detail::getDefaultCPUGenerator().get_state());
@@ -332,7 +383,7 @@ void Trainer::compute_shard(std::int64_t s, int k, float* leaf, int attempt) {
     if (!g.defined()) {
       std::fill(dst, dst + n, 0.0f);
     } else {
-      auto gc = g.contiguous();
+      auto gc = g.is_cuda() ? g.cpu() : g.contiguous();
       finite = copy_all_finite(gc.data_ptr<float>(), dst, static_cast<std::size_t>(n)) && finite;
     }
   }
@@ -508,7 +559,7 @@ void Trainer::step(std::int64_t s) {
       row.shard = k;
       row.rank = self();
       row.host = comm_.host;
-      row.device = "cpu";
+      row.device = device_name_;
       row.loss = leaf[P_];
       row.grad_fp = fingerprint_bytes(leaf, static_cast<std::size_t>(P_) * sizeof(float));
       row.input_fp = input_fp_;
@@ -537,6 +588,7 @@ void Trainer::step(std::int64_t s) {
   // in flight has its copy of the parameters and optimizer state).
   fence_snapshot();
   auto grads = torch::from_blob(reduced_.data(), {P_ + 1}, torch::kFloat32);
+  if (device_.is_cuda()) grads = grads.to(device_);
   for (std::size_t i = 0; i < params_.size(); ++i) {
     auto& t = params_[i].tensor;
     t.mutable_grad() = grads.narrow(0, offsets_[i], t.numel()).view(t.sizes());
@@ -607,7 +659,8 @@ void Trainer::check_update(std::int64_t s, double lr) {
     violation(buf);
   }
   if (used != 0 && prev_param_fps_.size() == param_fps_.size()) {
-    const float* p = flat_params_.data_ptr<float>();
+    const at::Tensor host = flat_params_.is_cuda() ? flat_params_.cpu() : flat_params_;
+    const float* p = host.data_ptr<float>();
     for (std::size_t i = 0; i < params_.size(); ++i) {
       if (param_fps_[i] != prev_param_fps_[i]) continue;
       const std::int64_t n = params_[i].tensor.numel();
@@ -653,7 +706,7 @@ Status Trainer::run(std::int64_t start_step, const std::string& resumed_from) {
   info_.resumed_at_step = start_step;
   fill_environment(&info_);
   gather_hosts(comm_, &info_);
-  info_.devices.assign(comm_.size, "cpu");
+  info_.devices = gather_strings(comm_, device_name_);
   // Checkpoint writers: the first N ranks of every host (all ranks hold the whole state).
   std::map<std::string, int> per_host;
   for (int r = 0; r < comm_.size; ++r)

@@ -69,6 +69,7 @@ class Trainer {
   Trainer(const TrainConfig& cfg, const Comm& comm, const Dataset& data, Model& model)
       : cfg_(cfg), comm_(comm), data_(data), model_(model) {}
 
+  // Selects the device (--device), builds the flat parameters and optimizer, checks the model.
   Status init();
   // Restores parameters, buffers and optimizer state from a verified checkpoint.
   Status restore(const ckpt::Checkpoint& c);
@@ -128,6 +129,10 @@ class Trainer {
   const Comm& comm_;
   const Dataset& data_;
   Model& model_;
+  // --device cuda: this rank's GPU (docs/cuda.md); CPU otherwise.
+  Status select_device();
+  at::Device device_{at::kCPU};
+  std::string device_name_ = "cpu";
   std::vector<NamedTensor> params_;
   std::vector<std::int64_t> offsets_;  // of each parameter in the flat buffers
   std::int64_t P_ = 0;                 // parameter elements; the flat buffers hold P_ + 1 (loss)

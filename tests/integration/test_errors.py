@@ -71,6 +71,19 @@ class Errors(TempDirTest):
         self.expect_error(self.rd() + ["--nesterov", "--momentum", "0"], "'--nesterov' needs --momentum > 0")
         self.expect_error(self.rd() + ["--config", self.path("missing.ini")], "config file")
         self.expect_error(self.rd() + ["--config", self.path("bad.ini")], "no-such-option")
+        self.expect_error(self.rd() + ["--device", "gpu"], "unknown device 'gpu' (valid: cpu, cuda)")
+        self.expect_error(self.rd() + ["--checkpoint-writers-per-host", "-2"],
+                          "'--checkpoint-writers-per-host' must not be negative")
+
+    def test_device_cuda_without_cuda(self):
+        # Debian's libtorch is CPU-only: --device cuda is refused plainly on every rank (with a
+        # CUDA-enabled libtorch and no GPU it names the host instead; bench/gpu-check.sh trains on one).
+        torch_has_cuda = subprocess.run([PY, "-c", "import torch; print(torch.cuda.is_available())"],
+                                        capture_output=True, text=True).stdout.strip() == "True"
+        if torch_has_cuda:
+            self.skipTest("a GPU is visible: bench/gpu-check.sh covers --device cuda")
+        line = self.expect_error(self.rd() + ["--device", "cuda", "--steps", "2"], "--device cuda:")
+        self.assertRegex(line, r"libtorch without CUDA|no CUDA device is visible on host")
 
     def test_shards_and_world(self):
         self.expect_error(self.rd() + ["--micro-shards", "2", "--global-batch", "8"],

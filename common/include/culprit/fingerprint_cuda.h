@@ -18,6 +18,9 @@ int device_count(std::string* why);
 inline bool device_available(std::string* why) { return device_count(why) > 0; }
 // fp1 of nbytes at device_ptr (device memory of the current device).
 Status fingerprint_device(const void* device_ptr, std::size_t nbytes, Fingerprint* out);
+// The same for memory of device `device` (made current first), after everything queued on that
+// device has finished: for tensors another library (libtorch) computed.
+Status fingerprint_on(int device, const void* device_ptr, std::size_t nbytes, Fingerprint* out);
 // For tests and the GPU check: copies host bytes to the device, fingerprints them there.
 Status fingerprint_via_device(const void* host, std::size_t nbytes, Fingerprint* out);
 // For the GPU check: the kernel's and a device-to-device copy's bandwidth on nbytes (GB/s), best of

@@ -51,6 +51,7 @@ struct TrainConfig {
   std::string lr_schedule = "constant";  // constant | cosine
   std::int64_t warmup_steps = 0;
   int threads = 1;
+  std::string device = "cpu";  // cpu | cuda (one GPU per rank, by local rank)
   bool quiet = false;
   std::string config_file;
 };

@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# GPU training check (part of bench/gpu-check.sh): culprit built against a CUDA-enabled libtorch,
+# trained with --device cuda. Skips (exit 0, saying why) where there is no such libtorch, no GPU or
+# no MPI/HDF5/Boost development files; exit 3 when a check fails.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+torch_dir="${CULPRIT_TORCH_DIR:-}"
+if [ -z "$torch_dir" ] && command -v python3 >/dev/null; then
+  torch_dir=$(python3 -c 'import torch, os
+if torch.cuda.is_available(): print(os.path.join(torch.utils.cmake_prefix_path, "Torch"))' 2>/dev/null)
+fi
+if [ -z "$torch_dir" ] || [ ! -d "$torch_dir" ]; then
+  echo "gpu-train: skipped: no CUDA-enabled libtorch (set CULPRIT_TORCH_DIR to its share/cmake/Torch)"
+  exit 0
+fi
+for need in mpicxx h5pcc; do
+  command -v "$need" >/dev/null || { echo "gpu-train: skipped: $need not found (MPI / parallel HDF5 development files)"; exit 0; }
+done
+echo "gpu-train: libtorch from $torch_dir"
+# PyTorch wheels before 2.7 use the pre-C++11 string ABI; Boost from the system uses the new one.
+abi=$(python3 -c 'import torch; print(int(torch.compiled_with_cxx11_abi()))' 2>/dev/null || echo 1)
+cmake -S . -B build-gpu-train -G Ninja -DCMAKE_BUILD_TYPE=Release -DTorch_DIR="$torch_dir" \
+  -DCMAKE_CXX_FLAGS="-D_GLIBCXX_USE_CXX11_ABI=$abi" -DCULPRIT_BUILD_TESTS=OFF >/dev/null &&
+  cmake --build build-gpu-train --target culprit >/dev/null || { echo "gpu-train: FAIL: the build failed"; exit 3; }
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+dir=$(mktemp -d)
+args=(--model gpt --steps 20 --global-batch 32 --micro-shards 8 --checkpoint-every 10 --quiet --device cuda)
+fail=0
+fp() { python3 -c 'import json,sys; print([json.loads(l) for l in open(sys.argv[1])][-1]["fingerprint"])' "$1/metrics.jsonl"; }
+mpirun --oversubscribe -np 2 build-gpu-train/culprit train --run-dir "$dir/a" "${args[@]}" || fail=1
+mpirun --oversubscribe -np 2 build-gpu-train/culprit train --run-dir "$dir/b" "${args[@]}" || fail=1
+mpirun --oversubscribe -np 1 build-gpu-train/culprit train --run-dir "$dir/c" "${args[@]}" || fail=1
+a=$(fp "$dir/a") b=$(fp "$dir/b") c=$(fp "$dir/c")
+echo "gpu-train: final fingerprints: W=2 $a, W=2 again $b, W=1 $c; devices: $(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["devices"])' "$dir/a/run.json" 2>/dev/null)"
+[ -n "$a" ] && [ "$a" = "$b" ] && echo "gpu-train: PASS run to run (W=2)" || { echo "gpu-train: FAIL run to run"; fail=1; }
+[ "$a" = "$c" ] && echo "gpu-train: PASS across world sizes (W=2 vs W=1)" || echo "gpu-train: DIFFERS across world sizes (W=2 vs W=1; see docs/cuda.md)"
+build-gpu-train/culprit diff "$dir/a/checkpoints/step-00000020.h5" "$dir/b/checkpoints/step-00000020.h5" | tail -n 1
+# Negative control: a NaN injected into rank 1's forward pass on the GPU is caught (exit 11: numerical).
+mpirun --oversubscribe -np 2 build-gpu-train/culprit train --run-dir "$dir/nan" "${args[@]}" \
+  --inject step=3,rank=1,layer=blocks.0.mlp.fc,phase=forward,kind=nan >/dev/null 2>&1
+code=$?
+[ "$code" -ne 0 ] && grep -q "step=3" "$dir/nan/incidents.log" && echo "gpu-train: PASS injected NaN caught (exit $code)" \
+  || { echo "gpu-train: FAIL injected NaN not caught (exit $code)"; fail=1; }
+rm -rf "$dir"
+[ "$fail" = 0 ] || exit 3
