@@ -49,11 +49,27 @@ def mean_step(model, cfg):
 
 print("W=%s, 8 micro-shards (mlp --hidden 256 and cnn: global batch 128; gpt: 64); mean step time in ms" % world)
 print("fastest run of %d (median run in parentheses)" % repeats)
-print("%-6s %16s %16s %16s %12s %12s" % ("model", "off", "default", "spot 0.05", "default/off", "spot/off"))
+def within(model):
+    # The spot check's own cost, inside each --spot-check run (immune to drift between runs): the
+    # run's mean step time against the mean of its steps without a spot check (metrics.jsonl marks
+    # the others "spot_checked"); the median over the runs.
+    f = []
+    for rep in range(1, repeats + 1):
+        m = [json.loads(l) for l in open("%s/%s-spot-%d/metrics.jsonl" % (out, model, rep))][2:]
+        plain = [x["seconds"] for x in m if not x.get("spot_checked")]
+        f.append(statistics.mean(x["seconds"] for x in m) / statistics.mean(plain))
+    return statistics.median(f)
+
+print("%-6s %16s %16s %16s %12s %12s %14s %14s" % ("model", "off", "default", "spot 0.05", "default/off", "spot/off",
+                                                 "spot/default*", "spot/off**"))
 for model in ("mlp", "cnn", "gpt"):
     t = {c: mean_step(model, c) for c in ("off", "default", "spot")}
     cell = lambda c: "%6.2f (%6.2f)" % (t[c][0] * 1e3, t[c][1] * 1e3)
-    print("%-6s %16s %16s %16s %11.3fx %11.3fx" % (model, cell("off"), cell("default"), cell("spot"),
-                                                  t["default"][0] / t["off"][0], t["spot"][0] / t["off"][0]))
+    w = within(model)
+    print("%-6s %16s %16s %16s %11.3fx %11.3fx %13.3fx %13.3fx" % (
+        model, cell("off"), cell("default"), cell("spot"), t["default"][0] / t["off"][0],
+        t["spot"][0] / t["off"][0], w, w * t["default"][0] / t["off"][0]))
 print("targets: default/off <= 1.03x, spot/off <= 1.08x")
+print("*  within each --spot-check run: all steps against its steps without a spot check (median of runs)")
+print("** default/off x spot/default*: the spot check's cost measured inside its runs")
 PY

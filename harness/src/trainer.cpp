@@ -681,9 +681,10 @@ void Trainer::write_metrics(std::int64_t s, double lr, float loss, double grad_n
   if (comm_.rank != 0 || !metrics_) return;
   std::fprintf(metrics_,
                "{\"step\": %lld, \"loss\": %s, \"grad_norm\": %s, \"lr\": %s, \"fingerprint\": \"%s\", "
-               "\"seconds\": %.6f}\n",
+               "\"seconds\": %.6f%s}\n",
                static_cast<long long>(s), json_float(loss).c_str(), format_json_number(grad_norm).c_str(),
-               format_json_number(lr).c_str(), fingerprint_hex(fp).c_str(), secs);
+               format_json_number(lr).c_str(), fingerprint_hex(fp).c_str(), secs,
+               facts_exchanged_ ? ", \"spot_checked\": true" : "");
   std::fflush(metrics_);
   if (!cfg_.quiet)
     std::printf("step %6lld  loss %-12.9g  grad_norm %-12.6g  lr %-10.4g  fingerprint %s\n",
