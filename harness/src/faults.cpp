@@ -4,7 +4,10 @@
 
 #include <chrono>
 #include <cmath>
+#include <algorithm>
 #include <cstdio>
+#include <map>
+#include <string>
 #include <thread>
 #include <tuple>
 
@@ -261,6 +264,156 @@ void Trainer::detect(std::int64_t s) {
                 "rank(s) " + ranks + " differ from the other replicas, first in '" + rc.first_param + "'"});
     }
   }
+}
+
+// ---- spot checks and training invariants (docs/detection.md) ----
+
+void Trainer::violation(const std::string& what) {
+  if (violation_.empty()) violation_ = what;
+}
+
+// The spot-check schedule: in step s, every rank recomputes the same number q_s of micro-shards of
+// the rank before it, so the extra work is spread evenly and costs about 1 + P. q_s is the step's
+// share of floor(P * n * s), n the most micro-shards a rank computes; the shards rotate.
+std::vector<int> Trainer::spot_shards(std::int64_t s, int checker) const {
+  std::vector<int> out;
+  if (cfg_.spot_check <= 0) return out;
+  const int W = comm_.size, M = cfg_.micro_shards;
+  const ShardRange r = shard_range((checker + W - 1) % W, W, M);
+  const int count = r.hi - r.lo, n = (M + W - 1) / W;
+  auto total = [&](std::int64_t t) {
+    return static_cast<std::int64_t>(std::floor(cfg_.spot_check * n * static_cast<double>(t) + 1e-9));
+  };
+  const std::int64_t first = total(s - 1), q = std::min<std::int64_t>(total(s) - first, count);
+  for (std::int64_t j = 0; j < q; ++j) out.push_back(r.lo + static_cast<int>((first + j) % count));
+  return out;
+}
+
+bool Trainer::spot_checked(std::int64_t s, int k) const {
+  const auto v = spot_shards(s, (owner_of(k) + 1) % comm_.size);
+  return std::find(v.begin(), v.end(), k) != v.end();
+}
+
+int Trainer::owner_of(int k) const {
+  for (int r = 0; r < comm_.size; ++r)
+    if (shard_range(r, comm_.size, cfg_.micro_shards).hi > k) return r;
+  return comm_.size - 1;
+}
+
+void Trainer::check_shards(std::int64_t s) {
+  facts_exchanged_ = false;
+  if (spot_shards(s, 0).empty()) return;  // the same count for every rank: no spot check this step
+  facts_exchanged_ = true;
+  const int M = cfg_.micro_shards, W = comm_.size;
+  // Redundant computation: this rank recomputes its share of the previous rank's micro-shards.
+  for (int k : spot_shards(s, comm_.rank)) {
+    BufferGuard keep(model_);
+    compute_shard(s, k, spot_leaf_.data(), 1);
+    facts_[M + k] = fingerprint_bytes(spot_leaf_.data(), spot_leaf_.size() * sizeof(float));
+  }
+  // Every slot is written by one rank: a bitwise OR gathers them.
+  CULPRIT_COLLECTIVE(comm_, "the micro-shard check", MPI_Iallreduce(MPI_IN_PLACE, facts_.data(), static_cast<int>(facts_.size()), MPI_UINT64_T, MPI_BOR,
+                                  comm_.comm, &_culprit_req));
+  std::vector<int> differ;
+  for (int k = 0; k < M; ++k)
+    if (spot_checked(s, k) && facts_[k] != facts_[M + k]) differ.push_back(k);
+  if (!differ.empty()) {
+    // A third opinion: another rank recomputes (with two ranks, the owner itself).
+    auto third = [&](int k) {
+      const int o = owner_of(k), c = (o + 1) % W;
+      if (W == 1) return -1;
+      if (W == 2) return o;
+      return (c + 1) % W != o ? (c + 1) % W : (c + 2) % W;
+    };
+    std::vector<Fingerprint> tie(M, 0);
+    for (int k : differ)
+      if (third(k) == comm_.rank) {
+        BufferGuard keep(model_);
+        compute_shard(s, k, spot_leaf_.data(), 2);
+        tie[k] = fingerprint_bytes(spot_leaf_.data(), spot_leaf_.size() * sizeof(float));
+      }
+    CULPRIT_COLLECTIVE(comm_, "the micro-shard check", MPI_Iallreduce(MPI_IN_PLACE, tie.data(), M, MPI_UINT64_T, MPI_BOR, comm_.comm, &_culprit_req));
+    const int k = differ[0], o = owner_of(k), c = (o + 1) % W, t = third(k);
+    int faulty = -1;
+    std::string why;
+    const std::string so = "rank " + std::to_string(o), sc = "rank " + std::to_string(c);
+    if (W == 1) {
+      faulty = 0;
+      why = "rank 0 computed it differently the second time (a transient fault or a nondeterministic kernel)";
+    } else if (tie[k] == facts_[M + k]) {
+      faulty = o;
+      why = (W == 2 ? so + " itself" : "rank " + std::to_string(t)) + " recomputed it like " + sc;
+    } else if (W > 2 && tie[k] == facts_[k]) {
+      faulty = c;
+      why = "rank " + std::to_string(t) + " recomputed it like " + so + ": the checker is the odd one";
+    } else {
+      why = W == 2 ? so + " reproduces its own result: one of the two ranks computes wrongly every time (a third "
+                          "rank or a replay decides which)"
+                   : "no two of the three computations agree";
+    }
+    std::string list;
+    for (int d : differ) list += (list.empty() ? "" : ",") + std::to_string(d);
+    incident({s, "spot-check", IncidentClass::kHardware, faulty, "", "",
+              "micro-shard " + std::to_string(k) + " computed by " + so + " differs bitwise from its recomputation on " +
+                  sc + "; " + why + " (micro-shards that differ: " + list + ")"});
+  }
+}
+
+// The micro-shard invariants, from the step's gathered facts (same on every rank).
+void Trainer::check_shard_invariants(std::int64_t s) {
+  const int M = cfg_.micro_shards;
+  // Each sample once per epoch: every micro-shard used exactly its share of the epoch's permutation.
+  for (int k = 0; k < M; ++k)
+    if (facts_[3 * M + k] != tensor_fingerprint(shard_indices(s, k))) {
+      incident({s, "invariant", IncidentClass::kInvariant, owner_of(k), "", "",
+                "micro-shard " + std::to_string(k) + " on rank " + std::to_string(owner_of(k)) +
+                    " did not use its share of the epoch's samples (samples repeated or skipped)"});
+      break;
+    }
+  // Dropout masks differ: no two micro-shards of this step or the last start from one generator state.
+  std::map<Fingerprint, int> seen;
+  for (int k = 0; k < M; ++k) {
+    const Fingerprint f = facts_[2 * M + k];
+    const bool last = std::find(prev_rng_.begin(), prev_rng_.end(), f) != prev_rng_.end();
+    if (seen.count(f) || last) {
+      incident({s, "invariant", IncidentClass::kInvariant, owner_of(k), "", "",
+                "micro-shard " + std::to_string(k) + " on rank " + std::to_string(owner_of(k)) +
+                    " drew its dropout masks from the same generator state as " +
+                    (last ? std::string("a micro-shard of the previous step")
+                          : "micro-shard " + std::to_string(seen[f])) + ": the masks repeat"});
+      break;
+    }
+    seen[f] = k;
+  }
+  prev_rng_.assign(facts_.begin() + 2 * M, facts_.begin() + 3 * M);
+}
+
+// Invariants of the update: the learning rate is the schedule's, and every parameter whose gradient
+// asks for a change well above float rounding did change.
+void Trainer::check_update(std::int64_t s, double lr) {
+  const double used = opt_->param_groups()[0].options().get_lr();
+  if (used != lr) {
+    char buf[160];
+    std::snprintf(buf, sizeof buf, "the learning rate of step %lld is %.9g but the schedule gives %.9g",
+                  static_cast<long long>(s), used, lr);
+    violation(buf);
+  }
+  if (used != 0 && prev_param_fps_.size() == param_fps_.size()) {
+    const at::Tensor host = flat_params_.is_cuda() ? flat_params_.cpu() : flat_params_;
+    const float* p = host.data_ptr<float>();
+    for (std::size_t i = 0; i < params_.size(); ++i) {
+      if (param_fps_[i] != prev_param_fps_[i]) continue;
+      const std::int64_t n = params_[i].tensor.numel();
+      for (std::int64_t j = offsets_[i]; j < offsets_[i] + n; ++j)
+        if (reduced_[j] != 0 && std::fabs(used * reduced_[j]) > std::ldexp(std::fabs(p[j]), -16)) {
+          violation("parameter '" + params_[i].name + "' did not change in step " + std::to_string(s) +
+                    " although its gradient is nonzero (a frozen or forgotten parameter, or an update that did "
+                    "not land)");
+          break;
+        }
+    }
+  }
+  prev_param_fps_ = param_fps_;
 }
 
 }  // namespace culprit::harness
