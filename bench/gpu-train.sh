@@ -19,9 +19,9 @@ done
 echo "gpu-train: libtorch from $torch_dir"
 # PyTorch wheels before 2.7 use the pre-C++11 string ABI; Boost from the system uses the new one.
 abi=$(python3 -c 'import torch; print(int(torch.compiled_with_cxx11_abi()))' 2>/dev/null || echo 1)
-cmake -S . -B build-gpu-train -G Ninja -DCMAKE_BUILD_TYPE=Release -DTorch_DIR="$torch_dir" \
+cmake -S . -B build-gpu-train -DCMAKE_BUILD_TYPE=Release -DTorch_DIR="$torch_dir" \
   -DCMAKE_CXX_FLAGS="-D_GLIBCXX_USE_CXX11_ABI=$abi" -DCULPRIT_BUILD_TESTS=OFF >/dev/null &&
-  cmake --build build-gpu-train --target culprit >/dev/null || { echo "gpu-train: FAIL: the build failed"; exit 3; }
+  cmake --build build-gpu-train --target culprit -j "$(nproc)" >/dev/null || { echo "gpu-train: FAIL: the build failed"; exit 3; }
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 dir=$(mktemp -d)
 args=(--model gpt --steps 20 --global-batch 32 --micro-shards 8 --checkpoint-every 10 --quiet --device cuda)
