@@ -42,7 +42,7 @@ const char* kUsage =
     "wins).\n";
 
 void error_line(const std::string& msg) {
-  std::fprintf(stderr, "culprit: error: %s\n", msg.c_str());
+  std::fprintf(stderr, "culprit: error: %s\n", culprit::printable(msg).c_str());
   std::fflush(stderr);
 }
 
@@ -322,7 +322,8 @@ int run_tool(const std::string& cmd, const std::vector<std::string>& args) {
     error_line(st.message());
     return cmd == "verify" ? culprit::kExitDamaged : culprit::kExitUsage;
   }
-  std::fputs(out.c_str(), stdout);
+  // Names and strings come from files that may be damaged: what is printed stays valid UTF-8.
+  std::fputs(vm.count("json") ? out.c_str() : culprit::printable(out, true).c_str(), stdout);
   return code;
 }
 

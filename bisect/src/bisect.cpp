@@ -151,7 +151,7 @@ Status write_diagnosis(const std::string& run_dir, const Diagnosis& d) {
                               {"seconds", d.seconds}, {"startup_seconds", d.startup_seconds}};
   const auto path = fs::path(run_dir) / "diagnosis.json";
   std::ofstream out(path);
-  out << j.dump(2) << "\n";
+  out << j.dump(2, ' ', false, nlohmann::ordered_json::error_handler_t::replace) << "\n";
   if (!out) return Status::Error("cannot write '" + path.string() + "'");
   return Status::OK();
 }

@@ -68,7 +68,7 @@ Status inspect_trace(const std::string& path, bool json, std::string* out) {
                                     {"device", r.device}, {"loss", r.loss}, {"grad_fp", fingerprint_hex(r.grad_fp)}};
       j["shards"].push_back(row);
     }
-    *out = j.dump(2) + "\n";
+    *out = j.dump(2, ' ', false, nlohmann::ordered_json::error_handler_t::replace) + "\n";
     return Status::OK();
   }
   std::ostringstream os;
@@ -123,7 +123,7 @@ Status inspect(const std::string& path, bool json, std::string* out) {
                                {"verified", ok}});
     }
     j["valid"] = all_ok;
-    *out = j.dump(2) + "\n";
+    *out = j.dump(2, ' ', false, nlohmann::ordered_json::error_handler_t::replace) + "\n";
     return Status::OK();
   }
   std::ostringstream os;

@@ -22,7 +22,10 @@ void Trainer::snapshot(std::int64_t step, ckpt::Checkpoint* cp, const std::vecto
     if (group.size() <= i) group.resize(i + 1);
     ckpt::RawTensor& r = group[i++];
     r.name = name;
-    auto ct = t.is_cuda() ? t.detach().cpu() : t.detach().contiguous();
+    // Contiguous host tensors (parameters, optimizer state) are read in place: on the I/O thread,
+    // while the main thread runs the next forward and backward passes, nothing goes through
+    // libtorch's dispatcher or touches the tensors' autograd metadata.
+    const at::Tensor ct = t.is_cuda() ? t.detach().cpu() : t.is_contiguous() ? t : t.detach().contiguous();
     r.dtype = to_dtype(ct.scalar_type());
     r.shape.assign(ct.sizes().begin(), ct.sizes().end());
     const std::size_t n = ct.numel() * ct.element_size();
@@ -253,7 +256,7 @@ Status Trainer::open_trace(std::int64_t start_step) {
   std::string warning;
   Status st = trace_.open(trace::path_for(cfg_.run_dir, comm_.rank), h, start_step, &warning);
   if (!warning.empty()) {
-    std::fprintf(stderr, "culprit: warning: rank %d: %s\n", comm_.rank, warning.c_str());
+    std::fprintf(stderr, "culprit: warning: rank %d: %s\n", comm_.rank, printable(warning).c_str());
     std::fflush(stderr);
   }
   // Files of ranks beyond this world keep only what precedes the resume point.
@@ -263,7 +266,7 @@ Status Trainer::open_trace(std::int64_t start_step) {
       for (int r = 0; r < comm_.size; ++r) in_world = in_world || path == trace::path_for(cfg_.run_dir, r);
       if (in_world) continue;
       Status t = trace::truncate(path, start_step);
-      if (!t.ok()) std::fprintf(stderr, "culprit: warning: %s\n", t.message().c_str());
+      if (!t.ok()) std::fprintf(stderr, "culprit: warning: %s\n", printable(t.message()).c_str());
     }
   }
   return agree(comm_, st);

@@ -347,7 +347,7 @@ Status write_json(const fs::path& path, const nlohmann::ordered_json& j) {
   const fs::path tmp = path.string() + ".tmp";
   {
     std::ofstream out(tmp);
-    out << j.dump(2) << "\n";
+    out << j.dump(2, ' ', false, nlohmann::ordered_json::error_handler_t::replace) << "\n";
     if (!out) return Status::Error("cannot write '" + tmp.string() + "'");
   }
   fs::rename(tmp, path, ec);

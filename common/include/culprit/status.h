@@ -28,6 +28,11 @@ class Status {
   int code_ = 0;
 };
 
+// `text` made safe to print on one line: valid UTF-8 is kept; control characters and bytes that are
+// not valid UTF-8 (names and strings read from damaged files) become \xNN. keep_newlines: for
+// multi-line reports.
+std::string printable(const std::string& text, bool keep_newlines = false);
+
 }  // namespace culprit
 
 #define CULPRIT_RETURN_IF_ERROR(expr)        \
