@@ -157,7 +157,8 @@ void Trainer::fence_snapshot() {
   while (!snap_copied_ && waited() < 1.0) std::this_thread::yield();
   if (!snap_copied_ && comm_.watchdog)
     comm_.watchdog->wait_until([this] { return snap_copied_.load(); }, "the checkpoint's copy of the state");
-  while (!snap_copied_) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  else
+    while (!snap_copied_) std::this_thread::sleep_for(std::chrono::milliseconds(1));
   cost_.fence += waited();
   cost_.stall += waited();
 }

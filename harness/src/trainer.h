@@ -22,6 +22,7 @@
 #include "error_line.h"
 #include "io_worker.h"
 #include "model.h"
+#include "rundir.h"
 #include "runinfo.h"
 
 namespace culprit::harness {
@@ -31,7 +32,6 @@ at::ScalarType to_scalar(DType t);
 Fingerprint tensor_fingerprint(const at::Tensor& t);
 // The set fingerprint of named tensors; *each (optional) gets every tensor's own fingerprint.
 Fingerprint set_fingerprint(const std::vector<NamedTensor>& tensors, std::vector<Fingerprint>* each = nullptr);
-Status truncate_metrics(const std::string& path, std::int64_t keep);
 // Deterministic libtorch settings (docs/determinism.md); returns the BLAS thread count set (0: no
 // thread control found).
 int setup_determinism(int threads);
@@ -61,8 +61,6 @@ struct BufferGuard {
   std::vector<at::Tensor> saved;
 };
 
-// A checkpoint of another run (other seed, model, ...) must not be resumed silently.
-Status check_compatible(const TrainConfig& cfg, const Dataset& data, const ckpt::Checkpoint& c, const std::string& from);
 
 class Trainer {
  public:
