@@ -350,6 +350,7 @@ void Trainer::compute_shard(std::int64_t s, int k, float* leaf, int attempt) {
   }
   torch::manual_seed(seed);  // also every CUDA generator: dropout masks on the GPU follow the seed
   if (attempt == 0 && !facts_.empty()) {
+    Stopwatch sw(&detector_secs_);
     const std::int64_t M = cfg_.micro_shards;
     facts_[2 * M + k] = tensor_fingerprint(at::detail::getDefaultCPUGenerator().get_state());
     facts_[3 * M + k] = tensor_fingerprint(idx);
@@ -365,7 +366,9 @@ void Trainer::compute_shard(std::int64_t s, int k, float* leaf, int attempt) {
   std::fill(fwd_.begin(), fwd_.end(), 0);
   std::fill(bwd_.begin(), bwd_.end(), 0);
   auto loss = loss_of(model_.forward(x), y);
-  if (cfg_.check_invariants)
+  if (cfg_.check_invariants) {
+    double nested = 0;  // a spot-check recomputation is timed as a whole
+    Stopwatch sw(attempt == 0 ? &detector_secs_ : &nested);
     for (const auto& p : params_) {
       const auto& g = p.tensor.grad();
       if (g.defined() && g.count_nonzero().item<std::int64_t>() != 0) {
@@ -374,6 +377,7 @@ void Trainer::compute_shard(std::int64_t s, int k, float* leaf, int attempt) {
         break;
       }
     }
+  }
   loss.backward();
   bool finite = true;  // checked while copying: the data passes through the cache once
   for (std::size_t i = 0; i < params_.size(); ++i) {
@@ -415,6 +419,7 @@ void Trainer::step(std::int64_t s) {
   cur_step_ = s;
   if (comm_.watchdog) comm_.watchdog->set_step(s);
   violation_.clear();
+  detector_secs_ = 0;
   const double lr = learning_rate(cfg_, s);
   double lr_used = lr;
   for (const auto& f : faults_) {
@@ -432,7 +437,10 @@ void Trainer::step(std::int64_t s) {
   for (int k = mine.lo; k < mine.hi; ++k) {
     float* leaf = acc_->leaf_buffer();
     compute_shard(s, k, leaf, 0);
-    if (spot_checked(s, k)) facts_[k] = fingerprint_bytes(leaf, static_cast<std::size_t>(P_ + 1) * sizeof(float));
+    if (spot_checked(s, k)) {
+      Stopwatch sw(&detector_secs_);
+      facts_[k] = fingerprint_bytes(leaf, static_cast<std::size_t>(P_ + 1) * sizeof(float));
+    }
     if (cfg_.trace != "off" || capture_) {
       trace::ShardRow row;
       row.step = s;
@@ -450,7 +458,10 @@ void Trainer::step(std::int64_t s) {
     }
     acc_->push(k);
   }
-  check_shards(s);
+  {
+    Stopwatch sw(&detector_secs_);
+    check_shards(s);
+  }
   const SendFault* send_fault = nullptr;
   SendFault sf;
   for (const auto& f : faults_) {
@@ -463,6 +474,7 @@ void Trainer::step(std::int64_t s) {
   }
   cc_.enabled = cfg_.comm_check || replaying_;  // a replay reports its comm faults (StepResult)
   tree_allreduce(comm_, static_cast<int>(M), *acc_, reduced_.data(), &tree_ws_, send_fault, &cc_);
+  detector_secs_ += cc_.seconds;
 
   // The reduced gradient becomes every parameter's gradient; the optimizer steps (once the checkpoint
   // in flight has its copy of the parameters and optimizer state).
@@ -511,7 +523,10 @@ void Trainer::step(std::int64_t s) {
   row.lr = lr;
   const Fingerprint fp = set_fingerprint(params_, &row.param_fps);
   param_fps_ = row.param_fps;
-  if (cfg_.check_invariants) check_update(s, lr);
+  if (cfg_.check_invariants) {
+    Stopwatch sw(&detector_secs_);
+    check_update(s, lr);
+  }
   if (cfg_.trace != "off" || capture_)
     row.grad_fp = fingerprint_bytes(reduced_.data(), static_cast<std::size_t>(P_) * sizeof(float));
   if (capture_) last_row_ = row;
@@ -523,7 +538,10 @@ void Trainer::step(std::int64_t s) {
       if (!st.ok()) io_error_ = st;
     }
   }
-  detect(s);
+  {
+    Stopwatch sw(&detector_secs_);
+    detect(s);
+  }
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   write_metrics(s, lr, reduced_[P_], grad_norm_, fp, secs);
 }
@@ -533,9 +551,9 @@ void Trainer::write_metrics(std::int64_t s, double lr, float loss, double grad_n
   if (comm_.rank != 0 || !metrics_) return;
   std::fprintf(metrics_,
                "{\"step\": %lld, \"loss\": %s, \"grad_norm\": %s, \"lr\": %s, \"fingerprint\": \"%s\", "
-               "\"seconds\": %.6f%s}\n",
+               "\"seconds\": %.6f, \"detector_seconds\": %.6f%s}\n",
                static_cast<long long>(s), json_float(loss).c_str(), format_json_number(grad_norm).c_str(),
-               format_json_number(lr).c_str(), fingerprint_hex(fp).c_str(), secs,
+               format_json_number(lr).c_str(), fingerprint_hex(fp).c_str(), secs, detector_secs_,
                facts_exchanged_ ? ", \"spot_checked\": true" : "");
   std::fflush(metrics_);
   if (!cfg_.quiet)

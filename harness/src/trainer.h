@@ -5,6 +5,7 @@
 #include <torch/torch.h>
 
 #include <atomic>
+#include <chrono>
 #include <map>
 #include <memory>
 #include <string>
@@ -188,6 +189,17 @@ class Trainer {
   Status halt_;         // set when a detection halts the run
   std::vector<Fingerprint> param_fps_;  // this step's parameter fingerprints
   double grad_norm_ = 0;                // this step's reduced-gradient L2 norm
+  // This step's time in detector work (metrics.jsonl "detector_seconds"): what a Stopwatch on it
+  // times, plus the communication check's fingerprints.
+  double detector_secs_ = 0;
+  struct Stopwatch {
+    explicit Stopwatch(double* acc) : acc_(acc), t0_(std::chrono::steady_clock::now()) {}
+    ~Stopwatch() { *acc_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0_).count(); }
+    Stopwatch(const Stopwatch&) = delete;
+    Stopwatch& operator=(const Stopwatch&) = delete;
+    double* acc_;
+    std::chrono::steady_clock::time_point t0_;
+  };
   bool fires(const FaultSpec& f, Phase phase, int occurrence, bool per_shard) const;
   int layer_param(const std::string& layer) const;  // first parameter of a layer, or -1
   void detect(std::int64_t s);

@@ -1,6 +1,7 @@
 #include "culprit/tree_reduce.h"
 #include "culprit/watchdog.h"
 
+#include <chrono>
 #include <cstring>
 #include <stdexcept>
 
@@ -79,6 +80,13 @@ std::size_t chunk_off(std::size_t n, int world, int c) {
 void tree_allreduce(const Comm& comm, int micro_shards, const TreeAccumulator& acc, float* out,
                     TreeWorkspace* ws, const SendFault* fault, CommCheck* check) {
   const bool checking = check && check->enabled;
+  if (check) check->seconds = 0;
+  // Times the communication check's fingerprints (the step's detector cost, metrics.jsonl).
+  auto timed = [check](auto&& f) {
+    const auto t0 = std::chrono::steady_clock::now();
+    f();
+    check->seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  };
   if (checking) {
     check->sent.assign(comm.size, 0);
     check->received.assign(comm.size, 0);
@@ -125,9 +133,13 @@ void tree_allreduce(const Comm& comm, int micro_shards, const TreeAccumulator& a
     }
     sendbuf = packed.data();
   }
-  // Phase-1 fingerprints of what this rank means to send, taken before it leaves its hands.
+  // Phase-1 fingerprints of what this rank means to send, taken before it leaves its hands (not
+  // of its message to itself, which never leaves the process).
   if (checking)
-    for (int c = 0; c < W; ++c) check->sent[c] = fingerprint_bytes(sendbuf + sdispl[c], scount[c] * sizeof(float));
+    timed([&] {
+      for (int c = 0; c < W; ++c)
+        if (c != comm.rank) check->sent[c] = fingerprint_bytes(sendbuf + sdispl[c], scount[c] * sizeof(float));
+    });
   if (!packed.empty() && sendbuf == packed.data()) {
     if (fault && fault->offset < n) {
       int c = 0;
@@ -150,7 +162,10 @@ void tree_allreduce(const Comm& comm, int micro_shards, const TreeAccumulator& a
   CULPRIT_COLLECTIVE(comm, "the gradient reduction", MPI_Ialltoallv(sendbuf, scount.data(), sdispl.data(), MPI_FLOAT, recv.data(),
                                   rcount.data(), rdispl.data(), MPI_FLOAT, comm.comm, &_culprit_req));
   if (checking)
-    for (int r = 0; r < W; ++r) check->received[r] = fingerprint_bytes(recv.data() + rdispl[r], rcount[r] * sizeof(float));
+    timed([&] {
+      for (int r = 0; r < W; ++r)
+        if (r != comm.rank) check->received[r] = fingerprint_bytes(recv.data() + rdispl[r], rcount[r] * sizeof(float));
+    });
   // Combine this chunk's nodes bottom-up, in tree order, in place in the receive buffer.
   struct Slot {
     TreeNode node;
@@ -177,13 +192,15 @@ void tree_allreduce(const Comm& comm, int micro_shards, const TreeAccumulator& a
     rdispl[c] = static_cast<int>(chunk_off(n, W, c));
     rcount[c] = static_cast<int>(chunk_off(n, W, c + 1) - chunk_off(n, W, c));
   }
-  if (checking) check->chunks[comm.rank] = fingerprint_bytes(out + my_off, my_len * sizeof(float));
+  if (checking) timed([&] { check->chunks[comm.rank] = fingerprint_bytes(out + my_off, my_len * sizeof(float)); });
   CULPRIT_COLLECTIVE(comm, "the gradient reduction", MPI_Iallgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, out,
                                                                      rcount.data(), rdispl.data(), MPI_FLOAT,
                                                                      comm.comm, &_culprit_req));
   if (checking)
-    for (int c = 0; c < W; ++c)
-      if (c != comm.rank) check->chunks[c] = fingerprint_bytes(out + rdispl[c], rcount[c] * sizeof(float));
+    timed([&] {
+      for (int c = 0; c < W; ++c)
+        if (c != comm.rank) check->chunks[c] = fingerprint_bytes(out + rdispl[c], rcount[c] * sizeof(float));
+    });
 }
 
 std::vector<std::pair<int, int>> comm_mismatches(const std::vector<CommCheck>& all) {

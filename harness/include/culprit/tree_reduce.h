@@ -79,9 +79,10 @@ struct SendFault {
 // (comm_mismatches) from every rank's CommCheck, gathered with the step's other detector data.
 struct CommCheck {
   bool enabled = false;
-  std::vector<Fingerprint> sent;      // [r]: phase 1, what this rank sent to rank r, as it meant it
-  std::vector<Fingerprint> received;  // [r]: phase 1, what arrived here from rank r
+  std::vector<Fingerprint> sent;      // [r]: phase 1, what this rank sent to rank r, as it meant it (own: 0)
+  std::vector<Fingerprint> received;  // [r]: phase 1, what arrived here from rank r (own: 0)
   std::vector<Fingerprint> chunks;    // [c]: phase 2, reduced chunk c as it arrived here (own: as sent)
+  double seconds = 0;                 // spent fingerprinting in the last reduction
 };
 // (sender, receiver) pairs whose message arrived unlike it was sent; all[r] is rank r's CommCheck.
 std::vector<std::pair<int, int>> comm_mismatches(const std::vector<CommCheck>& all);
