@@ -37,14 +37,19 @@ done
 import json, statistics, sys
 out, repeats, world = sys.argv[1], int(sys.argv[2]), sys.argv[3]
 
+def run_mean(model, cfg, rep):
+    secs = [json.loads(l)["seconds"] for l in open("%s/%s-%s-%d/metrics.jsonl" % (out, model, cfg, rep))][2:]
+    return statistics.mean(secs)
+
+def paired(model, cfg):
+    # Each round's runs follow one another: the ratio inside a round, the median over the rounds.
+    return statistics.median(run_mean(model, cfg, r) / run_mean(model, "off", r) for r in range(1, repeats + 1))
+
 def mean_step(model, cfg):
     # Each run's mean step time (after two warm-up steps); the fastest run of the repeats. On this
     # VM whole runs land in a fast or a slow mode (up to 1.5x apart) whatever their configuration:
     # the minimum compares like with like, the median is shown for the spread.
-    runs = []
-    for rep in range(1, repeats + 1):
-        secs = [json.loads(l)["seconds"] for l in open("%s/%s-%s-%d/metrics.jsonl" % (out, model, cfg, rep))][2:]
-        runs.append(statistics.mean(secs))
+    runs = [run_mean(model, cfg, rep) for rep in range(1, repeats + 1)]
     return min(runs), statistics.median(runs)
 
 print("W=%s, 8 micro-shards (mlp --hidden 256 and cnn: global batch 128; gpt: 64); mean step time in ms" % world)
@@ -78,9 +83,9 @@ for model in ("mlp", "cnn", "gpt"):
     cell = lambda c: "%6.2f (%6.2f)" % (t[c][0] * 1e3, t[c][1] * 1e3)
     d, w = timed(model), within(model)
     print("%-6s %16s %16s %16s %11.3fx %11.3fx %13.3fx %13.3fx %13.3fx" % (
-        model, cell("off"), cell("default"), cell("spot"), t["default"][0] / t["off"][0],
-        t["spot"][0] / t["off"][0], d, w, w * d))
+        model, cell("off"), cell("default"), cell("spot"), paired(model, "default"), paired(model, "spot"), d, w, w * d))
 print("targets: default/off <= 1.03x, spot/off <= 1.08x")
+print("default/off, spot/off: run against run, the median over the rounds of the ratio inside each round")
 print("*  measured inside the runs: default/off* from the detectors' timers in each default run;")
 print("   spot/default* all steps of each --spot-check run against its steps without a spot check")
 print("** default/off* x spot/default*: both costs measured inside their runs")

@@ -5,6 +5,7 @@
 #include <xxhash.h>
 
 #include <algorithm>
+#include <map>
 #include <mutex>
 #include <set>
 #include <vector>
@@ -54,6 +55,35 @@ struct DeviceBuffer {
   }
 };
 
+// The chunk hashes' device buffer, kept per thread and device and grown as needed: fingerprints of
+// many small tensors (per-layer traces) then cost a launch and a copy each, not a cudaMalloc and a
+// synchronising cudaFree. Freed when the thread ends (errors there are moot: the context may be gone).
+struct HashWorkspace {
+  std::map<int, std::pair<void*, std::size_t>> by_device;
+  ~HashWorkspace() {
+    for (auto& [device, buf] : by_device) {
+      if (cudaSetDevice(device) == cudaSuccess) cudaFree(buf.first);
+    }
+  }
+};
+
+Status hash_buffer(std::size_t bytes, std::uint64_t** out) {
+  int device = 0;
+  CULPRIT_RETURN_IF_ERROR(check(cudaGetDevice(&device), "querying the current device"));
+  thread_local HashWorkspace ws;
+  auto& [p, size] = ws.by_device[device];
+  if (size < bytes) {
+    if (p) cudaFree(p);
+    p = nullptr;
+    size = 0;
+    const std::size_t want = std::max<std::size_t>(bytes, 4096);
+    CULPRIT_RETURN_IF_ERROR(check(cudaMalloc(&p, want), "allocating chunk hashes"));
+    size = want;
+  }
+  *out = static_cast<std::uint64_t*>(p);
+  return Status::OK();
+}
+
 }  // namespace
 
 int device_count(std::string* why) {
@@ -73,15 +103,14 @@ Status fingerprint_device(const void* device_ptr, std::size_t nbytes, Fingerprin
   }
   CULPRIT_RETURN_IF_ERROR(upload_secret());
   const std::size_t nchunks = (nbytes + kFingerprintChunkBytes - 1) / kFingerprintChunkBytes;
-  DeviceBuffer hashes;
-  CULPRIT_RETURN_IF_ERROR(check(cudaMalloc(&hashes.p, nchunks * sizeof(std::uint64_t)), "allocating chunk hashes"));
+  std::uint64_t* hashes = nullptr;
+  CULPRIT_RETURN_IF_ERROR(hash_buffer(nchunks * sizeof(std::uint64_t), &hashes));
   const unsigned threads = 128;
   const unsigned blocks = static_cast<unsigned>((nchunks + threads - 1) / threads);
-  chunk_hashes<<<blocks, threads>>>(static_cast<const unsigned char*>(device_ptr), nbytes, nchunks,
-                                    static_cast<std::uint64_t*>(hashes.p));
+  chunk_hashes<<<blocks, threads>>>(static_cast<const unsigned char*>(device_ptr), nbytes, nchunks, hashes);
   CULPRIT_RETURN_IF_ERROR(check(cudaGetLastError(), "launching the fingerprint kernel"));
   std::vector<std::uint64_t> host(nchunks);
-  CULPRIT_RETURN_IF_ERROR(check(cudaMemcpy(host.data(), hashes.p, nchunks * sizeof(std::uint64_t),
+  CULPRIT_RETURN_IF_ERROR(check(cudaMemcpy(host.data(), hashes, nchunks * sizeof(std::uint64_t),
                                            cudaMemcpyDeviceToHost), "copying chunk hashes"));
   *out = combine_chunk_hashes(host.data(), nchunks);
   return Status::OK();
