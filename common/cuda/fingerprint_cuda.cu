@@ -16,7 +16,30 @@ namespace culprit::cuda {
 
 namespace {
 
-__constant__ unsigned char d_secret[xxh3::kSecretSize];
+__constant__ __align__(8) unsigned char d_secret[xxh3::kSecretSize];
+
+// Eight threads per 4 KiB chunk (xxh3::lane_long): thread j of a group owns accumulator lane j and
+// reads 16 contiguous bytes of every stripe, so a group reads whole 64-byte stripes together; lane 0
+// merges. Chunks of 240 bytes or less (only a tensor's last chunk can be that short) take hash64 on
+// lane 0. The secret is copied to shared memory: lanes read different words of it at once, which
+// constant memory would serialise. Needs blockDim.x == kLanesBlock.
+constexpr unsigned kLanes = 8, kLanesBlock = 128;
+__global__ void chunk_hashes_lanes(const unsigned char* data, std::size_t n, std::size_t nchunks, std::uint64_t* out) {
+  __shared__ std::uint64_t sec_words[xxh3::kSecretSize / 8];
+  __shared__ std::uint64_t acc[kLanesBlock];
+  for (unsigned i = threadIdx.x; i < xxh3::kSecretSize / 8; i += blockDim.x)
+    sec_words[i] = reinterpret_cast<const std::uint64_t*>(d_secret)[i];
+  __syncthreads();
+  const unsigned char* sec = reinterpret_cast<const unsigned char*>(sec_words);
+  const int j = static_cast<int>(threadIdx.x % kLanes);
+  const std::size_t c = (static_cast<std::size_t>(blockIdx.x) * blockDim.x + threadIdx.x) / kLanes;
+  const std::size_t off = c * kFingerprintChunkBytes;
+  const std::size_t len = c >= nchunks ? 0 : n - off < kFingerprintChunkBytes ? n - off : kFingerprintChunkBytes;
+  if (len > 240) acc[threadIdx.x] = xxh3::lane_long(data + off, len, sec, j);
+  __syncwarp();  // a group lies within one warp (kLanes divides 32); every thread reaches this
+  if (c >= nchunks || j != 0) return;
+  out[c] = len > 240 ? xxh3::merge_long(acc + threadIdx.x, len, sec) : xxh3::hash64(data + off, len, sec);
+}
 
 // One thread per 4 KiB chunk.
 __global__ void chunk_hashes(const unsigned char* data, std::size_t n, std::size_t nchunks, std::uint64_t* out) {
@@ -96,7 +119,7 @@ int device_count(std::string* why) {
   return n;
 }
 
-Status fingerprint_device(const void* device_ptr, std::size_t nbytes, Fingerprint* out) {
+Status fingerprint_device(const void* device_ptr, std::size_t nbytes, Fingerprint* out, Kernel kernel) {
   if (nbytes == 0) {
     *out = combine_chunk_hashes(nullptr, 0);
     return Status::OK();
@@ -105,9 +128,15 @@ Status fingerprint_device(const void* device_ptr, std::size_t nbytes, Fingerprin
   const std::size_t nchunks = (nbytes + kFingerprintChunkBytes - 1) / kFingerprintChunkBytes;
   std::uint64_t* hashes = nullptr;
   CULPRIT_RETURN_IF_ERROR(hash_buffer(nchunks * sizeof(std::uint64_t), &hashes));
-  const unsigned threads = 128;
-  const unsigned blocks = static_cast<unsigned>((nchunks + threads - 1) / threads);
-  chunk_hashes<<<blocks, threads>>>(static_cast<const unsigned char*>(device_ptr), nbytes, nchunks, hashes);
+  const auto* data = static_cast<const unsigned char*>(device_ptr);
+  if (kernel == Kernel::kLanes) {
+    const unsigned blocks = static_cast<unsigned>((nchunks * kLanes + kLanesBlock - 1) / kLanesBlock);
+    chunk_hashes_lanes<<<blocks, kLanesBlock>>>(data, nbytes, nchunks, hashes);
+  } else {
+    const unsigned threads = 128;
+    const unsigned blocks = static_cast<unsigned>((nchunks + threads - 1) / threads);
+    chunk_hashes<<<blocks, threads>>>(data, nbytes, nchunks, hashes);
+  }
   CULPRIT_RETURN_IF_ERROR(check(cudaGetLastError(), "launching the fingerprint kernel"));
   std::vector<std::uint64_t> host(nchunks);
   CULPRIT_RETURN_IF_ERROR(check(cudaMemcpy(host.data(), hashes, nchunks * sizeof(std::uint64_t),
@@ -124,16 +153,16 @@ Status fingerprint_on(int device, const void* device_ptr, std::size_t nbytes, Fi
   return fingerprint_device(device_ptr, nbytes, out);
 }
 
-Status fingerprint_via_device(const void* host, std::size_t nbytes, Fingerprint* out) {
+Status fingerprint_via_device(const void* host, std::size_t nbytes, Fingerprint* out, Kernel kernel) {
   DeviceBuffer d;
   if (nbytes) {
     CULPRIT_RETURN_IF_ERROR(check(cudaMalloc(&d.p, nbytes), "allocating"));
     CULPRIT_RETURN_IF_ERROR(check(cudaMemcpy(d.p, host, nbytes, cudaMemcpyHostToDevice), "copying to the device"));
   }
-  return fingerprint_device(d.p, nbytes, out);
+  return fingerprint_device(d.p, nbytes, out, kernel);
 }
 
-Status bandwidth(std::size_t nbytes, int reps, double* fingerprint_gbs, double* copy_gbs) {
+Status bandwidth(std::size_t nbytes, int reps, Kernel kernel, double* fingerprint_gbs, double* copy_gbs) {
   DeviceBuffer a, b;
   CULPRIT_RETURN_IF_ERROR(check(cudaMalloc(&a.p, nbytes), "allocating"));
   CULPRIT_RETURN_IF_ERROR(check(cudaMalloc(&b.p, nbytes), "allocating"));
@@ -146,7 +175,7 @@ Status bandwidth(std::size_t nbytes, int reps, double* fingerprint_gbs, double* 
   for (int r = 0; r < std::max(reps, 1); ++r) {
     float ms = 0;
     cudaEventRecord(t0);
-    CULPRIT_RETURN_IF_ERROR(fingerprint_device(a.p, nbytes, &fp));
+    CULPRIT_RETURN_IF_ERROR(fingerprint_device(a.p, nbytes, &fp, kernel));
     cudaEventRecord(t1);
     cudaEventSynchronize(t1);
     cudaEventElapsedTime(&ms, t0, t1);

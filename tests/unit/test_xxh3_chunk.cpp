@@ -1,5 +1,6 @@
 // xxh3_chunk.h (the GPU fingerprint kernel's hash, compiled here as host code) against libxxhash, bit
-// for bit, for every chunk length 0..4096 at three alignments: every one of XXH3's length paths.
+// for bit, for every chunk length 0..4096 at three alignments: every one of XXH3's length paths, and
+// the eight-lane form of the long path.
 #define XXH_STATIC_LINKING_ONLY
 #include <gtest/gtest.h>
 #include <xxhash.h>
@@ -23,6 +24,29 @@ TEST(Xxh3Chunk, EqualsLibxxhashForEveryChunkLength) {
         ADD_FAILURE() << "length " << len << " offset " << off;
         if (++differ > 5) return;
       }
+}
+
+// The cooperative form (eight lanes, then a merge), which the GPU kernel uses for long chunks.
+TEST(Xxh3Chunk, LanesMergeToLibxxhashForEveryLongLength) {
+  unsigned char secret[culprit::xxh3::kSecretSize];
+  XXH3_generateSecret_fromSeed(secret, 0);
+  std::mt19937_64 g(20261201);
+  std::vector<unsigned char> buf(culprit::kFingerprintChunkBytes + 8);
+  for (auto& b : buf) b = static_cast<unsigned char>(g());
+  int differ = 0;
+  for (std::size_t len = 241; len <= culprit::kFingerprintChunkBytes; ++len)
+    for (std::size_t off : {0UL, 8UL, 3UL}) {
+      std::uint64_t acc[8];
+      for (int j = 0; j < 8; ++j) acc[j] = culprit::xxh3::lane_long(buf.data() + off, len, secret, j);
+      if (culprit::xxh3::merge_long(acc, len, secret) != XXH3_64bits(buf.data() + off, len)) {
+        ADD_FAILURE() << "length " << len << " offset " << off;
+        if (++differ > 5) return;
+      }
+    }
+  // Negative control: lanes swapped give another hash.
+  std::uint64_t acc[8];
+  for (int j = 0; j < 8; ++j) acc[j] = culprit::xxh3::lane_long(buf.data(), 4096, secret, j ^ 1);
+  EXPECT_NE(culprit::xxh3::merge_long(acc, 4096, secret), XXH3_64bits(buf.data(), 4096));
 }
 
 TEST(Xxh3Chunk, ChunkHashesCombineToTheFingerprint) {

@@ -16,15 +16,19 @@ namespace culprit::cuda {
 int device_count(std::string* why);
 // Whether a CUDA device can be used; *why says why not.
 inline bool device_available(std::string* why) { return device_count(why) > 0; }
+// The chunk-hash kernels: eight threads per 4 KiB chunk, each owning one of XXH3's accumulator lanes
+// (the default: a group's loads coalesce), or one thread per chunk (kept as a cross-check and for
+// the bandwidth comparison). Both give the same fingerprint.
+enum class Kernel { kLanes, kThreadPerChunk };
 // fp1 of nbytes at device_ptr (device memory of the current device).
-Status fingerprint_device(const void* device_ptr, std::size_t nbytes, Fingerprint* out);
+Status fingerprint_device(const void* device_ptr, std::size_t nbytes, Fingerprint* out, Kernel kernel = Kernel::kLanes);
 // The same for memory of device `device` (made current first), after everything queued on that
 // device has finished: for tensors another library (libtorch) computed.
 Status fingerprint_on(int device, const void* device_ptr, std::size_t nbytes, Fingerprint* out);
 // For tests and the GPU check: copies host bytes to the device, fingerprints them there.
-Status fingerprint_via_device(const void* host, std::size_t nbytes, Fingerprint* out);
-// For the GPU check: the kernel's and a device-to-device copy's bandwidth on nbytes (GB/s), best of
+Status fingerprint_via_device(const void* host, std::size_t nbytes, Fingerprint* out, Kernel kernel = Kernel::kLanes);
+// For the GPU check: a kernel's and a device-to-device copy's bandwidth on nbytes (GB/s), best of
 // `reps`.
-Status bandwidth(std::size_t nbytes, int reps, double* fingerprint_gbs, double* copy_gbs);
+Status bandwidth(std::size_t nbytes, int reps, Kernel kernel, double* fingerprint_gbs, double* copy_gbs);
 
 }  // namespace culprit::cuda

@@ -164,6 +164,46 @@ CULPRIT_HD std::uint64_t hash_long(const unsigned char* in, std::size_t len, con
   return avalanche(result);
 }
 
+// The long-input loop split by accumulator lane, for eight GPU threads hashing one chunk together
+// (each reads 16 contiguous bytes of every 64-byte stripe: a group's loads coalesce). Lane j of
+// accumulate_512 adds word j's 32x32-bit product and word j^1; scramble is per lane. Sums modulo 2^64
+// commute, so lane_long(in, len, sec, j) for j = 0..7 followed by merge_long is hash_long exactly
+// (tests/unit/test_xxh3_chunk.cpp checks every length 241..4096 against libxxhash).
+CULPRIT_HD std::uint64_t lane_long(const unsigned char* in, std::size_t len, const unsigned char* sec, int j) {
+  std::uint64_t acc = 0;
+  switch (j) {  // hash_long's initial accumulators
+    case 0: acc = kP32_3; break;
+    case 1: acc = kP64_1; break;
+    case 2: acc = kP64_2; break;
+    case 3: acc = kP64_3; break;
+    case 4: acc = kP64_4; break;
+    case 5: acc = kP32_2; break;
+    case 6: acc = kP64_5; break;
+    default: acc = kP32_1; break;
+  }
+  auto stripe = [&](const unsigned char* p, const unsigned char* k) {
+    const std::uint64_t key = le64(p + 8 * j) ^ le64(k + 8 * j);
+    acc += le64(p + 8 * (j ^ 1)) + (key & 0xffffffffULL) * (key >> 32);
+  };
+  const std::size_t stripes_per_block = (kSecretSize - 64) / 8, block = 64 * stripes_per_block;
+  const std::size_t blocks = (len - 1) / block;
+  for (std::size_t b = 0; b < blocks; ++b) {
+    for (std::size_t s = 0; s < stripes_per_block; ++s) stripe(in + b * block + 64 * s, sec + 8 * s);
+    acc ^= acc >> 47;
+    acc ^= le64(sec + kSecretSize - 64 + 8 * j);
+    acc *= kP32_1;
+  }
+  const std::size_t stripes = ((len - 1) - block * blocks) / 64;
+  for (std::size_t s = 0; s < stripes; ++s) stripe(in + blocks * block + 64 * s, sec + 8 * s);
+  stripe(in + len - 64, sec + kSecretSize - 64 - 7);
+  return acc;
+}
+CULPRIT_HD std::uint64_t merge_long(const std::uint64_t* acc, std::size_t len, const unsigned char* sec) {
+  std::uint64_t result = len * kP64_1;
+  for (int i = 0; i < 4; ++i) result += mul128_fold64(acc[2 * i] ^ le64(sec + 11 + 16 * i), acc[2 * i + 1] ^ le64(sec + 11 + 16 * i + 8));
+  return avalanche(result);
+}
+
 // XXH3_64bits(in, len) with seed 0 and the default secret.
 CULPRIT_HD std::uint64_t hash64(const unsigned char* in, std::size_t len, const unsigned char* sec) {
   if (len <= 16) return hash_0to16(in, len, sec);
