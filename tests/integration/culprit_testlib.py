@@ -43,6 +43,15 @@ def run(args, world=1, run_dir=None, timeout=TIMEOUT, use_mpirun=None, env=None)
     return Result(proc, run_dir)
 
 
+def incidents(run_dir):
+    """The run's incident records (RUN/incidents.jsonl), none when the file does not exist."""
+    path = os.path.join(run_dir, "incidents.jsonl")
+    if not os.path.exists(path):
+        return []
+    with open(path) as f:
+        return [json.loads(l) for l in f]
+
+
 def run_each_rank_code(args, world, workdir, timeout=TIMEOUT):
     """Runs under mpirun and returns (every rank's exit code, stdout, stderr)."""
     script = os.path.join(workdir, "rank_wrapper.sh")

@@ -12,7 +12,7 @@ import h5py
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(__file__))
-from culprit_testlib import TempDirTest, run  # noqa: E402
+from culprit_testlib import TempDirTest, incidents, run  # noqa: E402
 
 ARGS = ["--model", "mlp", "--steps", "12", "--global-batch", "16", "--micro-shards", "4", "--checkpoint-every", "4",
         "--keep-last", "10", "--quiet"]
@@ -28,9 +28,7 @@ class AuditRun(TempDirTest):
         # A small transient bitflip in rank 1's forward pass at step 8: no online detector sees it.
         bad = self.train("bad", self.ARGS + ["--inject", "step=8,rank=1,layer=fc2,index=3,phase=forward,kind=bitflip,"
                                                          "bit=22"], world=3)
-        with open(os.path.join(bad.run_dir, "incidents.jsonl")) if os.path.exists(
-                os.path.join(bad.run_dir, "incidents.jsonl")) else open(os.devnull) as f:
-            self.assertEqual(f.read(), "")
+        self.assertEqual(incidents(bad.run_dir), [])
         res = run(["audit", "--run-dir", bad.run_dir], world=2, use_mpirun=True)
         self.assertEqual(res.code, 5, res.out + res.err)
         self.assertIn("4 interval(s) on 2 rank(s)", res.out)

@@ -1,14 +1,12 @@
 """Fault injection and online detection: each injected fault is caught at its step by the detector
 meant for it, the incident names the rank, and --on-detect halt exits with the class's code on every
 rank. A clean run raises nothing."""
-import json
 import os
-import subprocess
 import sys
 import unittest
 
 sys.path.insert(0, os.path.dirname(__file__))
-from culprit_testlib import TempDirTest, run, run_each_rank_code  # noqa: E402
+from culprit_testlib import TempDirTest, incidents, run, run_each_rank_code  # noqa: E402
 
 PY = "/usr/bin/python3"
 
@@ -48,13 +46,6 @@ CASES += [
     ("rng", "stale", "", "invariant", INVARIANT),
 ]
 
-
-def incidents(run_dir):
-    path = os.path.join(run_dir, "incidents.jsonl")
-    if not os.path.exists(path):
-        return []
-    with open(path) as f:
-        return [json.loads(l) for l in f]
 
 
 class Detection(TempDirTest):

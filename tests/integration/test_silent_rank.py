@@ -9,7 +9,7 @@ import time
 import unittest
 
 sys.path.insert(0, os.path.dirname(__file__))
-from culprit_testlib import CULPRIT, MPIRUN, TempDirTest, run  # noqa: E402
+from culprit_testlib import CULPRIT, MPIRUN, TempDirTest, incidents, run  # noqa: E402
 
 W = 3
 TIMEOUT = 5  # --collective-timeout in these tests; the grace for the roll call is max(1, TIMEOUT/4)
@@ -17,13 +17,6 @@ ARGS = ["--model", "mlp", "--global-batch", "24", "--micro-shards", "4", "--samp
         "--collective-timeout", str(TIMEOUT)]
 LONG = 3000  # steps of the runs killed from outside (a few seconds)
 
-
-def incidents(run_dir):
-    path = os.path.join(run_dir, "incidents.jsonl")
-    if not os.path.exists(path):
-        return []
-    with open(path) as f:
-        return [json.loads(l) for l in f]
 
 
 def last_step(run_dir):

@@ -1,5 +1,5 @@
 // xxh3_chunk.h (the GPU fingerprint kernel's hash, compiled here as host code) against libxxhash, bit
-// for bit, for every chunk length 0..4096 at three alignments: every one of XXH3's length paths, and
+// for bit, for every chunk length 0..4096 at four alignments: every one of XXH3's length paths, and
 // the eight-lane form of the long path.
 #define XXH_STATIC_LINKING_ONLY
 #include <gtest/gtest.h>
@@ -11,38 +11,51 @@
 #include "culprit/fingerprint.h"
 #include "culprit/xxh3_chunk.h"
 
-TEST(Xxh3Chunk, EqualsLibxxhashForEveryChunkLength) {
-  unsigned char secret[culprit::xxh3::kSecretSize];
-  XXH3_generateSecret_fromSeed(secret, 0);
-  std::mt19937_64 g(20261130);
+namespace {
+// XXH3's default secret, as the GPU gets it.
+struct Secret {
+  Secret() { XXH3_generateSecret_fromSeed(bytes, 0); }
+  unsigned char bytes[culprit::xxh3::kSecretSize];
+};
+// A chunk's worth of random bytes, and some to shift it by.
+std::vector<unsigned char> random_chunk(std::uint64_t seed) {
+  std::mt19937_64 g(seed);
   std::vector<unsigned char> buf(culprit::kFingerprintChunkBytes + 8);
   for (auto& b : buf) b = static_cast<unsigned char>(g());
+  return buf;
+}
+
+// `hash` against libxxhash for every length lo..4096 at offsets 0, 1, 2 and 8 of a random chunk.
+template <class Hash>
+void expect_libxxhash(std::size_t lo, std::uint64_t seed, Hash&& hash) {
+  const auto buf = random_chunk(seed);
   int differ = 0;
-  for (std::size_t len = 0; len <= culprit::kFingerprintChunkBytes; ++len)
-    for (std::size_t off = 0; off < 3; ++off)
-      if (culprit::xxh3::hash64(buf.data() + off, len, secret) != XXH3_64bits(buf.data() + off, len)) {
+  for (std::size_t len = lo; len <= culprit::kFingerprintChunkBytes; ++len)
+    for (std::size_t off : {0UL, 1UL, 2UL, 8UL})
+      if (hash(buf.data() + off, len) != XXH3_64bits(buf.data() + off, len)) {
         ADD_FAILURE() << "length " << len << " offset " << off;
         if (++differ > 5) return;
       }
 }
+}  // namespace
+
+TEST(Xxh3Chunk, EqualsLibxxhashForEveryChunkLength) {
+  const Secret sec;
+  expect_libxxhash(0, 20261130, [&](const unsigned char* p, std::size_t len) {
+    return culprit::xxh3::hash64(p, len, sec.bytes);
+  });
+}
 
 // The cooperative form (eight lanes, then a merge), which the GPU kernel uses for long chunks.
 TEST(Xxh3Chunk, LanesMergeToLibxxhashForEveryLongLength) {
-  unsigned char secret[culprit::xxh3::kSecretSize];
-  XXH3_generateSecret_fromSeed(secret, 0);
-  std::mt19937_64 g(20261201);
-  std::vector<unsigned char> buf(culprit::kFingerprintChunkBytes + 8);
-  for (auto& b : buf) b = static_cast<unsigned char>(g());
-  int differ = 0;
-  for (std::size_t len = 241; len <= culprit::kFingerprintChunkBytes; ++len)
-    for (std::size_t off : {0UL, 8UL, 3UL}) {
-      std::uint64_t acc[8];
-      for (int j = 0; j < 8; ++j) acc[j] = culprit::xxh3::lane_long(buf.data() + off, len, secret, j);
-      if (culprit::xxh3::merge_long(acc, len, secret) != XXH3_64bits(buf.data() + off, len)) {
-        ADD_FAILURE() << "length " << len << " offset " << off;
-        if (++differ > 5) return;
-      }
-    }
+  const Secret sec;
+  const unsigned char* secret = sec.bytes;
+  expect_libxxhash(241, 20261201, [&](const unsigned char* p, std::size_t len) {
+    std::uint64_t acc[8];
+    for (int j = 0; j < 8; ++j) acc[j] = culprit::xxh3::lane_long(p, len, secret, j);
+    return culprit::xxh3::merge_long(acc, len, secret);
+  });
+  const auto buf = random_chunk(20261201);
   // Negative control: lanes swapped give another hash.
   std::uint64_t acc[8];
   for (int j = 0; j < 8; ++j) acc[j] = culprit::xxh3::lane_long(buf.data(), 4096, secret, j ^ 1);
