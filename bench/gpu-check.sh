@@ -15,7 +15,8 @@
 # and, where a CUDA-enabled libtorch is found (CULPRIT_TORCH_DIR=its share/cmake/Torch, or the torch
 # of python3 when it sees a GPU) along with MPI, HDF5 and Boost development files, GPU training:
 # culprit built against that libtorch, `--device cuda` on 2 ranks twice (bitwise the same run to run)
-# and on 1 rank (the same bits at another world size), with a NaN injected on GPU tensors caught.
+# and on 1 rank (the same bits at another world size), with a NaN injected on GPU tensors caught;
+# and `culprit screen --device cuda` clean (passes) and with a bit flipped in its GPU matmul (fails).
 # Exit code: the tests' (0 all passed).
 set -uo pipefail
 cd "$(dirname "$0")/.."

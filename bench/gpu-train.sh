@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # GPU training check (part of bench/gpu-check.sh): culprit built against a CUDA-enabled libtorch,
-# trained with --device cuda. Skips (exit 0, saying why) where there is no such libtorch, no GPU or
+# trained with --device cuda, and `culprit screen --device cuda` with and without a flipped bit. Skips (exit 0, saying why) where there is no such libtorch, no GPU or
 # no MPI/HDF5/Boost development files; exit 3 when a check fails.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -41,5 +41,17 @@ mpirun --oversubscribe -np 2 build-gpu-train/culprit train --run-dir "$dir/nan" 
 code=$?
 [ "$code" -ne 0 ] && grep -q "step=3" "$dir/nan/incidents.log" && echo "gpu-train: PASS injected NaN caught (exit $code)" \
   || { echo "gpu-train: FAIL injected NaN not caught (exit $code)"; fail=1; }
+# culprit screen on the GPU: the known answers pass; a bit flipped in the GPU's matrix product from
+# repetition 2 on fails the device (exit 10) and names its host in the exclude list.
+screen=(build-gpu-train/culprit screen --device cuda --seconds 5 --size 512)
+mpirun --oversubscribe -np 1 "${screen[@]}" --report "$dir/screen.json"
+code=$?
+[ "$code" -eq 0 ] && echo "gpu-train: PASS culprit screen --device cuda" || { echo "gpu-train: FAIL culprit screen (exit $code)"; fail=1; }
+mpirun --oversubscribe -np 1 "${screen[@]}" --report "$dir/flip.json" \
+  --inject rank=0,layer=matmul,step=2,index=5,kind=bitflip,bit=4,mode=persistent >/dev/null 2>&1
+code=$?
+verdict=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["devices"][0]["verdict"])' "$dir/flip.json" 2>/dev/null)
+[ "$code" -eq 10 ] && [ "$verdict" = fail ] && echo "gpu-train: PASS flip in the GPU matmul caught by culprit screen (exit 10)" \
+  || { echo "gpu-train: FAIL flip not caught by culprit screen (exit $code, verdict '$verdict')"; fail=1; }
 rm -rf "$dir"
 [ "$fail" = 0 ] || exit 3
