@@ -24,12 +24,20 @@ class Result:
         self.err = proc.stderr
         self.run_dir = run_dir
 
-    def metrics(self):
+    def metrics(self, timings=True):
+        """metrics.jsonl's lines; timings=False leaves out what differs run to run (the timers)."""
         with open(os.path.join(self.run_dir, "metrics.jsonl")) as f:
-            return [json.loads(line) for line in f]
+            lines = [json.loads(line) for line in f]
+        if not timings:
+            lines = [{k: v for k, v in m.items() if k not in TIMINGS} for m in lines]
+        return lines
 
     def final_fingerprint(self):
         return self.metrics()[-1]["fingerprint"]
+
+
+# metrics.jsonl's timers, the only fields that may differ between two runs of the same steps.
+TIMINGS = ("seconds", "detector_seconds")
 
 
 def run(args, world=1, run_dir=None, timeout=TIMEOUT, use_mpirun=None, env=None):

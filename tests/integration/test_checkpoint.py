@@ -35,8 +35,7 @@ class Resume(TempDirTest):
                 res = run(["train", "--quiet", "--resume", "--steps", "20"], world=world,
                           run_dir=self.path(model + "-split"))
                 self.assertEqual(res.code, 0, res.err)
-                self.assertEqual(res.metrics(), [dict(m, seconds=r["seconds"]) for m, r in
-                                                 zip(straight.metrics(), res.metrics())])
+                self.assertEqual(res.metrics(timings=False), straight.metrics(timings=False))
                 d = run(["diff", ckpt(self.path(model + "-straight"), 20), ckpt(self.path(model + "-split"), 20)])
                 self.assertEqual(d.code, 0, d.out + d.err)
                 self.assertIn("identical", d.out)
