@@ -5,7 +5,8 @@
 #
 # Builds bench/gpu (a small CMake project: the GPU fingerprint kernel, the CPU fingerprint and their
 # tests; it needs nvcc and a C++ compiler only, with xxhash and GoogleTest from the system or from
-# ./gpu-deps, made by bench/gpu-deps.sh) for sm_80 and sm_90, then runs
+# the Debian packages bench/gpu-deps.sh fetches into gpu-deps/debs, brought along and unpacked by
+# bench/gpu-env.sh) for sm_80 and sm_90, then runs
 #   - XXH3 of every chunk length against libxxhash (the kernel's code compiled for the host),
 #   - GPU fingerprint == CPU fingerprint for sizes 0 .. 16 MiB and dtypes float32, float64, int64,
 #     bfloat16, uint8, and a flipped bit changing it,
@@ -28,8 +29,9 @@ log="$out/gpu-check.txt"
   nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>&1 || echo "nvidia-smi: not found"
   nvcc=$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)
   "$nvcc" --version | tail -n 2
+  . bench/gpu-env.sh  # unpacks gpu-deps/debs (bench/gpu-deps.sh) when they were brought along
   cmake -S bench/gpu -B build-gpu -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_COMPILER="$nvcc" \
-    -DDEPS_ROOT="$PWD/gpu-deps" >/dev/null && cmake --build build-gpu -j "$(nproc)" >/dev/null || {
+    -DDEPS_ROOT="$GPU_DEPS_ROOT" >/dev/null && cmake --build build-gpu -j "$(nproc)" >/dev/null || {
     echo "gpu-check: the build failed (rerun: cmake --build build-gpu)"
     exit 2
   }

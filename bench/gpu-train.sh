@@ -13,14 +13,21 @@ if [ -z "$torch_dir" ] || [ ! -d "$torch_dir" ]; then
   echo "gpu-train: skipped: no CUDA-enabled libtorch (set CULPRIT_TORCH_DIR to its share/cmake/Torch)"
   exit 0
 fi
-for need in mpicxx h5pcc; do
-  command -v "$need" >/dev/null || { echo "gpu-train: skipped: $need not found (MPI / parallel HDF5 development files)"; exit 0; }
-done
+# MPI, parallel HDF5 and Boost: the machine's, or else those bench/gpu-deps.sh brought (relocated).
+. bench/gpu-env.sh
+if ! command -v mpicxx >/dev/null || ! command -v h5pcc >/dev/null; then
+  if gpu_deps_use_mpi; then
+    echo "gpu-train: Open MPI, HDF5 and Boost from gpu-deps/debs (bench/gpu-deps.sh)"
+  else
+    echo "gpu-train: skipped: no mpicxx/h5pcc here and no gpu-deps/debs (run bench/gpu-deps.sh and bring gpu-deps/debs)"
+    exit 0
+  fi
+fi
 echo "gpu-train: libtorch from $torch_dir"
 # PyTorch wheels before 2.7 use the pre-C++11 string ABI; Boost from the system uses the new one.
 abi=$(python3 -c 'import torch; print(int(torch.compiled_with_cxx11_abi()))' 2>/dev/null || echo 1)
-cmake -S . -B build-gpu-train -DCMAKE_BUILD_TYPE=Release -DTorch_DIR="$torch_dir" \
-  -DCMAKE_CXX_FLAGS="-D_GLIBCXX_USE_CXX11_ABI=$abi" -DCULPRIT_BUILD_TESTS=OFF >/dev/null &&
+cmake -S . -B build-gpu-train -DCMAKE_BUILD_TYPE=Release -DTorch_DIR="$torch_dir" "${GPU_DEPS_CMAKE[@]}" \
+  -DCMAKE_CXX_FLAGS="-D_GLIBCXX_USE_CXX11_ABI=$abi" -DCULPRIT_BUILD_TESTS=OFF -DCULPRIT_BUILD_BENCH=OFF >/dev/null &&
   cmake --build build-gpu-train --target culprit -j "$(nproc)" >/dev/null || { echo "gpu-train: FAIL: the build failed"; exit 3; }
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 dir=$(mktemp -d)
