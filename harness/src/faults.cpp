@@ -138,7 +138,7 @@ void Trainer::detect(std::int64_t s) {
     fps = param_fps_;
     for (const auto& p : params_) names.push_back(p.name);
     for (const auto& p : params_) {
-      auto it = opt_->state().find(c10::guts::to_string(p.tensor.unsafeGetTensorImpl()));
+      auto it = opt_->state().find(optimizer_state_key(opt_->state(), p.tensor));
       at::Tensor t;
       if (it != opt_->state().end())
         t = cfg_.optimizer == "sgd" ? static_cast<torch::optim::SGDParamState&>(*it->second).momentum_buffer()

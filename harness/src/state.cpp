@@ -37,7 +37,7 @@ void Trainer::snapshot(std::int64_t step, ckpt::Checkpoint* cp, const std::vecto
   for (const auto& b : buffers ? *buffers : model_.buffers()) put(c.model, nm, b.name, b.tensor);
   auto& state = opt_->state();
   for (const auto& p : params_) {
-    auto it = state.find(c10::guts::to_string(p.tensor.unsafeGetTensorImpl()));
+    auto it = state.find(optimizer_state_key(state, p.tensor));
     if (it == state.end()) continue;
     if (cfg_.optimizer == "sgd") {
       auto& st = static_cast<torch::optim::SGDParamState&>(*it->second);
@@ -205,7 +205,7 @@ Status Trainer::restore(const ckpt::Checkpoint& c) {
   auto& state = opt_->state();
   state.clear();
   for (const auto& p : params_) {
-    const std::string key = c10::guts::to_string(p.tensor.unsafeGetTensorImpl());
+    const auto key = optimizer_state_key(state, p.tensor);
     auto tensor_of = [&](const std::string& name) -> at::Tensor {
       auto it = optim.find(p.name + "/" + name);
       if (it == optim.end()) return {};

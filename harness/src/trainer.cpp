@@ -504,7 +504,7 @@ void Trainer::step(std::int64_t s) {
     if (pi < 0 || f.kind == FaultKind::kStale) continue;
     if (fires(f, Phase::kParam, 0, false)) corrupt_in_place(f, params_[pi].tensor);
     if (fires(f, Phase::kOptimizer, 0, false)) {
-      auto it = opt_->state().find(c10::guts::to_string(params_[pi].tensor.unsafeGetTensorImpl()));
+      auto it = opt_->state().find(optimizer_state_key(opt_->state(), params_[pi].tensor));
       if (it != opt_->state().end()) {
         if (cfg_.optimizer == "sgd")
           corrupt_in_place(f, static_cast<torch::optim::SGDParamState&>(*it->second).momentum_buffer());

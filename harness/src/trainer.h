@@ -8,7 +8,9 @@
 #include <chrono>
 #include <map>
 #include <memory>
+#include <sstream>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "culprit/checkpoint.h"
@@ -27,6 +29,19 @@
 #include "runinfo.h"
 
 namespace culprit::harness {
+
+// A parameter's key in the optimizer's state map: libtorch 1.13 keys it by its TensorImpl address as
+// a string (c10::guts::to_string, which streams the pointer), libtorch 2.x by the address itself.
+template <class StateMap>
+typename StateMap::key_type optimizer_state_key(const StateMap&, const at::Tensor& p) {
+  if constexpr (std::is_same_v<typename StateMap::key_type, std::string>) {
+    std::ostringstream os;
+    os << p.unsafeGetTensorImpl();
+    return os.str();
+  } else {
+    return p.unsafeGetTensorImpl();
+  }
+}
 
 DType to_dtype(at::ScalarType t);
 at::ScalarType to_scalar(DType t);
