@@ -7,11 +7,13 @@
 # tests; it needs nvcc and a C++ compiler only, with xxhash and GoogleTest from the system or from
 # the Debian packages bench/gpu-deps.sh fetches into gpu-deps/debs, brought along and unpacked by
 # bench/gpu-env.sh) for sm_80 and sm_90, then runs
-#   - XXH3 of every chunk length against libxxhash (the kernel's code compiled for the host),
+#   - XXH3 of every chunk length against libxxhash (the kernels' code compiled for the host, whole
+#     and split in eight lanes),
 #   - GPU fingerprint == CPU fingerprint for sizes 0 .. 16 MiB and dtypes float32, float64, int64,
-#     bfloat16, uint8, and a flipped bit changing it,
-#   - the kernel's bandwidth against a device-to-device copy of the same bytes (64 MiB, 1 GiB; target
-#     at least 0.8x),
+#     bfloat16, uint8, with both kernels (eight lanes per chunk, the default; one thread per chunk),
+#     and a flipped bit changing it,
+#   - both kernels' bandwidth against a device-to-device copy of the same bytes (64 MiB, 1 GiB;
+#     target at least 0.8x),
 #   - the GPU screen's kernels: results bitwise equal to the CPU reference, a flipped bit caught.
 # and, where a CUDA-enabled libtorch is found (CULPRIT_TORCH_DIR=its share/cmake/Torch, or the torch
 # of python3 when it sees a GPU) along with MPI, HDF5 and Boost development files, GPU training:
