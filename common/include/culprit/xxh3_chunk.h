@@ -147,6 +147,13 @@ CULPRIT_HD void scramble(std::uint64_t* acc, const unsigned char* sec) {
   }
 }
 
+// The long inputs' last step: the eight accumulators into the hash.
+CULPRIT_HD std::uint64_t merge_long(const std::uint64_t* acc, std::size_t len, const unsigned char* sec) {
+  std::uint64_t result = len * kP64_1;
+  for (int i = 0; i < 4; ++i) result += mul128_fold64(acc[2 * i] ^ le64(sec + 11 + 16 * i), acc[2 * i + 1] ^ le64(sec + 11 + 16 * i + 8));
+  return avalanche(result);
+}
+
 // Lengths above 240.
 CULPRIT_HD std::uint64_t hash_long(const unsigned char* in, std::size_t len, const unsigned char* sec) {
   std::uint64_t acc[8] = {kP32_3, kP64_1, kP64_2, kP64_3, kP64_4, kP32_2, kP64_5, kP32_1};
@@ -159,9 +166,7 @@ CULPRIT_HD std::uint64_t hash_long(const unsigned char* in, std::size_t len, con
   const std::size_t stripes = ((len - 1) - block * blocks) / 64;
   for (std::size_t s = 0; s < stripes; ++s) accumulate_512(acc, in + blocks * block + 64 * s, sec + 8 * s);
   accumulate_512(acc, in + len - 64, sec + kSecretSize - 64 - 7);
-  std::uint64_t result = len * kP64_1;
-  for (int i = 0; i < 4; ++i) result += mul128_fold64(acc[2 * i] ^ le64(sec + 11 + 16 * i), acc[2 * i + 1] ^ le64(sec + 11 + 16 * i + 8));
-  return avalanche(result);
+  return merge_long(acc, len, sec);
 }
 
 // The long-input loop split by accumulator lane, for eight GPU threads hashing one chunk together
@@ -197,11 +202,6 @@ CULPRIT_HD std::uint64_t lane_long(const unsigned char* in, std::size_t len, con
   for (std::size_t s = 0; s < stripes; ++s) stripe(in + blocks * block + 64 * s, sec + 8 * s);
   stripe(in + len - 64, sec + kSecretSize - 64 - 7);
   return acc;
-}
-CULPRIT_HD std::uint64_t merge_long(const std::uint64_t* acc, std::size_t len, const unsigned char* sec) {
-  std::uint64_t result = len * kP64_1;
-  for (int i = 0; i < 4; ++i) result += mul128_fold64(acc[2 * i] ^ le64(sec + 11 + 16 * i), acc[2 * i + 1] ^ le64(sec + 11 + 16 * i + 8));
-  return avalanche(result);
 }
 
 // XXH3_64bits(in, len) with seed 0 and the default secret.
