@@ -9,20 +9,22 @@
 #include "culprit/tree_reduce.h"
 #include "data.h"
 #include "model.h"
+#include "rundir.h"
 #include "trainer.h"
 
 namespace culprit::harness {
 
 void Trainer::begin_replay(std::int64_t done, int device_rank) {
-  replaying_ = true;
   device_rank_ = device_rank;
-  capture_ = true;
   done_ = done;
   info_.hosts.assign(comm_.size, comm_.host);
   info_.devices.assign(comm_.size, device_name_);
+  detectors_.set_placement(info_.hosts, info_.devices);
   model_.set_training(true);
-  set_fingerprint(params_, &prev_param_fps_);
-  spot_leaf_.assign(static_cast<std::size_t>(P_ + 1), 0.0f);
+  std::vector<Fingerprint> initial;
+  set_fingerprint(flat_.params, &initial);
+  detectors_.start(initial);
+  spot_leaf_.assign(static_cast<std::size_t>(flat_.size + 1), 0.0f);
 }
 
 ShardResult shard_result(const trace::ShardRow& r) {
@@ -39,8 +41,6 @@ ShardResult shard_result(const trace::ShardRow& r) {
   return out;
 }
 
-void Trainer::mark(ckpt::Checkpoint* c) const { snapshot(done_, c); }
-
 Status Trainer::rewind(const ckpt::Checkpoint& c) {
   CULPRIT_RETURN_IF_ERROR(restore(c));
   done_ = c.step;
@@ -49,59 +49,56 @@ Status Trainer::rewind(const ckpt::Checkpoint& c) {
 
 void Trainer::replay_step(StepResult* out) {
   const std::int64_t s = done_ + 1;
-  shard_rows_.clear();
-  step(s);
+  step_.shard_rows.clear();
+  trace::StepRow row;
+  step(s, StepMode::kReplay, &row);
   done_ = s;
   out->step = s;
-  out->loss = last_row_.loss;
-  out->grad_fp = last_row_.grad_fp;
-  out->param_fps = last_row_.param_fps;
+  out->loss = row.loss;
+  out->grad_fp = row.grad_fp;
+  out->param_fps = row.param_fps;
   out->shards.clear();
-  for (const auto& r : shard_rows_) out->shards.push_back(shard_result(r));
-  shard_rows_.clear();
+  for (const auto& r : step_.shard_rows) out->shards.push_back(shard_result(r));
+  step_.shard_rows.clear();
   // Every rank's message fingerprints, for the reduction's comm faults (ranks as the caller knows them).
   out->comm_faults.clear();
   const int W = comm_.size;
   if (W > 1) {
-    std::vector<Fingerprint> mine;
-    mine.insert(mine.end(), cc_.sent.begin(), cc_.sent.end());
-    mine.insert(mine.end(), cc_.received.begin(), cc_.received.end());
-    mine.insert(mine.end(), cc_.chunks.begin(), cc_.chunks.end());
-    const int n = static_cast<int>(mine.size());
-    std::vector<Fingerprint> all(mine.size() * W);
-    CULPRIT_MPI_CHECK(MPI_Allgather(mine.data(), n, MPI_UINT64_T, all.data(), n, MPI_UINT64_T, comm_.comm));
-    std::vector<CommCheck> per_rank(W);
-    for (int r = 0; r < W; ++r)
-      for (int j = 0; j < W; ++j) {
-        per_rank[r].sent.push_back(all[r * n + j]);
-        per_rank[r].received.push_back(all[r * n + W + j]);
-        per_rank[r].chunks.push_back(all[r * n + 2 * W + j]);
-      }
+    VoteRecord mine;
+    mine.comm = step_.comm;
+    VoteLayout layout;
+    layout.world = W;
+    layout.comm = true;
+    const auto votes = exchange_votes(comm_, mine, layout, "the replay's message check");
     const int rot = (self() - comm_.rank + W) % W;  // layout rank -> the process's own rank
-    for (const auto& [from, to] : comm_mismatches(per_rank))
+    for (const auto& [from, to] : comm_mismatches(comm_checks(votes)))
       out->comm_faults.push_back({(from + rot) % W, (to + rot) % W});
   }
 }
 
 void Trainer::replay_shard(int k, int round, ShardResult* out) {
-  const std::int64_t s = done_ + 1;
-  cur_step_ = s;
-  round_ = round;
-  std::vector<float> leaf(static_cast<std::size_t>(P_ + 1));
+  FireContext c = step_.fire;
+  c.step = done_ + 1;
+  c.rank = self();
+  c.attempt = 0;
+  c.mode = StepMode::kReplay;
+  c.round = round;  // an intermittent fault draws anew on each rerun
+  std::vector<float> leaf(static_cast<std::size_t>(flat_.size + 1));
   {
     BufferGuard keep(model_);
-    compute_shard(s, k, leaf.data(), 0);
+    compute_shard(c, k, leaf.data());
   }
-  round_ = 0;
-  out->step = s;
+  out->step = c.step;
   out->shard = k;
   out->rank = self();
-  out->loss = leaf[P_];
-  out->grad_fp = fingerprint_bytes(leaf.data(), static_cast<std::size_t>(P_) * sizeof(float));
-  out->input_fp = input_fp_;
-  out->fwd = fwd_;
-  out->bwd = bwd_;
-  if (!fwd_.empty()) out->param_grad = param_grad_fps(leaf.data());
+  out->loss = leaf[flat_.size];
+  out->grad_fp = fingerprint_bytes(leaf.data(), static_cast<std::size_t>(flat_.size) * sizeof(float));
+  out->input_fp = step_.input_fp;
+  if (layers_) {
+    out->fwd = layers_->forward();
+    out->bwd = layers_->backward();
+  }
+  if (!out->fwd.empty()) out->param_grad = param_grad_fps(leaf.data());
   out->grad.assign(leaf.begin(), leaf.end() - 1);
 }
 

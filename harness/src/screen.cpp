@@ -19,7 +19,7 @@
 #include "culprit/screen_kernels.h"
 #endif
 #include "runinfo.h"
-#include "trainer.h"
+#include "tensors.h"
 
 namespace culprit::harness {
 

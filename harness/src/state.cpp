@@ -1,63 +1,12 @@
-// The trainer's state as culprit stores it: tensors' dtypes and fingerprints (on the CPU or the GPU),
-// and the checkpoint and trace I/O: the state copy, the background write, restore on resume.
-#include <cstdlib>
+// The trainer's state as culprit stores it: the snapshot a checkpoint writes, restore on resume or
+// rewind, and the trace's header.
 #include <cstring>
-#include <filesystem>
-#include <fstream>
-#include <thread>
+#include <map>
 
 #include "rng.h"
-#ifdef CULPRIT_HAVE_CUDA
-#include "culprit/fingerprint_cuda.h"
-#endif
-#include "culprit/watchdog.h"
 #include "trainer.h"
 
 namespace culprit::harness {
-
-namespace fs = std::filesystem;
-
-DType to_dtype(at::ScalarType t) {
-  switch (t) {
-    case at::kFloat: return DType::kFloat32;
-    case at::kDouble: return DType::kFloat64;
-    case at::kLong: return DType::kInt64;
-    case at::kInt: return DType::kInt32;
-    case at::kByte: return DType::kUInt8;
-    case at::kBFloat16: return DType::kBFloat16;
-    case at::kHalf: return DType::kFloat16;
-    case at::kBool: return DType::kBool;
-    default: throw std::runtime_error("unsupported dtype " + std::string(c10::toString(t)));
-  }
-}
-
-Fingerprint tensor_fingerprint(const at::Tensor& t) {
-  auto c = t.contiguous();
-  const std::size_t n = c.numel() * c.element_size();
-  if (c.is_cuda()) {
-#ifdef CULPRIT_HAVE_CUDA
-    // On the GPU: only the chunk hashes come back (culprit/fingerprint_cuda.h).
-    Fingerprint f = 0;
-    if (cuda::fingerprint_on(c.get_device(), c.data_ptr(), n, &f).ok()) return f;
-#endif
-    c = c.cpu();  // the same bytes, the same fingerprint
-  }
-  return fingerprint_bytes(c.data_ptr(), n);
-}
-
-Fingerprint set_fingerprint(const std::vector<NamedTensor>& tensors, std::vector<Fingerprint>* each) {
-  FingerprintSet set;
-  if (each) each->clear();
-  for (const auto& nt : tensors) {
-    auto sizes = nt.tensor.sizes();
-    const Fingerprint f = tensor_fingerprint(nt.tensor);
-    if (each) each->push_back(f);
-    set.add(nt.name, to_dtype(nt.tensor.scalar_type()), std::vector<std::int64_t>(sizes.begin(), sizes.end()), f);
-  }
-  return set.finish();
-}
-
-at::ScalarType to_scalar(DType t) { return t == DType::kInt64 ? at::kLong : at::kFloat; }
 
 // Copies the state into *c, reusing its buffers from the previous checkpoint: fresh pages cost a
 // page fault each, which dominates the copy on some machines.
@@ -79,22 +28,10 @@ void Trainer::snapshot(std::int64_t step, ckpt::Checkpoint* cp, const std::vecto
     if (n) std::memcpy(r.bytes.data(), ct.data_ptr(), n);
   };
   std::size_t nm = 0, no = 0, nr = 0;
-  for (const auto& p : params_) put(c.model, nm, p.name, p.tensor);
+  for (const auto& p : flat_.params) put(c.model, nm, p.name, p.tensor);
   for (const auto& b : buffers ? *buffers : model_.buffers()) put(c.model, nm, b.name, b.tensor);
-  auto& state = opt_->state();
-  for (const auto& p : params_) {
-    auto it = state.find(optimizer_state_key(state, p.tensor));
-    if (it == state.end()) continue;
-    if (cfg_.optimizer == "sgd") {
-      auto& st = static_cast<torch::optim::SGDParamState&>(*it->second);
-      if (st.momentum_buffer().defined()) put(c.optimizer, no, p.name + "/momentum_buffer", st.momentum_buffer());
-    } else {
-      auto& st = static_cast<torch::optim::AdamWParamState&>(*it->second);
-      put(c.optimizer, no, p.name + "/step", torch::tensor(st.step(), torch::kLong).reshape({}));
-      put(c.optimizer, no, p.name + "/exp_avg", st.exp_avg());
-      put(c.optimizer, no, p.name + "/exp_avg_sq", st.exp_avg_sq());
-    }
-  }
+  for (const auto& p : flat_.params)
+    for (const auto& [suffix, t] : opt_->stored(p.tensor)) put(c.optimizer, no, p.name + "/" + suffix, t);
   c.model.resize(nm);
   c.optimizer.resize(no);
   // Every rank reseeds before each micro-shard, so the live generator differs by rank; what is
@@ -131,95 +68,13 @@ void Trainer::snapshot(std::int64_t step, ckpt::Checkpoint* cp, const std::vecto
                 {"blas_threads", info_.blas_threads}};
 }
 
-Status Trainer::drain_io() {
-  if (comm_.watchdog) comm_.watchdog->wait_until([this] { return io_->idle(); }, "the checkpoint and trace writer");
-  return io_->drain();
-}
-
-// Asynchronous checkpoints are pipelined (like CheckFreq's snapshot): the model's buffers (batch-norm
-// statistics, changed by every forward pass) are copied here, then the I/O thread copies the
-// parameters and optimizer state to host memory while the next step's forward and backward passes
-// run, which only read them; the next optimizer step first waits for that copy (fence_snapshot).
-// Training waits for: the previous checkpoint's write if still running, the buffer copy, and
-// whatever is left of the state copy at the fence. Synchronous: everything, on the spot.
+// Asynchronous checkpoints are pipelined (checkpoint_pipeline.h): the model's buffers (batch-norm
+// statistics, changed by every forward pass) are copied here; the parameters and optimizer state
+// are copied on the I/O thread while the next step's forward and backward passes only read them.
 Status Trainer::save_checkpoint(std::int64_t step) {
-  using clock = std::chrono::steady_clock;
-  const auto t0 = clock::now();
-  if (checkpoint_in_flight_) {
-    CULPRIT_RETURN_IF_ERROR(agree(comm_, drain_io()));
-    checkpoint_in_flight_ = false;
-    log_checkpoint();
-  }
-  const auto t1 = clock::now();
-  // The previous checkpoint is written (drained above): its buffers are free for this one.
-  if (!snap_) snap_ = std::make_shared<ckpt::Checkpoint>();
-  auto c = snap_;
   auto buffers = std::make_shared<std::vector<NamedTensor>>();
   for (const auto& b : model_.buffers()) buffers->push_back({b.name, b.tensor.detach().clone()});
-  cost_ = CheckpointCost();
-  cost_.step = step;
-  cost_.wait = std::chrono::duration<double>(t1 - t0).count();
-  snap_copied_ = false;
-  const std::string path = ckpt::path_for(cfg_.run_dir, step);
-  io_->submit([this, c, buffers, path, step] {
-    const auto w0 = clock::now();
-    // A test seam: a slow copy, so that the next optimizer step must wait for it (tests/integration).
-    static const int delay_ms = [] {
-      const char* v = std::getenv("CULPRIT_TEST_SNAPSHOT_DELAY_MS");
-      return v ? std::atoi(v) : 0;
-    }();
-    if (delay_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(delay_ms));
-    snapshot(step, c.get(), buffers.get());
-    cost_.copy = std::chrono::duration<double>(clock::now() - w0).count();
-    snap_copied_ = true;
-    ckpt::compute_fingerprints(c.get());
-    Comm io{io_comm_, comm_.rank, comm_.size, comm_.host};
-    ckpt::WriteStats stats;
-    Status st = ckpt::write(io, path, *c, &stats, writers_);
-    if (st.ok() && comm_.rank == 0) st = ckpt::apply_retention(cfg_.run_dir, step, cfg_.keep_last, cfg_.keep_every);
-    cost_.bytes = stats.bytes;
-    cost_.write = stats.seconds;
-    cost_.total_io = std::chrono::duration<double>(clock::now() - w0).count();
-    return st;
-  });
-  checkpoint_in_flight_ = true;
-  if (!cfg_.async_checkpoint || serial_io_) {
-    Status st = agree(comm_, drain_io());
-    checkpoint_in_flight_ = false;
-    cost_.stall = std::chrono::duration<double>(clock::now() - t0).count();
-    log_checkpoint();
-    return st;
-  }
-  cost_.stall = std::chrono::duration<double>(clock::now() - t0).count();
-  return Status::OK();
-}
-
-void Trainer::fence_snapshot() {
-  if (snap_copied_) return;
-  // The copy takes milliseconds: spin for it (a sleeping wait would add its wake-up latency to the
-  // stall); past a second, wait where the watchdog can answer the other ranks.
-  const auto t0 = std::chrono::steady_clock::now();
-  auto waited = [&] { return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(); };
-  while (!snap_copied_ && waited() < 1.0) std::this_thread::yield();
-  if (!snap_copied_ && comm_.watchdog)
-    comm_.watchdog->wait_until([this] { return snap_copied_.load(); }, "the checkpoint's copy of the state");
-  else
-    while (!snap_copied_) std::this_thread::sleep_for(std::chrono::milliseconds(1));
-  cost_.fence += waited();
-  cost_.stall += waited();
-}
-
-// One line per checkpoint: what it cost (docs/performance.md).
-void Trainer::log_checkpoint() {
-  if (comm_.rank != 0 || cost_.step < 0) return;
-  std::ofstream log(fs::path(cfg_.run_dir) / "checkpoints.jsonl", std::ios::app);
-  log << "{\"step\": " << cost_.step << ", \"bytes\": " << cost_.bytes << ", \"writers\": " << writers_.size()
-      << ", \"wait_seconds\": " << cost_.wait
-      << ", \"copy_seconds\": " << cost_.copy << ", \"fence_seconds\": " << cost_.fence
-      << ", \"stall_seconds\": " << cost_.stall << ", \"write_seconds\": " << cost_.write
-      << ", \"total_io_seconds\": " << cost_.total_io
-      << ", \"async\": " << (cfg_.async_checkpoint && !serial_io_ ? "true" : "false") << "}\n";
-  cost_.step = -1;
+  return pipeline_->save(step, [this, buffers, step](ckpt::Checkpoint* c) { snapshot(step, c, buffers.get()); });
 }
 
 Status Trainer::restore(const ckpt::Checkpoint& c) {
@@ -239,7 +94,7 @@ Status Trainer::restore(const ckpt::Checkpoint& c) {
     return Status::OK();
   };
   std::size_t used = 0;
-  for (const auto& p : params_) {
+  for (const auto& p : flat_.params) {
     CULPRIT_RETURN_IF_ERROR(load("parameter '" + p.name + "'", p.tensor, model.count(p.name) ? model[p.name] : nullptr));
     ++used;
   }
@@ -248,38 +103,16 @@ Status Trainer::restore(const ckpt::Checkpoint& c) {
     ++used;
   }
   if (used != c.model.size()) return Status::Error("checkpoint holds tensors the model does not have");
-  auto& state = opt_->state();
-  state.clear();
-  for (const auto& p : params_) {
-    const auto key = optimizer_state_key(state, p.tensor);
-    auto tensor_of = [&](const std::string& name) -> at::Tensor {
-      auto it = optim.find(p.name + "/" + name);
-      if (it == optim.end()) return {};
-      auto t = torch::empty(it->second->shape, torch::TensorOptions().dtype(
-                                                   it->second->dtype == DType::kInt64 ? torch::kLong : torch::kFloat));
-      std::memcpy(t.data_ptr(), it->second->bytes.data(), it->second->bytes.size());
-      return t.to(p.tensor.device());
-    };
-    if (cfg_.optimizer == "sgd") {
-      auto buf = tensor_of("momentum_buffer");
-      if (!buf.defined()) continue;
-      if (!buf.sizes().equals(p.tensor.sizes())) return Status::Error("checkpoint momentum of '" + p.name + "' has the wrong shape");
-      auto st = std::make_unique<torch::optim::SGDParamState>();
-      st->momentum_buffer(buf);
-      state[key] = std::move(st);
-    } else {
-      auto step = tensor_of("step"), m = tensor_of("exp_avg"), v = tensor_of("exp_avg_sq");
-      if (!step.defined() && !m.defined()) continue;
-      if (!step.defined() || !m.defined() || !v.defined() || step.scalar_type() != torch::kLong ||
-          !m.sizes().equals(p.tensor.sizes()) || !v.sizes().equals(p.tensor.sizes()))
-        return Status::Error("checkpoint AdamW state of '" + p.name + "' is incomplete or misshapen");
-      auto st = std::make_unique<torch::optim::AdamWParamState>();
-      st->step(step.item<std::int64_t>());
-      st->exp_avg(m);
-      st->exp_avg_sq(v);
-      state[key] = std::move(st);
-    }
-  }
+  std::vector<std::pair<std::string, at::Tensor>> params;
+  for (const auto& p : flat_.params) params.push_back({p.name, p.tensor});
+  CULPRIT_RETURN_IF_ERROR(opt_->load(params, [&](const std::string& name, const std::string& suffix) -> at::Tensor {
+    auto it = optim.find(name + "/" + suffix);
+    if (it == optim.end()) return {};
+    auto t = torch::empty(it->second->shape, torch::TensorOptions().dtype(
+                                                 it->second->dtype == DType::kInt64 ? torch::kLong : torch::kFloat));
+    std::memcpy(t.data_ptr(), it->second->bytes.data(), it->second->bytes.size());
+    return t.to(device_);
+  }));
   for (const auto& r : c.rng)
     if (r.name == "cpu" && r.dtype == DType::kUInt8) {
       auto t = torch::empty({static_cast<std::int64_t>(r.bytes.size())}, torch::kUInt8);
@@ -290,33 +123,16 @@ Status Trainer::restore(const ckpt::Checkpoint& c) {
   return Status::OK();
 }
 
-Status Trainer::open_trace(std::int64_t start_step) {
-  if (cfg_.trace == "off") return Status::OK();
+trace::Header Trainer::trace_header() const {
   trace::Header h;
   h.rank = comm_.rank;
   h.world_size = comm_.size;
   h.level = cfg_.trace;
   h.forward_detail = model_.per_layer() ? "per-layer" : "per-model";
-  for (const auto& p : params_) h.params.push_back(p.name);
+  for (const auto& p : flat_.params) h.params.push_back(p.name);
   if (cfg_.trace == "layer") h.layers = model_.layers();
   h.faults = cfg_.inject;
-  std::string warning;
-  Status st = trace_.open(trace::path_for(cfg_.run_dir, comm_.rank), h, start_step, &warning);
-  if (!warning.empty()) {
-    std::fprintf(stderr, "culprit: warning: rank %d: %s\n", comm_.rank, printable(warning).c_str());
-    std::fflush(stderr);
-  }
-  // Files of ranks beyond this world keep only what precedes the resume point.
-  if (st.ok() && comm_.rank == 0) {
-    for (const auto& path : trace::list(cfg_.run_dir)) {
-      bool in_world = false;
-      for (int r = 0; r < comm_.size; ++r) in_world = in_world || path == trace::path_for(cfg_.run_dir, r);
-      if (in_world) continue;
-      Status t = trace::truncate(path, start_step);
-      if (!t.ok()) std::fprintf(stderr, "culprit: warning: %s\n", printable(t.message()).c_str());
-    }
-  }
-  return agree(comm_, st);
+  return h;
 }
 
 }  // namespace culprit::harness

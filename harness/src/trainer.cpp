@@ -1,37 +1,24 @@
-// The training loop: one readable step function implementing docs/determinism.md.
+// The training loop: the step function implementing docs/determinism.md, read as a few named calls.
 #include <dlfcn.h>
 #include <torch/csrc/jit/python/update_graph_executor_opt.h>
 #include <torch/torch.h>
 #include <torch/cuda.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
-#include <fstream>
-#include <algorithm>
-#include <map>
 
-#include "culprit/fingerprint.h"
 #ifdef CULPRIT_HAVE_CUDA
 #include "culprit/screen_cuda.h"
 #endif
-#include "culprit/harness.h"
-#include "culprit/trace.h"
-#include "culprit/tree_reduce.h"
-#include "culprit/inject.h"
 #include "culprit/watchdog.h"
-#include "data.h"
-#include "detect.h"
-#include "error_line.h"
-#include "faults.h"
 #include "finite.h"
-#include "io_worker.h"
-#include "model.h"
-#include "trainer.h"
 #include "rng.h"
-#include "runinfo.h"
+#include "rundir.h"
+#include "trainer.h"
 
 namespace culprit::harness {
 
@@ -68,6 +55,14 @@ std::string json_float(float v) {
 
 }  // namespace
 
+std::vector<std::string> FlatParams::names() const {
+  std::vector<std::string> v;
+  for (const auto& p : params) v.push_back(p.name);
+  return v;
+}
+
+// ---- setup ----
+
 Status Trainer::select_device() {
   if (cfg_.device != "cuda") return Status::OK();
   const int local = local_rank(comm_);
@@ -97,161 +92,158 @@ Status Trainer::select_device() {
   return Status::OK();
 }
 
+// Parameters become views of one flat float32 buffer (state-dict order), on the device.
+void Trainer::build_flat_params() {
+  flat_.params = model_.parameters();
+  for (const auto& p : flat_.params) {
+    flat_.offsets.push_back(flat_.size);
+    flat_.sizes.push_back(p.tensor.numel());
+    flat_.size += p.tensor.numel();
+  }
+  flat_.flat = torch::empty({flat_.size}, torch::TensorOptions().dtype(torch::kFloat32).device(device_));
+  torch::NoGradGuard ng;
+  if (device_.is_cuda())
+    for (const auto& b : model_.buffers()) b.tensor.set_data(b.tensor.to(device_));
+  for (std::size_t i = 0; i < flat_.params.size(); ++i) {
+    auto& t = flat_.params[i].tensor;
+    auto view = flat_.flat.narrow(0, flat_.offsets[i], t.numel()).view(t.sizes());
+    view.copy_(t);
+    t.set_data(view);
+  }
+}
+
 Status Trainer::init() {
   CULPRIT_RETURN_IF_ERROR(select_device());
-  // Parameters become views of one flat float32 buffer (state-dict order), on the device.
-  params_ = model_.parameters();
-  for (const auto& p : params_) {
-    offsets_.push_back(P_);
-    P_ += p.tensor.numel();
-  }
-  flat_params_ = torch::empty({P_}, torch::TensorOptions().dtype(torch::kFloat32).device(device_));
-  {
-    torch::NoGradGuard ng;
-    if (device_.is_cuda())
-      for (const auto& b : model_.buffers()) b.tensor.set_data(b.tensor.to(device_));
-    for (std::size_t i = 0; i < params_.size(); ++i) {
-      auto& t = params_[i].tensor;
-      auto view = flat_params_.narrow(0, offsets_[i], t.numel()).view(t.sizes());
-      view.copy_(t);
-      t.set_data(view);
-    }
-  }
-  std::vector<at::Tensor> plist;
-  for (const auto& p : params_) plist.push_back(p.tensor);
-  if (cfg_.optimizer == "sgd") {
-    opt_ = std::make_unique<torch::optim::SGD>(
-        plist, torch::optim::SGDOptions(cfg_.lr).momentum(cfg_.momentum).nesterov(cfg_.nesterov).weight_decay(
-                   cfg_.weight_decay));
-  } else {
-    opt_ = std::make_unique<torch::optim::AdamW>(
-        plist, torch::optim::AdamWOptions(cfg_.lr)
-                   .betas({cfg_.beta1, cfg_.beta2})
-                   .eps(cfg_.eps)
-                   .weight_decay(cfg_.weight_decay));
-  }
-  acc_ = std::make_unique<TreeAccumulator>(static_cast<std::size_t>(P_ + 1));
-  reduced_.assign(static_cast<std::size_t>(P_ + 1), 0.0f);
-
+  build_flat_params();
+  std::vector<at::Tensor> tensors;
+  for (const auto& p : flat_.params) tensors.push_back(p.tensor);
+  opt_ = std::make_unique<OptimizerState>(cfg_, tensors);
+  acc_ = std::make_unique<TreeAccumulator>(static_cast<std::size_t>(flat_.size + 1));
+  reduced_.assign(static_cast<std::size_t>(flat_.size + 1), 0.0f);
   auto shape_with_n = [&](const std::vector<std::int64_t>& s) {
     std::vector<std::int64_t> v{data_.n};
     v.insert(v.end(), s.begin(), s.end());
     return v;
   };
-  x_all_ = torch::from_blob(const_cast<unsigned char*>(data_.x.data()), shape_with_n(data_.x_shape),
-                            torch::TensorOptions().dtype(to_scalar(data_.x_dtype)));
-  y_all_ = torch::from_blob(const_cast<unsigned char*>(data_.y.data()), shape_with_n(data_.y_shape),
-                            torch::TensorOptions().dtype(to_scalar(data_.y_dtype)));
-
-  loss_spikes_.configure(cfg_.spike_window, cfg_.spike_z, cfg_.spike_ratio);
-  grad_spikes_.configure(cfg_.spike_window, cfg_.spike_z, cfg_.spike_ratio);
-  // Faults to inject: layer names are the model's layers and its parameters' modules.
+  batches_.x = torch::from_blob(const_cast<unsigned char*>(data_.x.data()), shape_with_n(data_.x_shape),
+                                torch::TensorOptions().dtype(to_scalar(data_.x_dtype)));
+  batches_.y = torch::from_blob(const_cast<unsigned char*>(data_.y.data()), shape_with_n(data_.y_shape),
+                                torch::TensorOptions().dtype(to_scalar(data_.y_dtype)));
+  detectors_.configure(cfg_, comm_, flat_.names(), probe());
   const std::vector<std::string> model_layers = model_.layers();
-  std::vector<std::string> layers = model_layers;
-  for (const auto& p : params_) {
-    const std::string prefix = p.name.substr(0, p.name.rfind('.'));
-    if (std::find(layers.begin(), layers.end(), prefix) == layers.end()) layers.push_back(prefix);
+  CULPRIT_RETURN_IF_ERROR(faults_.parse(cfg_.inject, model_layers, flat_.params, flat_.offsets, comm_.size, cfg_.seed));
+  if (cfg_.trace == "layer" || faults_.at_layer_outputs()) {
+    layers_ = std::make_unique<LayerTrace>(&faults_, model_layers, cfg_.trace == "layer");
+    model_.set_observer(layers_.get());
   }
-  bool hooks = cfg_.trace == "layer";
-  for (const auto& text : cfg_.inject) {
-    FaultSpec f;
-    CULPRIT_RETURN_IF_ERROR(parse_fault(text, layers, &f));
-    const bool at_output = f.phase == Phase::kForward || f.phase == Phase::kBackward;
-    if (at_output && std::find(model_layers.begin(), model_layers.end(), f.layer) == model_layers.end())
-      return Status::Error("--inject: phase " + std::string(phase_name(f.phase)) + " needs a layer forward calls; '" +
-                           f.layer + "' is not one");
-    const bool layerless = f.phase == Phase::kData || f.phase == Phase::kLr || f.phase == Phase::kRng;
-    if (!at_output && !layerless && layer_param(f.layer) < 0)
-      return Status::Error("--inject: layer '" + f.layer + "' has no parameters");
-    if (f.rank >= comm_.size)
-      return Status::Error("--inject: rank " + std::to_string(f.rank) + " does not exist (world size " +
-                           std::to_string(comm_.size) + ")");
-    hooks = hooks || at_output;
-    faults_.push_back(f);
-  }
-  if (hooks) {
-    observer_ = std::make_unique<LayerTrace>(this, model_layers);
-    model_.set_observer(observer_.get());
-  }
-  if (cfg_.trace == "layer") {
-    fwd_.assign(model_layers.size(), 0);
-    bwd_.assign(model_layers.size(), 0);
-  }
+  return check_model();
+}
 
+Status Trainer::check_model() {
   // The model must accept the data and produce outputs the loss can use.
-  CULPRIT_RETURN_IF_ERROR(guarded("model " + cfg_.model + " does not accept samples of shape " +
-                                      shape_str(data_.x_shape) + " (" + dtype_name(data_.x_dtype) + ")",
-                                  [&] {
-                                    torch::NoGradGuard ng;
-                                    model_.set_training(false);
-                                    auto x = x_all_.narrow(0, 0, 1).to(device_);
-                                    auto out = model_.forward(x);
-                                    model_.set_training(true);
-                                    std::vector<std::int64_t> want{1};
-                                    want.insert(want.end(), data_.y_shape.begin(), data_.y_shape.end());
-                                    std::vector<std::int64_t> got(out.sizes().begin(), out.sizes().end());
-                                    if (data_.classification()) {
-                                      std::vector<std::int64_t> lead(got.begin(), got.end() - (got.empty() ? 0 : 1));
-                                      if (got.empty() || lead != want || got.back() < data_.classes)
-                                        return Status::Error("its output " + shape_str(got) + " cannot score " +
-                                                             std::to_string(data_.classes) + " classes for targets " +
-                                                             shape_str(data_.y_shape) + " per sample");
-                                    } else if (got != want) {
-                                      return Status::Error("its output " + shape_str(got) + " does not match targets " +
-                                                           shape_str(want));
-                                    }
-                                    return Status::OK();
-                                  }));
-  // State that a training-mode forward pass changes (batch-norm running statistics) would depend on
-  // which micro-shards each rank computed: outside the determinism contract. Refuse it plainly.
-  if (data_.n >= 2) {
-    std::vector<Fingerprint> before, after;
-    std::vector<at::Tensor> saved;
-    for (const auto& b : model_.buffers()) {
-      before.push_back(tensor_fingerprint(b.tensor));
-      saved.push_back(b.tensor.detach().clone());
-    }
-    if (!before.empty()) {
-      CULPRIT_RETURN_IF_ERROR(guarded("model " + cfg_.model, [&] {
+  CULPRIT_RETURN_IF_ERROR(guarded(
+      "model " + cfg_.model + " does not accept samples of shape " + shape_str(data_.x_shape) + " (" +
+          dtype_name(data_.x_dtype) + ")",
+      [&] {
         torch::NoGradGuard ng;
-        model_.forward(x_all_.narrow(0, 0, 2).to(device_));
+        model_.set_training(false);
+        auto out = model_.forward(batches_.x.narrow(0, 0, 1).to(device_));
+        model_.set_training(true);
+        std::vector<std::int64_t> want{1};
+        want.insert(want.end(), data_.y_shape.begin(), data_.y_shape.end());
+        std::vector<std::int64_t> got(out.sizes().begin(), out.sizes().end());
+        if (data_.classification()) {
+          std::vector<std::int64_t> lead(got.begin(), got.end() - (got.empty() ? 0 : 1));
+          if (got.empty() || lead != want || got.back() < data_.classes)
+            return Status::Error("its output " + shape_str(got) + " cannot score " + std::to_string(data_.classes) +
+                                 " classes for targets " + shape_str(data_.y_shape) + " per sample");
+        } else if (got != want) {
+          return Status::Error("its output " + shape_str(got) + " does not match targets " + shape_str(want));
+        }
         return Status::OK();
       }));
-      auto bufs = model_.buffers();
-      std::string changed;
+  // State that a training-mode forward pass changes (batch-norm running statistics) would depend on
+  // which micro-shards each rank computed: outside the determinism contract. Refuse it plainly.
+  if (data_.n < 2 || model_.buffers().empty()) return Status::OK();
+  std::vector<Fingerprint> before;
+  for (const auto& b : model_.buffers()) before.push_back(tensor_fingerprint(b.tensor));
+  std::string changed;
+  {
+    BufferGuard keep(model_);
+    CULPRIT_RETURN_IF_ERROR(guarded("model " + cfg_.model, [&] {
       torch::NoGradGuard ng;
-      for (std::size_t i = 0; i < bufs.size(); ++i) {
-        if (tensor_fingerprint(bufs[i].tensor) != before[i] && changed.empty()) changed = bufs[i].name;
-        bufs[i].tensor.copy_(saved[i]);
-      }
-      if (!changed.empty())
-        return Status::Error("model " + cfg_.model + " updates state in its forward pass ('" + changed +
-                             "', e.g. batch-norm running statistics): it would depend on which micro-shards each "
-                             "rank computed; use LayerNorm or GroupNorm, or BatchNorm with track_running_stats=False");
-    }
+      model_.forward(batches_.x.narrow(0, 0, 2).to(device_));
+      return Status::OK();
+    }));
+    const auto bufs = model_.buffers();
+    for (std::size_t i = 0; i < bufs.size(); ++i)
+      if (changed.empty() && tensor_fingerprint(bufs[i].tensor) != before[i]) changed = bufs[i].name;
   }
+  if (!changed.empty())
+    return Status::Error("model " + cfg_.model + " updates state in its forward pass ('" + changed +
+                         "', e.g. batch-norm running statistics): it would depend on which micro-shards each "
+                         "rank computed; use LayerNorm or GroupNorm, or BatchNorm with track_running_stats=False");
   return Status::OK();
 }
 
+// What the detectors may ask of this rank's state.
+StateProbe Trainer::probe() {
+  StateProbe p;
+  p.optimizer_fps = [this] {
+    std::vector<Fingerprint> fps;
+    for (const auto& prm : flat_.params) {
+      const at::Tensor t = opt_->primary(prm.tensor);
+      fps.push_back(t.defined() ? tensor_fingerprint(t) : 0);
+    }
+    return fps;
+  };
+  p.params_finite = [this] {
+    return flat_.flat.is_cuda() ? torch::isfinite(flat_.flat).all().item<bool>()
+                                : all_finite(flat_.flat.data_ptr<float>(), static_cast<std::size_t>(flat_.size));
+  };
+  p.host_params = [this] {
+    if (!flat_.flat.is_cuda()) return static_cast<const float*>(flat_.flat.data_ptr<float>());
+    host_params_ = flat_.flat.cpu();
+    return static_cast<const float*>(host_params_.data_ptr<float>());
+  };
+  p.samples_fp = [this](int k) { return tensor_fingerprint(shard_indices(step_.facts.step, k)); };
+  p.recompute = [this](int k, int attempt) {
+    BufferGuard keep(model_);
+    FireContext c = step_.fire;
+    c.attempt = attempt;
+    compute_shard(c, k, spot_leaf_.data());
+    return fingerprint_bytes(spot_leaf_.data(), spot_leaf_.size() * sizeof(float));
+  };
+  return p;
+}
+
+// ---- micro-shards ----
+
 const at::Tensor& Trainer::epoch_order(std::int64_t epoch) {
-  if (epoch != order_epoch_) {
-    auto gen = at::detail::createCPUGenerator(cfg_.seed + static_cast<std::uint64_t>(epoch));
-    order_ = torch::randperm(data_.n, gen, torch::TensorOptions().dtype(torch::kLong));
-    order_epoch_ = epoch;
-    if (cfg_.check_invariants) {
-      // Each sample once per epoch starts with a permutation.
-      std::vector<char> seen(static_cast<std::size_t>(data_.n), 0);
-      const std::int64_t* o = order_.data_ptr<std::int64_t>();
-      for (std::int64_t i = 0; i < data_.n; ++i) {
-        if (o[i] < 0 || o[i] >= data_.n || seen[o[i]]) {
-          violation("the sample order of epoch " + std::to_string(epoch) + " is not a permutation");
-          break;
-        }
-        seen[o[i]] = 1;
+  if (epoch == batches_.epoch) return batches_.order;
+  auto gen = at::detail::createCPUGenerator(cfg_.seed + static_cast<std::uint64_t>(epoch));
+  batches_.order = torch::randperm(data_.n, gen, torch::TensorOptions().dtype(torch::kLong));
+  batches_.epoch = epoch;
+  if (cfg_.check_invariants) {
+    // Each sample once per epoch starts with a permutation.
+    std::vector<char> seen(static_cast<std::size_t>(data_.n), 0);
+    const std::int64_t* o = batches_.order.data_ptr<std::int64_t>();
+    for (std::int64_t i = 0; i < data_.n; ++i) {
+      if (o[i] < 0 || o[i] >= data_.n || seen[o[i]]) {
+        step_.facts.violated("the sample order of epoch " + std::to_string(epoch) + " is not a permutation");
+        break;
       }
+      seen[o[i]] = 1;
     }
   }
-  return order_;
+  return batches_.order;
+}
+
+at::Tensor Trainer::shard_indices(std::int64_t s, int k) {
+  const std::int64_t B = cfg_.global_batch, M = cfg_.micro_shards;
+  const std::int64_t steps_per_epoch = data_.n / B;
+  const at::Tensor& order = epoch_order((s - 1) / steps_per_epoch);
+  return order.narrow(0, ((s - 1) % steps_per_epoch) * B + k * (B / M), B / M);
 }
 
 at::Tensor Trainer::loss_of(const at::Tensor& out, const at::Tensor& y) const {
@@ -267,257 +259,222 @@ at::Tensor Trainer::loss_of(const at::Tensor& out, const at::Tensor& y) const {
   return torch::nn::functional::mse_loss(out, y, torch::nn::functional::MSELossFuncOptions(torch::kSum)) / denom;
 }
 
-at::Tensor Trainer::shard_indices(std::int64_t s, int k) {
-  const std::int64_t B = cfg_.global_batch, M = cfg_.micro_shards;
-  const std::int64_t steps_per_epoch = data_.n / B;
-  const at::Tensor& order = epoch_order((s - 1) / steps_per_epoch);
-  return order.narrow(0, ((s - 1) % steps_per_epoch) * B + k * (B / M), B / M);
+// Every gradient starts at zero (undefined); a stale-gradient fault leaves a layer's in place.
+void Trainer::zero_grads(const FireContext& c, int k) {
+  for (std::size_t i = 0; i < flat_.params.size(); ++i)
+    if (!faults_.keeps_grad(c, k, i)) flat_.params[i].tensor.mutable_grad().reset();
 }
 
-void Trainer::compute_shard(std::int64_t s, int k, float* leaf, int attempt) {
-  attempt_ = attempt;
-  if (observer_) static_cast<LayerTrace*>(observer_.get())->shard = k;
-  at::Tensor idx = shard_indices(s, k);
-  for (const auto& f : faults_)
-    if (f.kind == FaultKind::kStale && last_idx_.defined() && fires(f, Phase::kData, k, true)) idx = last_idx_;
-  std::uint64_t seed = dropout_seed(cfg_.seed, s, k);
-  for (const auto& f : faults_) {
-    if (!fires(f, Phase::kRng, k, true)) continue;
-    if (f.kind == FaultKind::kStale && have_last_seed_) seed = last_seed_;
-    if (f.kind == FaultKind::kBitflip) seed ^= 1ULL << f.bit;
+// The gradients into the leaf, checked for NaN/Inf while copying (the data passes the cache once).
+bool Trainer::copy_grads(float* leaf) const {
+  bool finite = true;
+  for (std::size_t i = 0; i < flat_.params.size(); ++i) {
+    const auto& g = flat_.params[i].tensor.grad();
+    float* dst = leaf + flat_.offsets[i];
+    if (!g.defined()) {
+      std::fill(dst, dst + flat_.sizes[i], 0.0f);
+    } else {
+      auto gc = g.is_cuda() ? g.cpu() : g.contiguous();
+      finite = copy_all_finite(gc.data_ptr<float>(), dst, static_cast<std::size_t>(flat_.sizes[i])) && finite;
+    }
   }
-  if (attempt == 0) {
-    last_idx_ = idx;
-    last_seed_ = seed;
-    have_last_seed_ = true;
-  }
-  auto x = x_all_.index_select(0, idx);
-  auto y = y_all_.index_select(0, idx);
-  for (const auto& f : faults_) {
-    if (f.kind == FaultKind::kStale || !fires(f, Phase::kData, k, true)) continue;
-    if (x.scalar_type() == torch::kLong) corrupt_tokens(f, x, data_.classes);
-    else corrupt_in_place(f, x);
-  }
-  input_fp_ = tensor_fingerprint(x);
+  return finite;
+}
+
+void Trainer::compute_shard(const FireContext& c, int k, float* leaf) {
+  StepFacts& facts = step_.facts;
+  if (layers_) layers_->begin_shard(c, k);
+  at::Tensor idx = shard_indices(c.step, k);
+  std::uint64_t seed = dropout_seed(cfg_.seed, c.step, k);
+  faults_.on_inputs(c, k, &idx, &seed);
+  auto x = batches_.x.index_select(0, idx);
+  auto y = batches_.y.index_select(0, idx);
+  faults_.on_batch(c, k, x, data_.classes);
+  step_.input_fp = tensor_fingerprint(x);
   if (device_.is_cuda()) {
     x = x.to(device_);
     y = y.to(device_);
   }
   torch::manual_seed(seed);  // also every CUDA generator: dropout masks on the GPU follow the seed
-  if (attempt == 0 && !facts_.empty()) {
-    Stopwatch sw(&detector_secs_);
-    const std::int64_t M = cfg_.micro_shards;
-    facts_[2 * M + k] = tensor_fingerprint(at::detail::getDefaultCPUGenerator().get_state());
-    facts_[3 * M + k] = tensor_fingerprint(idx);
+  if (c.attempt == 0 && !facts.shards.empty()) {
+    Stopwatch sw(&facts.seconds);
+    facts.shards.rng[k] = tensor_fingerprint(at::detail::getDefaultCPUGenerator().get_state());
+    facts.shards.samples[k] = tensor_fingerprint(idx);
   }
-  // Every gradient starts at zero (undefined); a stale-gradient fault leaves a layer's in place.
-  for (std::size_t i = 0; i < params_.size(); ++i) {
-    bool keep = false;
-    for (const auto& f : faults_)
-      keep = keep || (f.kind == FaultKind::kStale && params_[i].name.rfind(f.layer + ".", 0) == 0 &&
-                      fires(f, Phase::kGrad, k, true));
-    if (!keep) params_[i].tensor.mutable_grad().reset();
-  }
-  std::fill(fwd_.begin(), fwd_.end(), 0);
-  std::fill(bwd_.begin(), bwd_.end(), 0);
+  zero_grads(c, k);
   auto loss = loss_of(model_.forward(x), y);
   if (cfg_.check_invariants) {
     double nested = 0;  // a spot-check recomputation is timed as a whole
-    Stopwatch sw(attempt == 0 ? &detector_secs_ : &nested);
-    for (const auto& p : params_) {
+    Stopwatch sw(c.attempt == 0 ? &facts.seconds : &nested);
+    for (const auto& p : flat_.params) {
       const auto& g = p.tensor.grad();
       if (g.defined() && g.count_nonzero().item<std::int64_t>() != 0) {
-        violation("the gradient of '" + p.name + "' was not zero before the backward of micro-shard " +
-                  std::to_string(k) + " (a missing zero_grad: gradients accumulate across micro-shards)");
+        facts.violated("the gradient of '" + p.name + "' was not zero before the backward of micro-shard " +
+                       std::to_string(k) + " (a missing zero_grad: gradients accumulate across micro-shards)");
         break;
       }
     }
   }
   loss.backward();
-  bool finite = true;  // checked while copying: the data passes through the cache once
-  for (std::size_t i = 0; i < params_.size(); ++i) {
-    const auto& g = params_[i].tensor.grad();
-    float* dst = leaf + offsets_[i];
-    const std::int64_t n = params_[i].tensor.numel();
-    if (!g.defined()) {
-      std::fill(dst, dst + n, 0.0f);
-    } else {
-      auto gc = g.is_cuda() ? g.cpu() : g.contiguous();
-      finite = copy_all_finite(gc.data_ptr<float>(), dst, static_cast<std::size_t>(n)) && finite;
-    }
-  }
-  leaf[P_] = loss.item<float>();
-  finite = finite && std::isfinite(leaf[P_]);
-  for (const auto& f : faults_) {
-    const int pi = layer_param(f.layer);
-    if (pi < 0 || f.kind == FaultKind::kStale || !fires(f, Phase::kGrad, k, true)) continue;
-    const std::int64_t n = params_[pi].tensor.numel();
-    float& v = leaf[offsets_[pi] + f.index % n];
-    v = corrupt_value(f, v);
-    finite = finite && std::isfinite(v);
-  }
-  if (attempt == 0 && !finite && bad_shard_ < 0) bad_shard_ = k;
-  attempt_ = 0;
+  bool finite = copy_grads(leaf);
+  leaf[flat_.size] = loss.item<float>();
+  finite = finite && std::isfinite(leaf[flat_.size]);
+  finite = faults_.on_leaf(c, k, leaf) && finite;
+  if (c.attempt == 0 && !finite && facts.bad_shard < 0) facts.bad_shard = k;
 }
 
 std::vector<Fingerprint> Trainer::param_grad_fps(const float* leaf) const {
   std::vector<Fingerprint> out;
-  for (std::size_t i = 0; i < params_.size(); ++i)
-    out.push_back(fingerprint_bytes(leaf + offsets_[i], static_cast<std::size_t>(params_[i].tensor.numel()) * sizeof(float)));
+  for (std::size_t i = 0; i < flat_.params.size(); ++i)
+    out.push_back(fingerprint_bytes(leaf + flat_.offsets[i], static_cast<std::size_t>(flat_.sizes[i]) * sizeof(float)));
   return out;
 }
 
-// One optimizer step (1-based s): see docs/determinism.md.
-void Trainer::step(std::int64_t s) {
-  const auto t0 = std::chrono::steady_clock::now();
-  const std::int64_t M = cfg_.micro_shards;
-  cur_step_ = s;
-  if (comm_.watchdog) comm_.watchdog->set_step(s);
-  violation_.clear();
-  detector_secs_ = 0;
-  const double lr = learning_rate(cfg_, s);
-  double lr_used = lr;
-  for (const auto& f : faults_) {
-    if (!fires(f, Phase::kLr, 0, false)) continue;
-    lr_used = f.kind == FaultKind::kStale ? learning_rate(cfg_, s - 1) : corrupt_value(f, static_cast<float>(lr_used));
+trace::ShardRow Trainer::shard_row(int k, const float* leaf) const {
+  trace::ShardRow row;
+  row.step = step_.fire.step;
+  row.shard = k;
+  row.rank = self();
+  row.host = comm_.host;
+  row.device = device_name_;
+  row.loss = leaf[flat_.size];
+  row.grad_fp = fingerprint_bytes(leaf, static_cast<std::size_t>(flat_.size) * sizeof(float));
+  row.input_fp = step_.input_fp;
+  if (layers_) {
+    row.fwd = layers_->forward();
+    row.bwd = layers_->backward();
   }
-  for (auto& group : opt_->param_groups()) group.options().set_lr(lr_used);
-
-  // Forward and backward of this rank's micro-shards, summed along the tree.
-  acc_->clear();
-  const ShardRange mine = shard_range(comm_.rank, comm_.size, static_cast<int>(M));
-  first_shard_ = mine.lo;
-  bad_shard_ = -1;
-  if (cfg_.spot_check > 0 || cfg_.check_invariants) facts_.assign(4 * M, 0);
-  for (int k = mine.lo; k < mine.hi; ++k) {
-    float* leaf = acc_->leaf_buffer();
-    compute_shard(s, k, leaf, 0);
-    if (spot_checked(s, k)) {
-      Stopwatch sw(&detector_secs_);
-      facts_[k] = fingerprint_bytes(leaf, static_cast<std::size_t>(P_ + 1) * sizeof(float));
-    }
-    if (cfg_.trace != "off" || capture_) {
-      trace::ShardRow row;
-      row.step = s;
-      row.shard = k;
-      row.rank = self();
-      row.host = comm_.host;
-      row.device = device_name_;
-      row.loss = leaf[P_];
-      row.grad_fp = fingerprint_bytes(leaf, static_cast<std::size_t>(P_) * sizeof(float));
-      row.input_fp = input_fp_;
-      row.fwd = fwd_;
-      row.bwd = bwd_;
-      if (!fwd_.empty()) row.param_grad = param_grad_fps(leaf);
-      shard_rows_.push_back(std::move(row));
-    }
-    acc_->push(k);
-  }
-  {
-    Stopwatch sw(&detector_secs_);
-    check_shards(s);
-  }
-  const SendFault* send_fault = nullptr;
-  SendFault sf;
-  for (const auto& f : faults_) {
-    const int pi = layer_param(f.layer);
-    if (pi < 0 || !fires(f, Phase::kComm, 0, false)) continue;
-    sf.offset = static_cast<std::size_t>(offsets_[pi] + f.index % params_[pi].tensor.numel());
-    sf.ctx = &f;
-    sf.apply = [](const void* ctx, float v) { return corrupt_value(*static_cast<const FaultSpec*>(ctx), v); };
-    send_fault = &sf;
-  }
-  cc_.enabled = cfg_.comm_check || replaying_;  // a replay reports its comm faults (StepResult)
-  tree_allreduce(comm_, static_cast<int>(M), *acc_, reduced_.data(), &tree_ws_, send_fault, &cc_);
-  detector_secs_ += cc_.seconds;
-
-  // The reduced gradient becomes every parameter's gradient; the optimizer steps (once the checkpoint
-  // in flight has its copy of the parameters and optimizer state).
-  fence_snapshot();
-  auto grads = torch::from_blob(reduced_.data(), {P_ + 1}, torch::kFloat32);
-  if (device_.is_cuda()) grads = grads.to(device_);
-  for (std::size_t i = 0; i < params_.size(); ++i) {
-    auto& t = params_[i].tensor;
-    t.mutable_grad() = grads.narrow(0, offsets_[i], t.numel()).view(t.sizes());
-  }
-  // A stale-parameter fault: the update of that layer does not land on this rank.
-  std::vector<std::pair<int, at::Tensor>> lost;
-  for (const auto& f : faults_) {
-    const int pi = layer_param(f.layer);
-    if (pi >= 0 && f.kind == FaultKind::kStale && fires(f, Phase::kParam, 0, false))
-      for (std::size_t i = pi; i < params_.size() && params_[i].name.rfind(f.layer + ".", 0) == 0; ++i)
-        lost.push_back({static_cast<int>(i), params_[i].tensor.detach().clone()});
-  }
-  opt_->step();
-  {
-    torch::NoGradGuard ng;
-    for (auto& [i, old] : lost) params_[i].tensor.copy_(old);
-  }
-  // Faults at rest: this rank's copy of a layer's parameters or optimizer state.
-  for (const auto& f : faults_) {
-    const int pi = layer_param(f.layer);
-    if (pi < 0 || f.kind == FaultKind::kStale) continue;
-    if (fires(f, Phase::kParam, 0, false)) corrupt_in_place(f, params_[pi].tensor);
-    if (fires(f, Phase::kOptimizer, 0, false)) {
-      auto it = opt_->state().find(optimizer_state_key(opt_->state(), params_[pi].tensor));
-      if (it != opt_->state().end()) {
-        if (cfg_.optimizer == "sgd")
-          corrupt_in_place(f, static_cast<torch::optim::SGDParamState&>(*it->second).momentum_buffer());
-        else
-          corrupt_in_place(f, static_cast<torch::optim::AdamWParamState&>(*it->second).exp_avg());
-      }
-    }
-  }
-
-  double sq = 0;
-  for (std::int64_t i = 0; i < P_; ++i) sq += static_cast<double>(reduced_[i]) * reduced_[i];
-  grad_norm_ = std::sqrt(sq);
-  trace::StepRow row;
-  row.step = s;
-  row.loss = reduced_[P_];
-  row.lr = lr;
-  const Fingerprint fp = set_fingerprint(params_, &row.param_fps);
-  param_fps_ = row.param_fps;
-  if (cfg_.check_invariants) {
-    Stopwatch sw(&detector_secs_);
-    check_update(s, lr);
-  }
-  if (cfg_.trace != "off" || capture_)
-    row.grad_fp = fingerprint_bytes(reduced_.data(), static_cast<std::size_t>(P_) * sizeof(float));
-  if (capture_) last_row_ = row;
-  if (cfg_.trace != "off" && io_) {
-    io_->submit([this, row = std::move(row), shards = std::move(shard_rows_)] { return trace_.append(row, shards); });
-    shard_rows_.clear();
-    if (serial_io_) {
-      Status st = drain_io();
-      if (!st.ok()) io_error_ = st;
-    }
-  }
-  {
-    Stopwatch sw(&detector_secs_);
-    detect(s);
-  }
-  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  write_metrics(s, lr, reduced_[P_], grad_norm_, fp, secs);
+  if (!row.fwd.empty()) row.param_grad = param_grad_fps(leaf);
+  return row;
 }
 
-void Trainer::write_metrics(std::int64_t s, double lr, float loss, double grad_norm, Fingerprint fp,
-                            double secs) {
+// ---- the step ----
+
+// One optimizer step (1-based s): see docs/determinism.md.
+void Trainer::step(std::int64_t s, StepMode mode, trace::StepRow* replayed) {
+  const auto t0 = std::chrono::steady_clock::now();
+  const double lr = begin_step(s, mode);
+  compute_local_shards();
+  {
+    Stopwatch sw(&step_.facts.seconds);
+    detectors_.check_shards(step_.facts);
+  }
+  reduce();
+  update(lr);
+  trace::StepRow row;
+  const Fingerprint fp = record(lr, &row);
+  if (replayed) *replayed = row;
+  if (cfg_.trace != "off" && pipeline_) {
+    pipeline_->append_trace(std::move(row), std::move(step_.shard_rows));
+    step_.shard_rows.clear();
+  }
+  {
+    Stopwatch sw(&step_.facts.seconds);
+    detectors_.vote(step_.facts);
+  }
+  write_metrics(lr, fp, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+}
+
+// The step's firing context and facts; the learning rate (as scheduled) and the one this rank uses.
+double Trainer::begin_step(std::int64_t s, StepMode mode) {
+  if (comm_.watchdog) comm_.watchdog->set_step(s);
+  const ShardRange mine = shard_range(comm_.rank, comm_.size, cfg_.micro_shards);
+  step_.fire = FireContext{s, self(), mine.lo, 0, mode, 0};
+  StepFacts& f = step_.facts;
+  f = StepFacts();
+  f.step = s;
+  f.shards.reset(detectors_.collects_shard_facts() ? cfg_.micro_shards : 0);
+  const double lr = learning_rate(cfg_, s);
+  opt_->set_lr(faults_.on_lr(step_.fire, lr, learning_rate(cfg_, s - 1)));
+  return lr;
+}
+
+// Forward and backward of this rank's micro-shards, summed along the tree.
+void Trainer::compute_local_shards() {
+  const ShardRange mine = shard_range(comm_.rank, comm_.size, cfg_.micro_shards);
+  const std::int64_t s = step_.fire.step;
+  const bool rows = cfg_.trace != "off" || step_.fire.mode == StepMode::kReplay;
+  acc_->clear();
+  for (int k = mine.lo; k < mine.hi; ++k) {
+    float* leaf = acc_->leaf_buffer();
+    compute_shard(step_.fire, k, leaf);
+    if (detectors_.spot_checked(s, k)) {
+      Stopwatch sw(&step_.facts.seconds);
+      step_.facts.shards.leaf[k] = fingerprint_bytes(leaf, static_cast<std::size_t>(flat_.size + 1) * sizeof(float));
+    }
+    if (rows) step_.shard_rows.push_back(shard_row(k, leaf));
+    acc_->push(k);
+  }
+}
+
+void Trainer::reduce() {
+  SendFault storage;
+  const SendFault* send_fault = faults_.on_send(step_.fire, &storage);
+  step_.comm.enabled = cfg_.comm_check || step_.fire.mode == StepMode::kReplay;  // a replay reports comm faults
+  tree_allreduce(comm_, cfg_.micro_shards, *acc_, reduced_.data(), &tree_ws_, send_fault, &step_.comm);
+  step_.facts.seconds += step_.comm.seconds;
+  step_.facts.comm = &step_.comm;
+}
+
+// The reduced gradient becomes every parameter's gradient; the optimizer steps (once the checkpoint
+// in flight has its copy of the parameters and optimizer state).
+void Trainer::update(double lr) {
+  if (pipeline_) pipeline_->fence();
+  auto grads = torch::from_blob(reduced_.data(), {flat_.size + 1}, torch::kFloat32);
+  if (device_.is_cuda()) grads = grads.to(device_);
+  for (std::size_t i = 0; i < flat_.params.size(); ++i) {
+    auto& t = flat_.params[i].tensor;
+    t.mutable_grad() = grads.narrow(0, flat_.offsets[i], t.numel()).view(t.sizes());
+  }
+  const auto lost = faults_.before_update(step_.fire, flat_.params);
+  opt_->step();
+  faults_.after_update(step_.fire, flat_.params, lost, *opt_);
+}
+
+// The step's fingerprints and trace row; the update's invariants.
+Fingerprint Trainer::record(double lr, trace::StepRow* row) {
+  StepFacts& f = step_.facts;
+  double sq = 0;
+  for (std::int64_t i = 0; i < flat_.size; ++i) sq += static_cast<double>(reduced_[i]) * reduced_[i];
+  f.grad_norm = std::sqrt(sq);
+  f.reduced = reduced_.data();
+  f.params = flat_.size;
+  row->step = f.step;
+  row->loss = reduced_[flat_.size];
+  row->lr = lr;
+  const Fingerprint fp = set_fingerprint(flat_.params, &row->param_fps);
+  f.param_fps = row->param_fps;
+  if (cfg_.check_invariants) {
+    Stopwatch sw(&f.seconds);
+    detectors_.check_update(f, lr, opt_->lr(), flat_.offsets, flat_.sizes);
+  }
+  if (cfg_.trace != "off" || step_.fire.mode == StepMode::kReplay)
+    row->grad_fp = fingerprint_bytes(reduced_.data(), static_cast<std::size_t>(flat_.size) * sizeof(float));
+  return fp;
+}
+
+void Trainer::write_metrics(double lr, Fingerprint fp, double secs) {
   if (comm_.rank != 0 || !metrics_) return;
+  const StepFacts& f = step_.facts;
+  const float loss = reduced_[flat_.size];
   std::fprintf(metrics_,
                "{\"step\": %lld, \"loss\": %s, \"grad_norm\": %s, \"lr\": %s, \"fingerprint\": \"%s\", "
                "\"seconds\": %.6f, \"detector_seconds\": %.6f%s}\n",
-               static_cast<long long>(s), json_float(loss).c_str(), format_json_number(grad_norm).c_str(),
-               format_json_number(lr).c_str(), fingerprint_hex(fp).c_str(), secs, detector_secs_,
-               facts_exchanged_ ? ", \"spot_checked\": true" : "");
+               static_cast<long long>(f.step), json_float(loss).c_str(), format_json_number(f.grad_norm).c_str(),
+               format_json_number(lr).c_str(), fingerprint_hex(fp).c_str(), secs, f.seconds,
+               f.shards_exchanged ? ", \"spot_checked\": true" : "");
   std::fflush(metrics_);
   if (!cfg_.quiet)
     std::printf("step %6lld  loss %-12.9g  grad_norm %-12.6g  lr %-10.4g  fingerprint %s\n",
-                static_cast<long long>(s), static_cast<double>(loss), grad_norm, lr, fingerprint_hex(fp).c_str());
+                static_cast<long long>(f.step), static_cast<double>(loss), f.grad_norm, lr,
+                fingerprint_hex(fp).c_str());
   std::fflush(stdout);
 }
 
-Status Trainer::run(std::int64_t start_step, const std::string& resumed_from) {
+// ---- the run ----
+
+// Records the run (run.json), opens the metrics and the background I/O; agreed.
+Status Trainer::start_run(std::int64_t start_step, const std::string& resumed_from) {
   info_.config_ini = to_ini(cfg_);
   info_.world_size = comm_.size;
   info_.culprit_version = CULPRIT_VERSION;
@@ -525,7 +482,7 @@ Status Trainer::run(std::int64_t start_step, const std::string& resumed_from) {
   info_.intra_op_threads = at::get_num_threads();
   info_.data_source = data_.source;
   info_.data_samples = data_.n;
-  info_.parameters = P_;
+  info_.parameters = flat_.size;
   info_.model = cfg_.model;
   info_.blas_threads = setup_determinism(cfg_.threads);
   info_.resumed_from = resumed_from;
@@ -533,11 +490,7 @@ Status Trainer::run(std::int64_t start_step, const std::string& resumed_from) {
   fill_environment(&info_);
   gather_hosts(comm_, &info_);
   info_.devices = gather_strings(comm_, device_name_);
-  // Checkpoint writers: the first N ranks of every host (all ranks hold the whole state).
-  std::map<std::string, int> per_host;
-  for (int r = 0; r < comm_.size; ++r)
-    if (cfg_.checkpoint_writers_per_host == 0 || per_host[info_.hosts[r]]++ < cfg_.checkpoint_writers_per_host)
-      writers_.push_back(r);
+  detectors_.set_placement(info_.hosts, info_.devices);
   Status st;
   if (comm_.rank == 0) {
     const std::string path = (fs::path(cfg_.run_dir) / "metrics.jsonl").string();
@@ -551,61 +504,54 @@ Status Trainer::run(std::int64_t start_step, const std::string& resumed_from) {
     fs::create_directories(fs::path(cfg_.run_dir) / "checkpoints", ec);
   }
   CULPRIT_RETURN_IF_ERROR(agree(comm_, st));
-  CULPRIT_RETURN_IF_ERROR(open_trace(start_step));
-  CULPRIT_MPI_CHECK(MPI_Comm_dup(comm_.comm, &io_comm_));
-  io_ = std::make_unique<IoWorker>();
-  // The I/O thread calls MPI while the main thread does: that needs MPI_THREAD_MULTIPLE. With less,
-  // every I/O job is waited for at once (no two threads in MPI at the same time).
-  int level = MPI_THREAD_SINGLE;
-  MPI_Query_thread(&level);
-  serial_io_ = level < MPI_THREAD_MULTIPLE;
-  if (serial_io_ && comm_.rank == 0)
-    std::fprintf(stderr, "culprit: warning: MPI provides thread level %s, not multiple: checkpoints and trace are "
-                 "written synchronously\n", info_.mpi_thread_level.c_str());
+  pipeline_ = std::make_unique<CheckpointPipeline>(cfg_, comm_);
+  const trace::Header header = trace_header();
+  return pipeline_->open(start_step, cfg_.trace == "off" ? nullptr : &header, info_.hosts, info_.mpi_thread_level);
+}
+
+Status Trainer::run(std::int64_t start_step, const std::string& resumed_from) {
+  CULPRIT_RETURN_IF_ERROR(start_run(start_step, resumed_from));
   if (comm_.rank == 0 && !cfg_.quiet) {
     std::printf("culprit train: %s on %s (%lld samples), %lld parameters, %d rank(s), %d micro-shards, "
                 "global batch %lld\n  libtorch %s, BLAS %s (threads %d), intra-op threads %d\n",
                 cfg_.model.c_str(), data_.source.c_str(), static_cast<long long>(data_.n),
-                static_cast<long long>(P_), comm_.size, cfg_.micro_shards,
+                static_cast<long long>(flat_.size), comm_.size, cfg_.micro_shards,
                 static_cast<long long>(cfg_.global_batch), info_.torch_version.c_str(), info_.blas_library.c_str(),
                 info_.blas_threads, info_.intra_op_threads);
     if (!resumed_from.empty())
       std::printf("  resumed from %s (step %lld)\n", resumed_from.c_str(), static_cast<long long>(start_step));
   }
   model_.set_training(true);
-  set_fingerprint(params_, &prev_param_fps_);
-  spot_leaf_.assign(static_cast<std::size_t>(P_ + 1), 0.0f);
+  std::vector<Fingerprint> initial;
+  set_fingerprint(flat_.params, &initial);
+  detectors_.start(initial);
+  spot_leaf_.assign(static_cast<std::size_t>(flat_.size + 1), 0.0f);
   // A fresh run checkpoints its initial state, so a valid checkpoint from before any fault exists
   // (this also faults in the host buffers of the state copy before training starts).
-  if (start_step == 0) st = save_checkpoint(0);
+  Status st = start_step == 0 ? save_checkpoint(0) : Status::OK();
   const auto t0 = std::chrono::steady_clock::now();
   for (std::int64_t s = start_step + 1; s <= cfg_.steps && st.ok(); ++s) {
-    step(s);
-    if (!halt_.ok()) {
-      st = halt_;  // no checkpoint of a state the detectors rejected
+    step(s, StepMode::kTrain);
+    if (!detectors_.halt().ok()) {
+      st = detectors_.halt();  // no checkpoint of a state the detectors rejected
       break;
     }
     const bool due = (cfg_.checkpoint_every > 0 && s % cfg_.checkpoint_every == 0) || s == cfg_.steps;
     if (due) st = save_checkpoint(s);
   }
-  Status io_status = drain_io();
-  if (checkpoint_in_flight_ && io_status.ok()) log_checkpoint();
-  checkpoint_in_flight_ = false;
-  if (io_status.ok()) io_status = io_error_;
-  io_status = agree(comm_, io_status);
+  Status io_status = pipeline_->close();
   if (st.ok()) st = io_status;
-  io_.reset();
-  trace_.close();
-  MPI_Comm_free(&io_comm_);
-  const Fingerprint last_fp = set_fingerprint(params_);
+  pipeline_.reset();
+  const Fingerprint last_fp = set_fingerprint(flat_.params);
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   if (comm_.rank == 0) {
     std::fclose(metrics_);
+    metrics_ = nullptr;
     if (st.ok()) {
       const std::int64_t ran = cfg_.steps - start_step;
       std::printf("summary: %lld steps in %.2f s (%.1f samples/s), final loss %.9g, final fingerprint %s\n",
                   static_cast<long long>(ran), secs, ran * cfg_.global_batch / std::max(secs, 1e-9),
-                  static_cast<double>(reduced_[P_]), fingerprint_hex(last_fp).c_str());
+                  static_cast<double>(reduced_[flat_.size]), fingerprint_hex(last_fp).c_str());
       std::fflush(stdout);
     }
   }

@@ -1,0 +1,92 @@
+// The faults a run injects (--inject, culprit/inject.h): one FaultPlan owns the parsed specs, their
+// validation against the model and the world, and one hook per phase that the step calls at the
+// point where that phase's fault lands. Whether a fault fires depends on the firing context, passed
+// explicitly. The empty plan changes nothing. Only ATen's Tensor type is visible here.
+#pragma once
+#include <ATen/core/Tensor.h>
+
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "culprit/inject.h"
+#include "culprit/status.h"
+#include "culprit/tree_reduce.h"
+#include "model.h"
+
+namespace culprit::harness {
+
+class OptimizerState;
+
+// How a step runs: as the original run, or re-executed by the replay engine (transient faults
+// stay in the original run; intermittent ones draw again).
+enum class StepMode { kTrain, kReplay };
+
+// Which execution of a computation this is.
+struct FireContext {
+  std::int64_t step = 0;
+  int rank = 0;         // the device's rank: faults belong to devices
+  int first_shard = 0;  // the first micro-shard this rank computes in the step (a transient fault hits it)
+  int attempt = 0;      // 0: the step's own computation; 1, 2: spot-check recomputations
+  StepMode mode = StepMode::kTrain;
+  int round = 0;        // replay: the rerun of a micro-shard
+};
+
+// Corrupts element (spec.index mod numel) of a float32 tensor in place, outside autograd.
+void corrupt_in_place(const FaultSpec& spec, const at::Tensor& t);
+// A layer output with element (spec.index mod numel) replaced by its corrupted value; the result
+// stays in the autograd graph (gradient flows to the other elements as before).
+at::Tensor corrupt_output(const FaultSpec& spec, const at::Tensor& out);
+// For int64 token data: the token at (spec.index mod numel) becomes another valid token.
+void corrupt_tokens(const FaultSpec& spec, const at::Tensor& t, std::int64_t vocab);
+
+class FaultPlan {
+ public:
+  // Parses and validates every --inject SPEC. model_layers: the layers forward calls (forward and
+  // backward faults land on their outputs); params: state-dict order, with their flat offsets.
+  Status parse(const std::vector<std::string>& texts, const std::vector<std::string>& model_layers,
+               const std::vector<NamedTensor>& params, const std::vector<std::int64_t>& offsets, int world,
+               std::uint64_t seed);
+  bool empty() const { return specs_.empty(); }
+  // Whether a fault lands on a layer output (the model's layer hooks are needed).
+  bool at_layer_outputs() const;
+
+  // ---- the hooks, in the order a step calls them ----
+  // lr: the learning rate this rank uses (stale: the previous step's schedule value).
+  double on_lr(const FireContext& c, double lr, double previous_lr) const;
+  // data (stale) and rng: the samples and dropout seed micro-shard k uses.
+  void on_inputs(const FireContext& c, int k, at::Tensor* samples, std::uint64_t* seed);
+  // data: the loaded micro-shard batch.
+  void on_batch(const FireContext& c, int k, const at::Tensor& x, std::int64_t vocab) const;
+  // grad (stale): whether parameter i keeps its gradient from before instead of starting at zero.
+  bool keeps_grad(const FireContext& c, int k, std::size_t i) const;
+  // forward, backward: a layer's output (and the gradient flowing back into it).
+  at::Tensor on_layer_output(const FireContext& c, int k, const std::string& layer, at::Tensor out) const;
+  // grad: the micro-shard's gradient leaf (P values); false when a corrupted value is not finite.
+  bool on_leaf(const FireContext& c, int k, float* leaf) const;
+  // comm: the reduction's send buffer; null when no fault fires (storage: the returned fault).
+  const SendFault* on_send(const FireContext& c, SendFault* storage) const;
+  // param (stale): parameters whose update does not land, with their values before it.
+  std::vector<std::pair<std::size_t, at::Tensor>> before_update(const FireContext& c,
+                                                                const std::vector<NamedTensor>& params) const;
+  // param, optimizer: the update's lost parameters put back, then faults at rest.
+  void after_update(const FireContext& c, const std::vector<NamedTensor>& params,
+                    const std::vector<std::pair<std::size_t, at::Tensor>>& lost, const OptimizerState& opt) const;
+
+ private:
+  bool fires(const FaultSpec& f, Phase phase, const FireContext& c, int occurrence, bool per_shard) const;
+  int layer_param(const std::string& layer) const;  // first parameter of a layer, or -1
+  bool in_layer(std::size_t i, const std::string& layer) const;
+
+  std::vector<FaultSpec> specs_;
+  std::vector<std::string> names_;              // parameters, state-dict order
+  std::vector<std::int64_t> offsets_, sizes_;  // in the flat buffers
+  std::uint64_t seed_ = 0;
+  // What the last micro-shard used (stale data and rng faults reuse it).
+  at::Tensor last_samples_;
+  std::uint64_t last_seed_ = 0;
+  bool have_last_seed_ = false;
+};
+
+}  // namespace culprit::harness

@@ -1,0 +1,58 @@
+// The optimizer and its per-parameter state behind one adapter: the only place that knows SGD's
+// and AdamW's state layouts (the checkpoint's tensors, the replica check's and the optimizer
+// fault's tensor). Included by libtorch translation units only.
+#pragma once
+#include <torch/torch.h>
+
+#include <functional>
+#include <memory>
+#include <sstream>
+#include <string>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include "culprit/harness.h"
+#include "culprit/status.h"
+
+namespace culprit::harness {
+
+// A parameter's key in the optimizer's state map: libtorch 1.13 keys it by its TensorImpl address as
+// a string (c10::guts::to_string, which streams the pointer), libtorch 2.x by the address itself.
+template <class StateMap>
+typename StateMap::key_type optimizer_state_key(const StateMap&, const at::Tensor& p) {
+  if constexpr (std::is_same_v<typename StateMap::key_type, std::string>) {
+    std::ostringstream os;
+    os << p.unsafeGetTensorImpl();
+    return os.str();
+  } else {
+    return p.unsafeGetTensorImpl();
+  }
+}
+
+class OptimizerState {
+ public:
+  // --optimizer sgd (momentum, Nesterov, weight decay) or adamw over `params`.
+  OptimizerState(const TrainConfig& cfg, std::vector<at::Tensor> params);
+
+  void set_lr(double lr);
+  double lr() const;
+  void step() { opt_->step(); }
+
+  // The state tensor that stands for a parameter's optimizer state (SGD: the momentum buffer, AdamW:
+  // the first moment): what the replica check fingerprints and an optimizer fault corrupts.
+  // Undefined before the parameter's first update.
+  at::Tensor primary(const at::Tensor& p) const;
+  // The parameter's state as the checkpoint stores it: (name suffix, tensor) in stored order
+  // (SGD: momentum_buffer; AdamW: step, exp_avg, exp_avg_sq); none before the first update.
+  std::vector<std::pair<std::string, at::Tensor>> stored(const at::Tensor& p) const;
+  // Clears the state, then loads each parameter's from `tensor_of(p, suffix)` (undefined: absent).
+  Status load(const std::vector<std::pair<std::string, at::Tensor>>& params,
+              const std::function<at::Tensor(const std::string& param, const std::string& suffix)>& tensor_of);
+
+ private:
+  const TrainConfig& cfg_;
+  std::unique_ptr<torch::optim::Optimizer> opt_;
+};
+
+}  // namespace culprit::harness

@@ -1,0 +1,52 @@
+// Tensors' dtypes and fingerprints, on the CPU or the GPU.
+#include "tensors.h"
+
+#ifdef CULPRIT_HAVE_CUDA
+#include "culprit/fingerprint_cuda.h"
+#endif
+
+namespace culprit::harness {
+
+DType to_dtype(at::ScalarType t) {
+  switch (t) {
+    case at::kFloat: return DType::kFloat32;
+    case at::kDouble: return DType::kFloat64;
+    case at::kLong: return DType::kInt64;
+    case at::kInt: return DType::kInt32;
+    case at::kByte: return DType::kUInt8;
+    case at::kBFloat16: return DType::kBFloat16;
+    case at::kHalf: return DType::kFloat16;
+    case at::kBool: return DType::kBool;
+    default: throw std::runtime_error("unsupported dtype " + std::string(c10::toString(t)));
+  }
+}
+
+at::ScalarType to_scalar(DType t) { return t == DType::kInt64 ? at::kLong : at::kFloat; }
+
+Fingerprint tensor_fingerprint(const at::Tensor& t) {
+  auto c = t.contiguous();
+  const std::size_t n = c.numel() * c.element_size();
+  if (c.is_cuda()) {
+#ifdef CULPRIT_HAVE_CUDA
+    // On the GPU: only the chunk hashes come back (culprit/fingerprint_cuda.h).
+    Fingerprint f = 0;
+    if (cuda::fingerprint_on(c.get_device(), c.data_ptr(), n, &f).ok()) return f;
+#endif
+    c = c.cpu();  // the same bytes, the same fingerprint
+  }
+  return fingerprint_bytes(c.data_ptr(), n);
+}
+
+Fingerprint set_fingerprint(const std::vector<NamedTensor>& tensors, std::vector<Fingerprint>* each) {
+  FingerprintSet set;
+  if (each) each->clear();
+  for (const auto& nt : tensors) {
+    auto sizes = nt.tensor.sizes();
+    const Fingerprint f = tensor_fingerprint(nt.tensor);
+    if (each) each->push_back(f);
+    set.add(nt.name, to_dtype(nt.tensor.scalar_type()), std::vector<std::int64_t>(sizes.begin(), sizes.end()), f);
+  }
+  return set.finish();
+}
+
+}  // namespace culprit::harness

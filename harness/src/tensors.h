@@ -1,0 +1,50 @@
+// libtorch tensors as culprit stores and compares them: dtypes, fingerprints (on the CPU or the
+// GPU), deterministic settings, and an exception guard. Included by libtorch translation units only.
+#pragma once
+#include <torch/torch.h>
+
+#include <string>
+#include <vector>
+
+#include "culprit/fingerprint.h"
+#include "culprit/status.h"
+#include "error_line.h"
+#include "model.h"
+
+namespace culprit::harness {
+
+DType to_dtype(at::ScalarType t);
+at::ScalarType to_scalar(DType t);
+Fingerprint tensor_fingerprint(const at::Tensor& t);
+// The set fingerprint of named tensors; *each (optional) gets every tensor's own fingerprint.
+Fingerprint set_fingerprint(const std::vector<NamedTensor>& tensors, std::vector<Fingerprint>* each = nullptr);
+// Deterministic libtorch settings (docs/determinism.md); returns the BLAS thread count set (0: no
+// thread control found).
+int setup_determinism(int threads);
+
+// Runs f, turning any exception into an error Status.
+template <class Fn>
+Status guarded(const std::string& what, Fn&& f) {
+  try {
+    return f();
+  } catch (const std::exception& e) {
+    return Status::Error(what + ": " + error_line(e.what()));
+  }
+}
+
+// Keeps the model's buffers (batch-norm running statistics) across a recomputation: a spot check or
+// a replayed micro-shard runs the forward pass in training mode, which must not change the state.
+struct BufferGuard {
+  explicit BufferGuard(Model& m) : model(m) {
+    for (const auto& b : model.buffers()) saved.push_back(b.tensor.detach().clone());
+  }
+  ~BufferGuard() {
+    torch::NoGradGuard ng;
+    auto bufs = model.buffers();
+    for (std::size_t i = 0; i < bufs.size() && i < saved.size(); ++i) bufs[i].tensor.copy_(saved[i]);
+  }
+  Model& model;
+  std::vector<at::Tensor> saved;
+};
+
+}  // namespace culprit::harness
