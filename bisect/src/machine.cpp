@@ -2,28 +2,6 @@
 
 namespace culprit::bisect {
 
-const char* state_name(State s) {
-  switch (s) {
-    case State::kFindStep: return "find-step";
-    case State::kLocalize: return "localize";
-    case State::kRerun: return "rerun";
-    case State::kDone: return "done";
-  }
-  return "?";
-}
-
-const char* verdict_name(Verdict v) {
-  switch (v) {
-    case Verdict::kNone: return "none";
-    case Verdict::kHardwareTransient: return "hardware-transient";
-    case Verdict::kHardwarePersistent: return "hardware-persistent";
-    case Verdict::kSoftwareNondeterminism: return "software-nondeterminism";
-    case Verdict::kNumericalInstability: return "numerical-instability";
-    case Verdict::kData: return "data";
-  }
-  return "?";
-}
-
 Transition next(State s, const Evidence& e) {
   switch (s) {
     case State::kFindStep:

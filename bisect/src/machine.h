@@ -1,7 +1,11 @@
 // The bisection's state machine (docs/bisect.md has the diagram). The driver (bisect.cpp) performs the
-// action of the current state, agrees the evidence across ranks, and asks next() where to go.
+// action of the current state (actions.h), agrees the evidence across ranks, and asks next() where
+// to go. Pure: no I/O, no MPI.
 #pragma once
-#include <string>
+#include <iterator>
+
+#include "culprit/names.h"
+#include "culprit/records.h"
 
 namespace culprit::bisect {
 
@@ -12,17 +16,9 @@ enum class State {
   kDone,
 };
 
-enum class Verdict {
-  kNone,                    // everything reproduces
-  kHardwareTransient,       // one rank got it wrong once; reruns there do not reproduce it
-  kHardwarePersistent,      // one rank gets it wrong again (always or now and then)
-  kSoftwareNondeterminism,  // healthy ranks disagree among themselves on replay
-  kNumericalInstability,    // the NaN or spike reproduces bitwise everywhere: no rank to blame
-  kData,                    // the input as loaded differs from the data source
-};
-
-const char* state_name(State s);
-const char* verdict_name(Verdict v);
+inline constexpr NameRow<State> kStateNames[] = {
+    {State::kFindStep, "find-step"}, {State::kLocalize, "localize"}, {State::kRerun, "rerun"}, {State::kDone, "done"}};
+constexpr NameTable<State> enum_names(State) { return {kStateNames, std::size(kStateNames), "state"}; }
 
 // What the current state's action found, the same on every rank.
 struct Evidence {

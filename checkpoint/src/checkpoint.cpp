@@ -62,10 +62,10 @@ Fingerprint state_fp(const Checkpoint& c) {
 
 Status fsync_path(const std::string& path, bool directory) {
   int fd = ::open(path.c_str(), directory ? O_RDONLY | O_DIRECTORY : O_RDONLY);
-  if (fd < 0) return Status::Error("cannot open '" + path + "' to fsync it");
+  if (fd < 0) return Status::IoError("cannot open '" + path + "' to fsync it");
   const int rc = ::fsync(fd);
   ::close(fd);
-  if (rc != 0) return Status::Error("fsync of '" + path + "' failed");
+  if (rc != 0) return Status::IoError("fsync of '" + path + "' failed");
   return Status::OK();
 }
 
@@ -145,6 +145,34 @@ std::vector<std::pair<std::int64_t, std::string>> list(const std::string& run_di
   return out;
 }
 
+Status first_valid(const Comm& comm, const std::vector<std::string>& candidates, Checkpoint* out, std::string* path) {
+  for (const auto& p : candidates) {
+    Status st = agree(comm, read(p, out, /*verify=*/true));
+    if (st.ok()) {
+      *path = p;
+      return Status::OK();
+    }
+    if (comm.rank == 0) {
+      std::fprintf(stderr, "culprit: warning: skipping damaged checkpoint: %s\n", st.message().c_str());
+      std::fflush(stderr);
+    }
+  }
+  return Status::Damaged("every one of the " + std::to_string(candidates.size()) + " checkpoint(s) tried is damaged");
+}
+
+Status find_valid(const Comm& comm, const std::string& run_dir, std::int64_t before, Pick pick, Checkpoint* out,
+                  std::string* path) {
+  std::vector<std::string> candidates;
+  for (const auto& [step, p] : list(run_dir))
+    if (step < before) candidates.push_back(p);
+  if (pick == Pick::kNewest) std::reverse(candidates.begin(), candidates.end());
+  const std::string where = "no valid checkpoint of '" + run_dir + "'" +
+                            (before == kAnyStep ? std::string() : " precedes step " + std::to_string(before));
+  if (candidates.empty()) return Status::BadInput(where + " (none is there)");
+  Status st = first_valid(comm, candidates, out, path);
+  return st.ok() ? st : Status::Damaged(where + " (" + st.message() + ")");
+}
+
 Status write(const Comm& comm, const std::string& final_path, const Checkpoint& c, WriteStats* stats,
              const std::vector<int>& writers) {
   const auto t0 = std::chrono::steady_clock::now();
@@ -194,13 +222,13 @@ Status write(const Comm& comm, const std::string& final_path, const Checkpoint& 
     }
     if (stats) stats->bytes = bytes;
     st = agree(comm, st);
-    if (!st.ok()) return Status::Error("writing checkpoint '" + tmp + "': " + st.message());
+    if (!st.ok()) return st.prefixed("writing checkpoint '" + tmp + "'");
   }  // collective close
   CULPRIT_MPI_CHECK(MPI_Barrier(comm.comm));
   if (comm.rank == 0) {
     st = fsync_path(tmp, false);
     if (st.ok() && std::rename(tmp.c_str(), final_path.c_str()) != 0)
-      st = Status::Error("cannot rename '" + tmp + "' to '" + final_path + "'");
+      st = Status::IoError("cannot rename '" + tmp + "' to '" + final_path + "'");
     if (st.ok()) st = fsync_path(fs::path(final_path).parent_path().string(), true);
   }
   st = agree(comm, st);
@@ -216,16 +244,16 @@ Status read_group(hid_t file, const std::string& path, const std::string& gname,
   const std::string where = "checkpoint '" + path + "'";
   if (H5Lexists(file, gname.c_str(), H5P_DEFAULT) <= 0) {
     H5Eclear2(H5E_DEFAULT);
-    return Status::Error(where + " has no group '" + display + "'");
+    return Status::Damaged(where + " has no group '" + display + "'");
   }
   h5::Handle g(H5Gopen2(file, gname.c_str(), H5P_DEFAULT), H5Gclose);
-  if (!g.valid()) return Status::Error(where + ": cannot open group '" + display + "': " + h5::error_stack());
+  if (!g.valid()) return Status::Damaged(where + ": cannot open group '" + display + "': " + h5::error_stack());
   std::vector<std::string> names;
   CULPRIT_RETURN_IF_ERROR(h5::list_group(g.id(), &names));
   for (const auto& name : names) {
     H5O_info_t info;
     if (H5Oget_info_by_name(g.id(), name.c_str(), &info, H5P_DEFAULT) < 0)
-      return Status::Error(where + ": cannot inspect '" + display + "/" + name + "': " + h5::error_stack());
+      return Status::Damaged(where + ": cannot inspect '" + display + "/" + name + "': " + h5::error_stack());
     if (info.type == H5O_TYPE_GROUP && nested) {
       std::vector<RawTensor> inner;
       CULPRIT_RETURN_IF_ERROR(read_group(g.id(), path, name, display + "/" + name, false, max_bytes, &inner));
@@ -236,7 +264,7 @@ Status read_group(hid_t file, const std::string& path, const std::string& gname,
       continue;
     }
     const std::string what = where + " dataset '" + display + "/" + name + "'";
-    if (info.type != H5O_TYPE_DATASET) return Status::Error(where + ": '" + display + "/" + name + "' is not a dataset");
+    if (info.type != H5O_TYPE_DATASET) return Status::Damaged(where + ": '" + display + "/" + name + "' is not a dataset");
     h5::Array a;
     CULPRIT_RETURN_IF_ERROR(h5::read_exact(g.id(), name, what, max_bytes, &a));
     RawTensor t;
@@ -246,7 +274,7 @@ Status read_group(hid_t file, const std::string& path, const std::string& gname,
     t.bytes = std::move(a.bytes);
     h5::Handle ds(H5Dopen2(g.id(), name.c_str(), H5P_DEFAULT), H5Dclose);
     Status st = h5::read_attr_u64(ds.id(), kAttrFingerprint, &t.fingerprint);
-    if (!st.ok()) return Status::Error(what + ": " + st.message());
+    if (!st.ok()) return st.prefixed(what);
     out->push_back(std::move(t));
   }
   return Status::OK();
@@ -255,7 +283,7 @@ Status read_group(hid_t file, const std::string& path, const std::string& gname,
 Status verify_tensor(const std::string& path, const std::string& group, const RawTensor& t) {
   const Fingerprint actual = fingerprint_bytes(t.bytes.data(), t.bytes.size());
   if (actual != t.fingerprint)
-    return Status::Error("checkpoint '" + path + "' dataset '/" + group + "/" + t.name +
+    return Status::Damaged("checkpoint '" + path + "' dataset '/" + group + "/" + t.name +
                          "': fingerprint mismatch: stored " + hex(t.fingerprint) + ", computed " + hex(actual));
   return Status::OK();
 }
@@ -267,7 +295,7 @@ Status read(const std::string& path, Checkpoint* out, bool verify) {
   const auto fsize = fs::file_size(path, ec);
   h5::Handle file;
   Status st = h5::open_read(path, &file);
-  if (!st.ok()) return Status::Error("checkpoint '" + path + "': " + st.message());
+  if (!st.ok()) return st.prefixed("checkpoint '" + path + "'");
   return read_open(file, path, ec ? 0 : fsize, out, verify);
 }
 
@@ -277,36 +305,36 @@ Status read_open(const h5::Handle& file, const std::string& path, std::uint64_t 
   Status st;
   if (H5Lexists(file.id(), kMeta, H5P_DEFAULT) <= 0) {
     H5Eclear2(H5E_DEFAULT);
-    return Status::Error(where + " has no group '/meta' (not a culprit checkpoint?)");
+    return Status::Damaged(where + " has no group '/meta' (not a culprit checkpoint?)");
   }
   h5::Handle meta(H5Gopen2(file.id(), kMeta, H5P_DEFAULT), H5Gclose);
-  if (!meta.valid()) return Status::Error(where + ": cannot open '/meta': " + h5::error_stack());
+  if (!meta.valid()) return Status::Damaged(where + ": cannot open '/meta': " + h5::error_stack());
   std::int64_t version = 0;
   st = h5::read_attr(meta.id(), kAttrFormatVersion, &version);
-  if (!st.ok()) return Status::Error(where + " /meta: " + st.message());
+  if (!st.ok()) return st.prefixed(where + " /meta");
   if (version != kCheckpointVersion)
-    return Status::Error(where + " has format version " + std::to_string(version) + "; this culprit reads " +
+    return Status::BadInput(where + " has format version " + std::to_string(version) + "; this culprit reads " +
                          std::to_string(kCheckpointVersion));
   // Only the attributes culprit writes are read, by name (no H5Aiterate: HDF5 1.10's attribute
   // table walk crashes on some damaged files, found by tests/fuzz).
   Fingerprint stored_state = 0;
   st = h5::read_attr_u64(meta.id(), kAttrStateFingerprint, &stored_state);
-  if (!st.ok()) return Status::Error(where + " /meta: " + st.message());
+  if (!st.ok()) return st.prefixed(where + " /meta");
   for (const char* a : kMetaInts) {
     std::int64_t v = 0;
     if (!h5::has_attr(meta.id(), a)) continue;
     st = h5::read_attr(meta.id(), a, &v);
-    if (!st.ok()) return Status::Error(where + " /meta: " + st.message());
+    if (!st.ok()) return st.prefixed(where + " /meta");
     out->meta_int[a] = v;
   }
   for (const char* a : kMetaStrings) {
     std::string v;
     if (!h5::has_attr(meta.id(), a)) continue;
     st = h5::read_attr(meta.id(), a, &v);
-    if (!st.ok()) return Status::Error(where + " /meta: " + st.message());
+    if (!st.ok()) return st.prefixed(where + " /meta");
     out->meta[a] = v;
   }
-  if (!out->meta_int.count("step")) return Status::Error(where + " /meta has no 'step'");
+  if (!out->meta_int.count("step")) return Status::Damaged(where + " /meta has no 'step'");
   out->step = out->meta_int["step"];
   const std::uint64_t max_bytes = fsize + (1u << 20);
   CULPRIT_RETURN_IF_ERROR(read_group(file.id(), path, kModel, std::string("/") + kModel, false, max_bytes, &out->model));
@@ -317,12 +345,12 @@ Status read_open(const h5::Handle& file, const std::string& path, std::uint64_t 
   RawTensor epoch, cursor;
   for (auto& t : data) {
     if (t.dtype != DType::kInt64 || !t.shape.empty())
-      return Status::Error(where + " dataset '/data/" + t.name + "' must be an int64 scalar");
+      return Status::Damaged(where + " dataset '/data/" + t.name + "' must be an int64 scalar");
     if (t.name == "epoch") epoch = t;
     if (t.name == "cursor") cursor = t;
   }
   if (epoch.bytes.size() != 8 || cursor.bytes.size() != 8)
-    return Status::Error(where + " lacks /data/epoch or /data/cursor");
+    return Status::Damaged(where + " lacks /data/epoch or /data/cursor");
   std::memcpy(&out->epoch, epoch.bytes.data(), 8);
   std::memcpy(&out->cursor, cursor.bytes.data(), 8);
   out->state_fingerprint = stored_state;
@@ -333,7 +361,7 @@ Status read_open(const h5::Handle& file, const std::string& path, std::uint64_t 
   for (const auto* t : {&epoch, &cursor}) CULPRIT_RETURN_IF_ERROR(verify_tensor(path, kData, *t));
   const Fingerprint actual = state_fp(*out);
   if (actual != stored_state)
-    return Status::Error(where + ": state fingerprint mismatch: stored " + hex(stored_state) + ", computed " +
+    return Status::Damaged(where + ": state fingerprint mismatch: stored " + hex(stored_state) + ", computed " +
                          hex(actual) + " (a dataset was added, removed or renamed)");
   return Status::OK();
 }
@@ -350,7 +378,7 @@ Status apply_retention(const std::string& run_dir, std::int64_t keep_step, int k
     if (keep_every > 0 && step > 0 && step % keep_every == 0) continue;
     std::error_code ec;
     fs::remove(path, ec);
-    if (ec) return Status::Error("cannot delete old checkpoint '" + path + "': " + ec.message());
+    if (ec) return Status::IoError("cannot delete old checkpoint '" + path + "': " + ec.message());
   }
   return Status::OK();
 }

@@ -54,8 +54,8 @@ Status inspect_trace(const std::string& path, bool json, std::string* out) {
     j["kind"] = "trace";
     j["rank"] = tf.header.rank;
     j["world_size"] = tf.header.world_size;
-    j["level"] = tf.header.level;
-    j["forward_detail"] = tf.header.forward_detail;
+    j["level"] = name_of(tf.header.level);
+    j["forward_detail"] = name_of(tf.header.forward_detail);
     j["params"] = tf.header.params;
     j["layers"] = tf.header.layers;
     j["faults"] = tf.header.faults;
@@ -73,7 +73,7 @@ Status inspect_trace(const std::string& path, bool json, std::string* out) {
   }
   std::ostringstream os;
   os << "trace " << path << ": rank " << tf.header.rank << " of " << tf.header.world_size << ", level "
-     << tf.header.level << " (" << tf.header.forward_detail << "), " << tf.steps.size() << " steps, "
+     << name_of(tf.header.level) << " (" << name_of(tf.header.forward_detail) << "), " << tf.steps.size() << " steps, "
      << tf.shards.size() << " micro-shards\n";
   for (const auto& f : tf.header.faults) os << "  injected fault: " << f << "\n";
   if (tf.torn_steps || tf.torn_shards)
@@ -157,7 +157,7 @@ Status verify(const std::string& path, std::string* report, bool* clean) {
     for (const auto& [step, p] : list(path)) ckpts.push_back(p);
     traces = trace::list(path);
     if (ckpts.empty() && traces.empty())
-      return Status::Error("'" + path + "' holds no checkpoints and no trace (not a culprit run directory?)");
+      return Status::BadInput("'" + path + "' holds no checkpoints and no trace (not a culprit run directory?)");
     // Leftover temporaries are a crash's trace, not damage.
     for (const auto& e : fs::directory_iterator(fs::path(path) / format::kCheckpointDir, ec))
       if (e.path().extension() == format::kTempSuffix)
@@ -165,7 +165,7 @@ Status verify(const std::string& path, std::string* report, bool* clean) {
   } else if (fs::exists(path, ec)) {
     (is_trace(path) ? traces : ckpts).push_back(path);
   } else {
-    return Status::Error("'" + path + "' does not exist");
+    return Status::BadInput("'" + path + "' does not exist");
   }
   for (const auto& p : ckpts) {
     Checkpoint c;

@@ -58,7 +58,7 @@ Status create_column(hid_t group, const Column& c) {
   h5::Handle dcpl(H5Pcreate(H5P_DATASET_CREATE), H5Pclose);
   H5Pset_chunk(dcpl.id(), static_cast<int>(chunk.size()), chunk.data());
   h5::Handle ds(H5Dcreate2(group, c.name, c.type, space.id(), H5P_DEFAULT, dcpl.id(), H5P_DEFAULT), H5Dclose);
-  if (!ds.valid()) return Status::Error(std::string("cannot create trace column '") + c.name + "': " + h5::error_stack());
+  if (!ds.valid()) return Status::IoError(std::string("cannot create trace column '") + c.name + "': " + h5::error_stack());
   return Status::OK();
 }
 
@@ -66,10 +66,10 @@ Status create_column(hid_t group, const Column& c) {
 Status put(hid_t group, const char* name, hid_t type, std::int64_t row0, std::int64_t n, std::int64_t width,
            const void* data) {
   h5::Handle ds(H5Dopen2(group, name, H5P_DEFAULT), H5Dclose);
-  if (!ds.valid()) return Status::Error(std::string("trace column '") + name + "' is missing: " + h5::error_stack());
+  if (!ds.valid()) return Status::Damaged(std::string("trace column '") + name + "' is missing: " + h5::error_stack());
   std::vector<hsize_t> size{static_cast<hsize_t>(row0 + n)};
   if (width > 0) size.push_back(width);
-  if (H5Dset_extent(ds.id(), size.data()) < 0) return Status::Error("H5Dset_extent: " + h5::error_stack());
+  if (H5Dset_extent(ds.id(), size.data()) < 0) return Status::IoError("H5Dset_extent: " + h5::error_stack());
   if (n == 0) return Status::OK();
   h5::Handle fspace(H5Dget_space(ds.id()), H5Sclose);
   std::vector<hsize_t> start{static_cast<hsize_t>(row0)}, count{static_cast<hsize_t>(n)};
@@ -80,7 +80,7 @@ Status put(hid_t group, const char* name, hid_t type, std::int64_t row0, std::in
   H5Sselect_hyperslab(fspace.id(), H5S_SELECT_SET, start.data(), nullptr, count.data(), nullptr);
   h5::Handle mspace(H5Screate_simple(static_cast<int>(count.size()), count.data(), nullptr), H5Sclose);
   if (H5Dwrite(ds.id(), type, mspace.id(), fspace.id(), H5P_DEFAULT, data) < 0)
-    return Status::Error(std::string("writing trace column '") + name + "': " + h5::error_stack());
+    return Status::IoError(std::string("writing trace column '") + name + "': " + h5::error_stack());
   return Status::OK();
 }
 
@@ -90,18 +90,18 @@ Status get(hid_t group, const std::string& where, const char* name, hid_t type, 
   const std::string what = where + " column '" + name + "'";
   if (H5Lexists(group, name, H5P_DEFAULT) <= 0) {
     H5Eclear2(H5E_DEFAULT);
-    return Status::Error(what + " is missing");
+    return Status::Damaged(what + " is missing");
   }
   h5::Handle ds(H5Dopen2(group, name, H5P_DEFAULT), H5Dclose);
   h5::Handle fspace(H5Dget_space(ds.id()), H5Sclose);
-  if (!ds.valid() || !fspace.valid()) return Status::Error(what + " is unreadable: " + h5::error_stack());
+  if (!ds.valid() || !fspace.valid()) return Status::Damaged(what + " is unreadable: " + h5::error_stack());
   const int rank = H5Sget_simple_extent_ndims(fspace.id());
-  if (rank != (width > 0 ? 2 : 1)) return Status::Error(what + " has the wrong rank");
+  if (rank != (width > 0 ? 2 : 1)) return Status::Damaged(what + " has the wrong rank");
   hsize_t dims[2] = {0, 0};
   H5Sget_simple_extent_dims(fspace.id(), dims, nullptr);
-  if (width > 0 && static_cast<std::int64_t>(dims[1]) != width) return Status::Error(what + " has the wrong width");
+  if (width > 0 && static_cast<std::int64_t>(dims[1]) != width) return Status::Damaged(what + " has the wrong width");
   *extent = static_cast<std::int64_t>(dims[0]);
-  if (n > *extent) return Status::Error(what + " has " + std::to_string(*extent) + " rows, fewer than the " +
+  if (n > *extent) return Status::Damaged(what + " has " + std::to_string(*extent) + " rows, fewer than the " +
                                         std::to_string(n) + " committed");
   const std::int64_t w = std::max<std::int64_t>(1, width);
   out->assign(static_cast<std::size_t>(n * w) * elem, 0);
@@ -110,7 +110,7 @@ Status get(hid_t group, const std::string& where, const char* name, hid_t type, 
   H5Sselect_hyperslab(fspace.id(), H5S_SELECT_SET, start, nullptr, count, nullptr);
   h5::Handle mspace(H5Screate_simple(rank, count, nullptr), H5Sclose);
   if (H5Dread(ds.id(), type, mspace.id(), fspace.id(), H5P_DEFAULT, out->data()) < 0)
-    return Status::Error(what + " is unreadable: " + h5::error_stack());
+    return Status::Damaged(what + " is unreadable: " + h5::error_stack());
   return Status::OK();
 }
 
@@ -118,8 +118,8 @@ Status write_header(hid_t f, const Header& h) {
   CULPRIT_RETURN_IF_ERROR(h5::write_attr(f, "format_version", kTraceVersion));
   CULPRIT_RETURN_IF_ERROR(h5::write_attr(f, "rank", static_cast<std::int64_t>(h.rank)));
   CULPRIT_RETURN_IF_ERROR(h5::write_attr(f, "world_size", static_cast<std::int64_t>(h.world_size)));
-  CULPRIT_RETURN_IF_ERROR(h5::write_attr(f, "level", h.level));
-  CULPRIT_RETURN_IF_ERROR(h5::write_attr(f, "forward_detail", h.forward_detail));
+  CULPRIT_RETURN_IF_ERROR(h5::write_attr(f, "level", std::string(name_of(h.level))));
+  CULPRIT_RETURN_IF_ERROR(h5::write_attr(f, "forward_detail", std::string(name_of(h.forward_detail))));
   CULPRIT_RETURN_IF_ERROR(h5::write_attr(f, "params", join(h.params)));
   CULPRIT_RETURN_IF_ERROR(h5::write_attr(f, "layers", join(h.layers)));
   CULPRIT_RETURN_IF_ERROR(h5::write_attr(f, "faults", join(h.faults)));
@@ -129,14 +129,16 @@ Status write_header(hid_t f, const Header& h) {
 Status read_header(hid_t f, Header* h) {
   std::int64_t v = 0;
   CULPRIT_RETURN_IF_ERROR(h5::read_attr(f, "format_version", &v));
-  if (v != kTraceVersion) return Status::Error("format version " + std::to_string(v) + " is not " + std::to_string(kTraceVersion));
+  if (v != kTraceVersion) return Status::BadInput("format version " + std::to_string(v) + " is not " + std::to_string(kTraceVersion));
   CULPRIT_RETURN_IF_ERROR(h5::read_attr(f, "rank", &v));
   h->rank = static_cast<int>(v);
   CULPRIT_RETURN_IF_ERROR(h5::read_attr(f, "world_size", &v));
   h->world_size = static_cast<int>(v);
-  CULPRIT_RETURN_IF_ERROR(h5::read_attr(f, "level", &h->level));
-  CULPRIT_RETURN_IF_ERROR(h5::read_attr(f, "forward_detail", &h->forward_detail));
   std::string s;
+  CULPRIT_RETURN_IF_ERROR(h5::read_attr(f, "level", &s));
+  if (!parse_name(s, &h->level)) return Status::Damaged("unknown trace level '" + s + "'");
+  CULPRIT_RETURN_IF_ERROR(h5::read_attr(f, "forward_detail", &s));
+  if (!parse_name(s, &h->forward_detail)) return Status::Damaged("unknown forward detail '" + s + "'");
   CULPRIT_RETURN_IF_ERROR(h5::read_attr(f, "params", &s));
   h->params = split(s);
   CULPRIT_RETURN_IF_ERROR(h5::read_attr(f, "layers", &s));
@@ -146,7 +148,6 @@ Status read_header(hid_t f, Header* h) {
     CULPRIT_RETURN_IF_ERROR(h5::read_attr(f, "faults", &s));
     h->faults = split(s);
   }
-  if (h->level != "step" && h->level != "layer") return Status::Error("unknown trace level '" + h->level + "'");
   return Status::OK();
 }
 
@@ -193,7 +194,7 @@ Status read_run(const std::string& run_dir, RunTrace* out) {
   *out = RunTrace();
   const auto files = list(run_dir);
   if (files.empty())
-    return Status::Error("no trace in '" + run_dir + "/" + kTraceDir + "' (was the run trained with --trace off?)");
+    return Status::BadInput("no trace in '" + run_dir + "/" + kTraceDir + "' (was the run trained with --trace off?)");
   for (std::size_t i = 0; i < files.size(); ++i) {
     TraceFile tf;
     CULPRIT_RETURN_IF_ERROR(read(files[i], &tf));
@@ -218,7 +219,8 @@ Status Writer::open(const std::string& path, const Header& h, std::int64_t keep_
     Status st = h5::open_rw(path, &file_);
     if (st.ok()) st = read_header(file_.id(), &old);
     if (st.ok() && (old.params != h.params || old.level != h.level || old.layers != h.layers))
-      return Status::Error(where + " was written for another model or trace level (" + old.level + ")");
+      return Status::BadInput(where + " was written for another model or trace level (" +
+                              name_of(old.level) + ")");
     if (st.ok()) {
       file_.reset();
       st = truncate(path, keep_through_step);
@@ -238,12 +240,12 @@ Status Writer::open(const std::string& path, const Header& h, std::int64_t keep_
       if (!fs::exists(aside, ec)) break;
     }
     fs::rename(path, aside, ec);
-    if (ec) return Status::Error(where + " is damaged (" + st.message() + ") and cannot be moved aside");
+    if (ec) return Status::IoError(where + " is damaged (" + st.message() + ") and cannot be moved aside");
     *warning = where + " was damaged (" + st.message() + "); moved to '" + aside + "', a new trace starts";
   }
   fs::create_directories(fs::path(path).parent_path(), ec);
   hid_t id = H5Fcreate(path.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT);
-  if (id < 0) return Status::Error("cannot create " + where + ": " + h5::error_stack());
+  if (id < 0) return Status::IoError("cannot create " + where + ": " + h5::error_stack());
   file_ = h5::Handle(id, H5Fclose);
   CULPRIT_RETURN_IF_ERROR(write_header(file_.id(), h));
   h5::Handle steps, shards;
@@ -260,7 +262,7 @@ Status Writer::open(const std::string& path, const Header& h, std::int64_t keep_
                           Column{"device", dev.id(), 0}, Column{"loss", H5T_NATIVE_FLOAT, 0},
                           Column{"grad_fp", H5T_NATIVE_UINT64, 0}, Column{"input_fp", H5T_NATIVE_UINT64, 0}})
     CULPRIT_RETURN_IF_ERROR(create_column(shards.id(), c));
-  if (h.level == "layer") {
+  if (h.level == Level::kLayer) {
     CULPRIT_RETURN_IF_ERROR(
         create_column(shards.id(), {"param_grad_fp", H5T_NATIVE_UINT64, std::max<std::int64_t>(1, np)}));
     CULPRIT_RETURN_IF_ERROR(create_column(shards.id(), {"fwd_fp", H5T_NATIVE_UINT64, std::max<std::int64_t>(1, nl)}));
@@ -269,7 +271,7 @@ Status Writer::open(const std::string& path, const Header& h, std::int64_t keep_
   steps_ = shards_ = 0;
   CULPRIT_RETURN_IF_ERROR(h5::write_attr(file_.id(), kAttrStepsCommitted, steps_));
   CULPRIT_RETURN_IF_ERROR(h5::write_attr(file_.id(), kAttrShardsCommitted, shards_));
-  if (H5Fflush(file_.id(), H5F_SCOPE_LOCAL) < 0) return Status::Error(where + ": flush failed: " + h5::error_stack());
+  if (H5Fflush(file_.id(), H5F_SCOPE_LOCAL) < 0) return Status::IoError(where + ": flush failed: " + h5::error_stack());
   return Status::OK();
 }
 
@@ -296,7 +298,7 @@ Status Writer::append(const StepRow& s, const std::vector<ShardRow>& rows) {
     step[i] = r.step, shard[i] = r.shard, rank[i] = r.rank, loss[i] = r.loss, gfp[i] = r.grad_fp, ifp[i] = r.input_fp;
     std::strncpy(&host[i * kHostChars], r.host.c_str(), kHostChars);
     std::strncpy(&dev[i * kDeviceChars], r.device.c_str(), kDeviceChars);
-    if (header_.level == "layer") {
+    if (header_.level == Level::kLayer) {
       auto f = r.fwd, b = r.bwd;
       f.resize(nl, 0);
       b.resize(nl, 0);
@@ -316,18 +318,18 @@ Status Writer::append(const StepRow& s, const std::vector<ShardRow>& rows) {
   CULPRIT_RETURN_IF_ERROR(put(shards.id(), "loss", H5T_NATIVE_FLOAT, shards_, n, 0, loss.data()));
   CULPRIT_RETURN_IF_ERROR(put(shards.id(), "grad_fp", H5T_NATIVE_UINT64, shards_, n, 0, gfp.data()));
   CULPRIT_RETURN_IF_ERROR(put(shards.id(), "input_fp", H5T_NATIVE_UINT64, shards_, n, 0, ifp.data()));
-  if (header_.level == "layer") {
+  if (header_.level == Level::kLayer) {
     CULPRIT_RETURN_IF_ERROR(put(shards.id(), "param_grad_fp", H5T_NATIVE_UINT64, shards_, n, np, pgf.data()));
     CULPRIT_RETURN_IF_ERROR(put(shards.id(), "fwd_fp", H5T_NATIVE_UINT64, shards_, n, nl, fwd.data()));
     CULPRIT_RETURN_IF_ERROR(put(shards.id(), "bwd_fp", H5T_NATIVE_UINT64, shards_, n, nl, bwd.data()));
   }
   // Rows first, then the counts that make them visible.
-  if (H5Fflush(file_.id(), H5F_SCOPE_LOCAL) < 0) return Status::Error("trace flush failed: " + h5::error_stack());
+  if (H5Fflush(file_.id(), H5F_SCOPE_LOCAL) < 0) return Status::IoError("trace flush failed: " + h5::error_stack());
   steps_ += 1;
   shards_ += n;
   CULPRIT_RETURN_IF_ERROR(h5::write_attr(file_.id(), kAttrStepsCommitted, steps_));
   CULPRIT_RETURN_IF_ERROR(h5::write_attr(file_.id(), kAttrShardsCommitted, shards_));
-  if (H5Fflush(file_.id(), H5F_SCOPE_LOCAL) < 0) return Status::Error("trace flush failed: " + h5::error_stack());
+  if (H5Fflush(file_.id(), H5F_SCOPE_LOCAL) < 0) return Status::IoError("trace flush failed: " + h5::error_stack());
   return Status::OK();
 }
 
@@ -335,24 +337,24 @@ Status truncate(const std::string& path, std::int64_t keep) {
   const std::string where = "trace '" + path + "'";
   h5::Handle f;
   Status st = h5::open_rw(path, &f);
-  if (!st.ok()) return Status::Error(where + ": " + st.message());
+  if (!st.ok()) return st.prefixed(where);
   std::int64_t steps = 0, shards = 0, ns = 0, nsh = 0;
   CULPRIT_RETURN_IF_ERROR(h5::read_attr(f.id(), kAttrStepsCommitted, &steps));
   CULPRIT_RETURN_IF_ERROR(h5::read_attr(f.id(), kAttrShardsCommitted, &shards));
   h5::Handle sg(H5Gopen2(f.id(), "steps", H5P_DEFAULT), H5Gclose), hg(H5Gopen2(f.id(), "shards", H5P_DEFAULT), H5Gclose);
-  if (!sg.valid() || !hg.valid()) return Status::Error(where + " lacks /steps or /shards");
+  if (!sg.valid() || !hg.valid()) return Status::Damaged(where + " lacks /steps or /shards");
   CULPRIT_RETURN_IF_ERROR(count_through(sg.id(), where, steps, keep, &ns));
   CULPRIT_RETURN_IF_ERROR(count_through(hg.id(), where, shards, keep, &nsh));
   CULPRIT_RETURN_IF_ERROR(h5::write_attr(f.id(), kAttrStepsCommitted, ns));
   CULPRIT_RETURN_IF_ERROR(h5::write_attr(f.id(), kAttrShardsCommitted, nsh));
-  if (H5Fflush(f.id(), H5F_SCOPE_LOCAL) < 0) return Status::Error(where + ": flush failed: " + h5::error_stack());
+  if (H5Fflush(f.id(), H5F_SCOPE_LOCAL) < 0) return Status::IoError(where + ": flush failed: " + h5::error_stack());
   return Status::OK();
 }
 
 Status read(const std::string& path, TraceFile* out) {
   h5::Handle f;
   Status st = h5::open_read(path, &f);
-  if (!st.ok()) return Status::Error("trace '" + path + "': " + st.message());
+  if (!st.ok()) return st.prefixed("trace '" + path + "'");
   return read_open(f, path, out);
 }
 
@@ -360,17 +362,17 @@ Status read_open(const h5::Handle& f, const std::string& path, TraceFile* out) {
   *out = TraceFile();
   const std::string where = "trace '" + path + "'";
   Status st = read_header(f.id(), &out->header);
-  if (!st.ok()) return Status::Error(where + ": " + st.message());
+  if (!st.ok()) return st.prefixed(where);
   std::int64_t steps = 0, shards = 0;
   st = h5::read_attr(f.id(), kAttrStepsCommitted, &steps);
   if (st.ok()) st = h5::read_attr(f.id(), kAttrShardsCommitted, &shards);
-  if (!st.ok()) return Status::Error(where + ": " + st.message());
+  if (!st.ok()) return st.prefixed(where);
   if (steps < 0 || shards < 0 || steps > (1LL << 40) || shards > (1LL << 40))
-    return Status::Error(where + ": implausible committed counts");
+    return Status::Damaged(where + ": implausible committed counts");
   for (const char* g : {"steps", "shards"}) {
     if (H5Lexists(f.id(), g, H5P_DEFAULT) <= 0) {
       H5Eclear2(H5E_DEFAULT);
-      return Status::Error(where + " has no group '/" + g + "'");
+      return Status::Damaged(where + " has no group '/" + g + "'");
     }
   }
   h5::Handle sg(H5Gopen2(f.id(), "steps", H5P_DEFAULT), H5Gclose), hg(H5Gopen2(f.id(), "shards", H5P_DEFAULT), H5Gclose);
@@ -405,7 +407,7 @@ Status read_open(const h5::Handle& f, const std::string& path, TraceFile* out) {
   CULPRIT_RETURN_IF_ERROR(get(hg.id(), hw, "loss", H5T_NATIVE_FLOAT, 4, 0, shards, &lo, &ext));
   CULPRIT_RETURN_IF_ERROR(get(hg.id(), hw, "grad_fp", H5T_NATIVE_UINT64, 8, 0, shards, &gf, &ext));
   CULPRIT_RETURN_IF_ERROR(get(hg.id(), hw, "input_fp", H5T_NATIVE_UINT64, 8, 0, shards, &in, &ext));
-  const bool layer = out->header.level == "layer";
+  const bool layer = out->header.level == Level::kLayer;
   if (layer) {
     CULPRIT_RETURN_IF_ERROR(get(hg.id(), hw, "param_grad_fp", H5T_NATIVE_UINT64, 8, np, shards, &pg, &ext));
     CULPRIT_RETURN_IF_ERROR(get(hg.id(), hw, "fwd_fp", H5T_NATIVE_UINT64, 8, nl, shards, &fw, &ext));

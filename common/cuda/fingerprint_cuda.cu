@@ -52,7 +52,7 @@ __global__ void chunk_hashes(const unsigned char* data, std::size_t n, std::size
 
 Status check(cudaError_t e, const char* what) {
   if (e == cudaSuccess) return Status::OK();
-  return Status::Error(std::string("CUDA: ") + what + ": " + cudaGetErrorString(e));
+  return Status::Internal(std::string("CUDA: ") + what + ": " + cudaGetErrorString(e));
 }
 
 // The secret lives in each device's constant memory: uploaded once per device.

@@ -43,7 +43,7 @@ __global__ void pointwise(const float* a, const float* b, float* p, std::size_t 
 
 Status check(cudaError_t e, const char* what) {
   if (e == cudaSuccess) return Status::OK();
-  return Status::Error(std::string("CUDA: ") + what + ": " + cudaGetErrorString(e));
+  return Status::Internal(std::string("CUDA: ") + what + ": " + cudaGetErrorString(e));
 }
 
 struct Buffers {

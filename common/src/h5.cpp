@@ -1,5 +1,8 @@
 #include "culprit/h5.h"
 
+#include <unistd.h>
+
+#include <cerrno>
 #include <cstring>
 #include <filesystem>
 
@@ -49,15 +52,17 @@ std::int64_t Array::numel() const {
 Status open_read(const std::string& path, Handle* file) {
   std::error_code ec;
   if (!std::filesystem::exists(path, ec))
-    return Status::Error("file '" + path + "' does not exist");
+    return Status::BadInput("file '" + path + "' does not exist");
   if (std::filesystem::is_directory(path, ec))
-    return Status::Error("'" + path + "' is a directory, not an HDF5 file");
+    return Status::BadInput("'" + path + "' is a directory, not an HDF5 file");
+  if (access(path.c_str(), R_OK) != 0)
+    return Status::IoError("cannot read '" + path + "': " + std::strerror(errno));
   if (H5Fis_hdf5(path.c_str()) <= 0) {
     H5Eclear2(H5E_DEFAULT);
-    return Status::Error("'" + path + "' is not an HDF5 file");
+    return Status::Damaged("'" + path + "' is not an HDF5 file");
   }
   hid_t id = H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT);
-  if (id < 0) return Status::Error("cannot open HDF5 file '" + path + "': " + error_stack());
+  if (id < 0) return Status::Damaged("cannot open HDF5 file '" + path + "': " + error_stack());
   *file = Handle(id, H5Fclose);
   return Status::OK();
 }
@@ -79,13 +84,13 @@ bool has_dataset(const Handle& file, const std::string& name) {
 Status read_array(const Handle& file, const std::string& path, const std::string& name,
                   Array* out) {
   const std::string where = "'" + path + "' dataset '" + name + "'";
-  if (!has_dataset(file, name)) return Status::Error("HDF5 file '" + path + "' has no dataset '" + name + "'");
+  if (!has_dataset(file, name)) return Status::Damaged("HDF5 file '" + path + "' has no dataset '" + name + "'");
   Handle ds(H5Dopen2(file.id(), name.c_str(), H5P_DEFAULT), H5Dclose);
-  if (!ds.valid()) return Status::Error("cannot open " + where + ": " + error_stack());
+  if (!ds.valid()) return Status::Damaged("cannot open " + where + ": " + error_stack());
   Handle type(H5Dget_type(ds.id()), H5Tclose);
   Handle space(H5Dget_space(ds.id()), H5Sclose);
   if (!type.valid() || !space.valid())
-    return Status::Error("cannot read the type of " + where + ": " + error_stack());
+    return Status::Damaged("cannot read the type of " + where + ": " + error_stack());
   const H5T_class_t cls = H5Tget_class(type.id());
   hid_t mem_type;
   if (cls == H5T_FLOAT) {
@@ -95,17 +100,17 @@ Status read_array(const Handle& file, const std::string& path, const std::string
     out->dtype = DType::kInt64;
     mem_type = H5T_NATIVE_INT64;
   } else {
-    return Status::Error(where + " must hold floating-point or integer numbers");
+    return Status::Damaged(where + " must hold floating-point or integer numbers");
   }
   const int rank = H5Sget_simple_extent_ndims(space.id());
-  if (rank < 0) return Status::Error("cannot read the shape of " + where + ": " + error_stack());
+  if (rank < 0) return Status::Damaged("cannot read the shape of " + where + ": " + error_stack());
   std::vector<hsize_t> dims(rank);
   H5Sget_simple_extent_dims(space.id(), dims.data(), nullptr);
   out->shape.assign(dims.begin(), dims.end());
   out->bytes.assign(static_cast<std::size_t>(out->numel()) * dtype_size(out->dtype), 0);
   if (!out->bytes.empty() &&
       H5Dread(ds.id(), mem_type, H5S_ALL, H5S_ALL, H5P_DEFAULT, out->bytes.data()) < 0)
-    return Status::Error("cannot read " + where + ": " + error_stack());
+    return Status::Damaged("cannot read " + where + ": " + error_stack());
   return Status::OK();
 }
 
@@ -115,7 +120,7 @@ namespace culprit::h5 {
 
 Status open_rw(const std::string& path, Handle* file) {
   hid_t id = H5Fopen(path.c_str(), H5F_ACC_RDWR, H5P_DEFAULT);
-  if (id < 0) return Status::Error("cannot open HDF5 file '" + path + "' for writing: " + error_stack());
+  if (id < 0) return Status::IoError("cannot open HDF5 file '" + path + "' for writing: " + error_stack());
   *file = Handle(id, H5Fclose);
   return Status::OK();
 }
@@ -123,16 +128,16 @@ Status open_rw(const std::string& path, Handle* file) {
 Status create(const std::string& path, MPI_Comm comm, Handle* file) {
   Handle fapl(H5Pcreate(H5P_FILE_ACCESS), H5Pclose);
   if (comm != MPI_COMM_NULL && H5Pset_fapl_mpio(fapl.id(), comm, MPI_INFO_NULL) < 0)
-    return Status::Error("H5Pset_fapl_mpio: " + error_stack());
+    return Status::Internal("H5Pset_fapl_mpio: " + error_stack());
   hid_t id = H5Fcreate(path.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, fapl.id());
-  if (id < 0) return Status::Error("cannot create HDF5 file '" + path + "': " + error_stack());
+  if (id < 0) return Status::IoError("cannot create HDF5 file '" + path + "': " + error_stack());
   *file = Handle(id, H5Fclose);
   return Status::OK();
 }
 
 Status create_group(hid_t parent, const std::string& name, Handle* group) {
   hid_t id = H5Gcreate2(parent, name.c_str(), H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT);
-  if (id < 0) return Status::Error("cannot create group '" + name + "': " + error_stack());
+  if (id < 0) return Status::IoError("cannot create group '" + name + "': " + error_stack());
   *group = Handle(id, H5Gclose);
   return Status::OK();
 }
@@ -165,7 +170,7 @@ Status create_dataset(hid_t parent, const std::string& name, DType t, const std:
   H5Pset_alloc_time(dcpl.id(), H5D_ALLOC_TIME_EARLY);
   H5Pset_fill_time(dcpl.id(), H5D_FILL_TIME_NEVER);
   hid_t id = H5Dcreate2(parent, name.c_str(), native_type(t), space.id(), H5P_DEFAULT, dcpl.id(), H5P_DEFAULT);
-  if (id < 0) return Status::Error("cannot create dataset '" + name + "': " + error_stack());
+  if (id < 0) return Status::IoError("cannot create dataset '" + name + "': " + error_stack());
   *ds = Handle(id, H5Dclose);
   return Status::OK();
 }
@@ -185,7 +190,7 @@ Status write_rows(const Handle& ds, DType t, const std::vector<std::int64_t>& sh
     Handle mspace(H5Screate_simple(static_cast<int>(count.size()), count.data(), nullptr), H5Sclose);
     rc = H5Dwrite(ds.id(), native_type(t), mspace.id(), fspace.id(), H5P_DEFAULT, data);
   }
-  if (rc < 0) return Status::Error("H5Dwrite: " + error_stack());
+  if (rc < 0) return Status::IoError("H5Dwrite: " + error_stack());
   return Status::OK();
 }
 
@@ -195,7 +200,7 @@ Status write_attr_raw(hid_t obj, const std::string& name, hid_t type, const void
   Handle space(H5Screate(H5S_SCALAR), H5Sclose);
   Handle a(H5Acreate2(obj, name.c_str(), type, space.id(), H5P_DEFAULT, H5P_DEFAULT), H5Aclose);
   if (!a.valid() || H5Awrite(a.id(), type, value) < 0)
-    return Status::Error("cannot write attribute '" + name + "': " + error_stack());
+    return Status::IoError("cannot write attribute '" + name + "': " + error_stack());
   return Status::OK();
 }
 }  // namespace
@@ -221,22 +226,22 @@ bool has_attr(hid_t obj, const std::string& name) {
 }
 
 Status read_attr(hid_t obj, const std::string& name, std::string* value) {
-  if (!has_attr(obj, name)) return Status::Error("attribute '" + name + "' is missing");
+  if (!has_attr(obj, name)) return Status::Damaged("attribute '" + name + "' is missing");
   Handle a(H5Aopen(obj, name.c_str(), H5P_DEFAULT), H5Aclose);
   Handle type(H5Aget_type(a.id()), H5Tclose);
   if (!a.valid() || !type.valid() || H5Tget_class(type.id()) != H5T_STRING)
-    return Status::Error("attribute '" + name + "' is not a string");
-  if (H5Tis_variable_str(type.id()) > 0) return Status::Error("attribute '" + name + "' is a variable-length string");
+    return Status::Damaged("attribute '" + name + "' is not a string");
+  if (H5Tis_variable_str(type.id()) > 0) return Status::Damaged("attribute '" + name + "' is a variable-length string");
   const std::size_t n = H5Tget_size(type.id());
-  if (n == 0 || n > (64u << 20)) return Status::Error("attribute '" + name + "' has an implausible size");
+  if (n == 0 || n > (64u << 20)) return Status::Damaged("attribute '" + name + "' has an implausible size");
   Handle space(H5Aget_space(a.id()), H5Sclose);
-  if (H5Sget_simple_extent_npoints(space.id()) != 1) return Status::Error("attribute '" + name + "' is not a scalar");
+  if (H5Sget_simple_extent_npoints(space.id()) != 1) return Status::Damaged("attribute '" + name + "' is not a scalar");
   std::string buf(n, '\0');
   Handle mem(H5Tcopy(H5T_C_S1), H5Tclose);
   H5Tset_size(mem.id(), n);
   H5Tset_strpad(mem.id(), H5T_STR_NULLPAD);
   if (H5Aread(a.id(), mem.id(), buf.data()) < 0)
-    return Status::Error("cannot read attribute '" + name + "': " + error_stack());
+    return Status::Damaged("cannot read attribute '" + name + "': " + error_stack());
   buf.resize(std::strlen(buf.c_str()));
   *value = buf;
   return Status::OK();
@@ -244,14 +249,14 @@ Status read_attr(hid_t obj, const std::string& name, std::string* value) {
 
 namespace {
 Status read_attr_num(hid_t obj, const std::string& name, hid_t mem, void* value) {
-  if (!has_attr(obj, name)) return Status::Error("attribute '" + name + "' is missing");
+  if (!has_attr(obj, name)) return Status::Damaged("attribute '" + name + "' is missing");
   Handle a(H5Aopen(obj, name.c_str(), H5P_DEFAULT), H5Aclose);
   Handle type(H5Aget_type(a.id()), H5Tclose);
   Handle space(H5Aget_space(a.id()), H5Sclose);
   if (!a.valid() || !type.valid() || H5Tget_class(type.id()) != H5T_INTEGER ||
       H5Sget_simple_extent_npoints(space.id()) != 1)
-    return Status::Error("attribute '" + name + "' is not an integer scalar");
-  if (H5Aread(a.id(), mem, value) < 0) return Status::Error("cannot read attribute '" + name + "': " + error_stack());
+    return Status::Damaged("attribute '" + name + "' is not an integer scalar");
+  if (H5Aread(a.id(), mem, value) < 0) return Status::Damaged("cannot read attribute '" + name + "': " + error_stack());
   return Status::OK();
 }
 }  // namespace
@@ -266,10 +271,10 @@ Status read_attr_u64(hid_t obj, const std::string& name, std::uint64_t* value) {
 Status read_exact(hid_t parent, const std::string& name, const std::string& what, std::uint64_t max_bytes,
                   Array* out) {
   Handle ds(H5Dopen2(parent, name.c_str(), H5P_DEFAULT), H5Dclose);
-  if (!ds.valid()) return Status::Error("cannot open " + what + ": " + error_stack());
+  if (!ds.valid()) return Status::Damaged("cannot open " + what + ": " + error_stack());
   Handle type(H5Dget_type(ds.id()), H5Tclose);
   Handle space(H5Dget_space(ds.id()), H5Sclose);
-  if (!type.valid() || !space.valid()) return Status::Error("cannot read the type of " + what + ": " + error_stack());
+  if (!type.valid() || !space.valid()) return Status::Damaged("cannot read the type of " + what + ": " + error_stack());
   const H5T_class_t cls = H5Tget_class(type.id());
   const std::size_t size = H5Tget_size(type.id());
   if (cls == H5T_FLOAT && size == 4) out->dtype = DType::kFloat32;
@@ -277,22 +282,22 @@ Status read_exact(hid_t parent, const std::string& name, const std::string& what
   else if (cls == H5T_INTEGER && size == 8) out->dtype = DType::kInt64;
   else if (cls == H5T_INTEGER && size == 4) out->dtype = DType::kInt32;
   else if (cls == H5T_INTEGER && size == 1) out->dtype = DType::kUInt8;
-  else return Status::Error(what + " has an unsupported element type");
+  else return Status::Damaged(what + " has an unsupported element type");
   const int rank = H5Sget_simple_extent_ndims(space.id());
-  if (rank < 0 || rank > 16) return Status::Error(what + " has an unreadable shape");
+  if (rank < 0 || rank > 16) return Status::Damaged(what + " has an unreadable shape");
   std::vector<hsize_t> dims(rank);
   if (rank) H5Sget_simple_extent_dims(space.id(), dims.data(), nullptr);
   out->shape.assign(dims.begin(), dims.end());
   std::uint64_t n = 1;
   for (hsize_t d : dims) {
-    if (d != 0 && n > max_bytes / d) return Status::Error(what + " claims more bytes than the file holds");
+    if (d != 0 && n > max_bytes / d) return Status::Damaged(what + " claims more bytes than the file holds");
     n *= d;
   }
   const std::uint64_t bytes = n * dtype_size(out->dtype);
-  if (bytes > max_bytes) return Status::Error(what + " claims more bytes than the file holds");
+  if (bytes > max_bytes) return Status::Damaged(what + " claims more bytes than the file holds");
   out->bytes.assign(bytes, 0);
   if (bytes && H5Dread(ds.id(), native_type(out->dtype), H5S_ALL, H5S_ALL, H5P_DEFAULT, out->bytes.data()) < 0)
-    return Status::Error("cannot read " + what + ": " + error_stack());
+    return Status::Damaged("cannot read " + what + ": " + error_stack());
   return Status::OK();
 }
 
@@ -307,7 +312,7 @@ Status list_group(hid_t group, std::vector<std::string>* names) {
   names->clear();
   hsize_t idx = 0;
   if (H5Literate(group, H5_INDEX_NAME, H5_ITER_INC, &idx, collect_name, names) < 0)
-    return Status::Error("cannot list group: " + error_stack());
+    return Status::Damaged("cannot list group: " + error_stack());
   return Status::OK();
 }
 

@@ -48,6 +48,33 @@ std::string broadcast_string(const Comm& comm, const std::string& s, int root) {
   return out;
 }
 
+Status broadcast_status(const Comm& comm, const Status& st, int root) {
+  int code = static_cast<int>(st.code());
+  CULPRIT_COLLECTIVE(comm, "an agreement", MPI_Ibcast(&code, 1, MPI_INT, root, comm.comm, &_culprit_req));
+  const std::string msg = broadcast_string(comm, st.message(), root);
+  return code == 0 ? Status::OK() : Status::Error(static_cast<StatusCode>(code), msg);
+}
+
+std::vector<std::string> gather_lines(const Comm& comm, const std::vector<std::string>& mine) {
+  std::string joined;
+  for (const auto& l : mine) joined += l + '\n';
+  int n = static_cast<int>(joined.size());
+  std::vector<int> counts(comm.size), displs(comm.size);
+  CULPRIT_MPI_CHECK(MPI_Gather(&n, 1, MPI_INT, counts.data(), 1, MPI_INT, 0, comm.comm));
+  int total = 0;
+  for (int r = 0; r < comm.size; ++r) displs[r] = total, total += counts[r];
+  std::string all(comm.rank == 0 ? static_cast<std::size_t>(total) : 0, '\0');
+  CULPRIT_MPI_CHECK(MPI_Gatherv(joined.data(), n, MPI_CHAR, all.data(), counts.data(), displs.data(), MPI_CHAR, 0,
+                                comm.comm));
+  std::vector<std::string> out;
+  for (std::size_t pos = 0; pos < all.size();) {
+    const auto end = all.find('\n', pos);
+    out.push_back(all.substr(pos, end - pos));
+    pos = end + 1;
+  }
+  return out;
+}
+
 Status agree(const Comm& comm, const Status& local) {
   if (comm.size == 1) return local;
   int mine = local.ok() ? comm.size : comm.rank;
@@ -59,13 +86,14 @@ Status agree(const Comm& comm, const Status& local) {
   CULPRIT_COLLECTIVE(comm, "an agreement", MPI_Ibcast(&n, 1, MPI_UNSIGNED_LONG_LONG, first, comm.comm, &_culprit_req));
   std::string msg = comm.rank == first ? local.message() : std::string(n, '\0');
   if (n) CULPRIT_COLLECTIVE(comm, "an agreement", MPI_Ibcast(msg.data(), static_cast<int>(n), MPI_CHAR, first, comm.comm, &_culprit_req));
-  int code = comm.rank == first ? local.code() : 0;
+  int code = comm.rank == first ? static_cast<int>(local.code()) : 0;
   CULPRIT_COLLECTIVE(comm, "an agreement", MPI_Ibcast(&code, 1, MPI_INT, first, comm.comm, &_culprit_req));
   // Same message on every rank: the problem is not rank-specific.
   int same = (!local.ok() && local.message() == msg) ? 1 : 0, nsame = 0;
   CULPRIT_COLLECTIVE(comm, "an agreement", MPI_Iallreduce(&same, &nsame, 1, MPI_INT, MPI_SUM, comm.comm, &_culprit_req));
-  if (nsame == comm.size) return Status::Error(msg, code);
-  return Status::Error("rank " + std::to_string(first) + ": " + msg, code);
+  const auto category = static_cast<StatusCode>(code);
+  if (nsame == comm.size) return Status::Error(category, msg);
+  return Status::Error(category, "rank " + std::to_string(first) + ": " + msg);
 }
 
 }  // namespace culprit

@@ -18,10 +18,10 @@ std::int64_t prod(const std::vector<std::int64_t>& v) {
 // Synthetic samples: x is uniform in [-1, 1); the label is the argmax of a fixed random linear
 // "teacher" (a learnable task). gpt: sequences t_j = (a + b*j) mod V with a, b from the sample key.
 void make_synthetic(const TrainConfig& cfg, Dataset* d) {
-  const std::string kind = cfg.model.rfind("torchscript:", 0) == 0 ? "torchscript" : cfg.model;
+  const ModelKind kind = cfg.model.kind;
   d->source = "synthetic";
   d->n = cfg.samples;
-  if (kind == "gpt") {
+  if (kind == ModelKind::kGpt) {
     const std::int64_t T = cfg.sample_shape.empty() ? 16 : prod(cfg.sample_shape);
     const std::int64_t V = cfg.classes ? cfg.classes : 32;
     d->x_dtype = d->y_dtype = DType::kInt64;
@@ -43,7 +43,7 @@ void make_synthetic(const TrainConfig& cfg, Dataset* d) {
     return;
   }
   std::vector<std::int64_t> shape = cfg.sample_shape;
-  if (shape.empty()) shape = kind == "cnn" ? std::vector<std::int64_t>{1, 16, 16} : std::vector<std::int64_t>{32};
+  if (shape.empty()) shape = kind == ModelKind::kCnn ? std::vector<std::int64_t>{1, 16, 16} : std::vector<std::int64_t>{32};
   const std::int64_t C = cfg.classes ? cfg.classes : 10;
   const std::int64_t D = prod(shape);
   d->x_dtype = DType::kFloat32;
@@ -79,12 +79,12 @@ Status read_hdf5(const std::string& path, Dataset* d) {
   h5::Array x, y;
   CULPRIT_RETURN_IF_ERROR(h5::read_array(file, path, "x", &x));
   CULPRIT_RETURN_IF_ERROR(h5::read_array(file, path, "y", &y));
-  if (x.shape.empty()) return Status::Error("data '" + path + "': dataset 'x' must have a sample dimension, got a scalar");
-  if (y.shape.empty()) return Status::Error("data '" + path + "': dataset 'y' must have a sample dimension, got a scalar");
+  if (x.shape.empty()) return Status::BadInput("data '" + path + "': dataset 'x' must have a sample dimension, got a scalar");
+  if (y.shape.empty()) return Status::BadInput("data '" + path + "': dataset 'y' must have a sample dimension, got a scalar");
   if (x.shape[0] != y.shape[0])
-    return Status::Error("data '" + path + "': x has " + std::to_string(x.shape[0]) + " samples but y has " +
+    return Status::BadInput("data '" + path + "': x has " + std::to_string(x.shape[0]) + " samples but y has " +
                          std::to_string(y.shape[0]));
-  if (x.shape[0] < 1) return Status::Error("data '" + path + "': x and y hold no samples");
+  if (x.shape[0] < 1) return Status::BadInput("data '" + path + "': x and y hold no samples");
   d->n = x.shape[0];
   d->x_dtype = x.dtype;
   d->x_shape.assign(x.shape.begin() + 1, x.shape.end());
@@ -98,7 +98,7 @@ Status read_hdf5(const std::string& path, Dataset* d) {
     std::int64_t mx = -1;
     for (std::int64_t i = 0; i < m; ++i) {
       if (lab[i] < 0)
-        return Status::Error("data '" + path + "': y holds a negative class label (" + std::to_string(lab[i]) +
+        return Status::BadInput("data '" + path + "': y holds a negative class label (" + std::to_string(lab[i]) +
                              ") at element " + std::to_string(i));
       mx = std::max(mx, lab[i]);
     }
@@ -119,11 +119,13 @@ std::string shape_str(const std::vector<std::int64_t>& shape) {
 
 Status load_dataset(const TrainConfig& cfg, Dataset* out) {
   *out = Dataset();
-  if (cfg.data == "synthetic") {
+  if (cfg.data.kind == DataKind::kSynthetic) {
     make_synthetic(cfg, out);
     return Status::OK();
   }
-  return read_hdf5(cfg.data.substr(5), out);
+  // The data file is the user's input: a file the HDF5 layer finds malformed is bad input here.
+  Status st = read_hdf5(cfg.data.path, out);
+  return st.code() == StatusCode::kDamaged ? Status::BadInput(st.message()) : st;
 }
 
 }  // namespace culprit::harness

@@ -36,6 +36,17 @@ void StepDetectors::set_placement(std::vector<std::string> hosts, std::vector<st
   devices_ = std::move(devices);
 }
 
+Incident StepDetectors::make_incident(std::int64_t step, Detector d, IncidentClass c, int rank, std::string message) {
+  Incident inc;
+  inc.step = step;
+  inc.detector = d;
+  inc.cls = c;
+  inc.rank = rank;
+  if (rank >= 0) inc.ranks = {rank};
+  inc.message = std::move(message);
+  return inc;
+}
+
 void StepDetectors::incident(Incident inc, bool may_halt) {
   if (inc.rank >= 0 && inc.rank < static_cast<int>(hosts_.size())) {
     inc.host = hosts_[inc.rank];
@@ -43,15 +54,15 @@ void StepDetectors::incident(Incident inc, bool may_halt) {
   }
   if (comm_->rank == 0) {
     std::fprintf(stderr, "culprit: incident: step %lld %s (%s): %s\n", static_cast<long long>(inc.step),
-                 inc.detector.c_str(), class_name(inc.cls), inc.message.c_str());
+                 name_of(inc.detector), name_of(inc.cls), inc.message.c_str());
     std::fflush(stderr);
-    Status st = log_incident(cfg_->run_dir, inc);
+    Status st = records::append_incident(cfg_->run_dir, inc);
     if (!st.ok()) std::fprintf(stderr, "culprit: warning: %s\n", st.message().c_str());
   }
-  if (may_halt && (cfg_->on_detect == "halt" || cfg_->on_detect == "diagnose") && halt_.ok())
-    halt_ = Status::Error("halted at step " + std::to_string(inc.step) + " by the " + inc.detector + " detector (" +
-                              class_name(inc.cls) + "): " + inc.message,
-                          exit_code_for(inc.cls));
+  if (may_halt && cfg_->halts() && halt_.ok())
+    halt_ = Status::Error(status_code_for(inc.cls), "halted at step " + std::to_string(inc.step) + " by the " +
+                                                        name_of(inc.detector) + " detector (" + name_of(inc.cls) +
+                                                        "): " + inc.message);
 }
 
 // ---- the vote ----
@@ -68,14 +79,11 @@ void StepDetectors::vote(StepFacts& f) {
   VoteRecord mine;
   VoteLayout layout;
   layout.world = W;
-  std::vector<std::string> names;
   if (replicas) {
     // Parameters and optimizer state must be bitwise identical on every rank.
     mine.replica = f.param_fps;
     const auto opt = probe_.optimizer_fps();
     mine.replica.insert(mine.replica.end(), opt.begin(), opt.end());
-    names = params_;
-    for (const auto& p : params_) names.push_back(p + " (optimizer state)");
     layout.replica = mine.replica.size();
   }
   mine.bad_shard = f.bad_shard;
@@ -105,7 +113,7 @@ void StepDetectors::vote(StepFacts& f) {
     check_invariants(f, votes);
   }
   if (cfg_->spike_window > 0) check_spikes(f);
-  if (replicas) check_replicas(f, votes, names);
+  if (replicas) check_replicas(f, votes);
 }
 
 void StepDetectors::check_comm(const StepFacts& f, const std::vector<VoteRecord>& votes) {
@@ -113,8 +121,15 @@ void StepDetectors::check_comm(const StepFacts& f, const std::vector<VoteRecord>
   if (bad.empty()) return;
   std::string pairs;
   for (const auto& [from, to] : bad) pairs += (pairs.empty() ? "" : ", ") + std::to_string(from) + " -> " + std::to_string(to);
-  incident({f.step, "comm", IncidentClass::kHardware, bad[0].first, "", "",
-            "reduction message(s) arrived unlike they were sent (sender -> receiver): " + pairs});
+  Incident inc = make_incident(f.step, Detector::kComm, IncidentClass::kHardware, bad[0].first,
+                               "reduction message(s) arrived unlike they were sent (sender -> receiver): " + pairs);
+  inc.what = Subject::kMessage;
+  inc.sender = bad[0].first;
+  inc.receiver = bad[0].second;
+  inc.ranks.clear();
+  for (const auto& [from, to] : bad)
+    if (std::find(inc.ranks.begin(), inc.ranks.end(), from) == inc.ranks.end()) inc.ranks.push_back(from);
+  incident(inc);
 }
 
 void StepDetectors::check_nonfinite(const StepFacts& f, const std::vector<VoteRecord>& votes) {
@@ -125,15 +140,23 @@ void StepDetectors::check_nonfinite(const StepFacts& f, const std::vector<VoteRe
   }
   const bool bad_reduced = !all_finite(f.reduced, static_cast<std::size_t>(f.params + 1));
   if (shard_rank >= 0) {
-    incident({f.step, "nonfinite", IncidentClass::kNumerical, shard_rank, "", "",
-              "NaN/Inf in the loss or gradient of micro-shard " + std::to_string(votes[shard_rank].bad_shard) +
-                  " computed on rank " + std::to_string(shard_rank)});
+    const int k = votes[shard_rank].bad_shard;
+    Incident inc = make_incident(f.step, Detector::kNonfinite, IncidentClass::kNumerical, shard_rank,
+                                 "NaN/Inf in the loss or gradient of micro-shard " + std::to_string(k) +
+                                     " computed on rank " + std::to_string(shard_rank));
+    inc.micro_shard = k;
+    inc.what = Subject::kGradient;
+    incident(inc);
   } else if (bad_reduced) {
-    incident({f.step, "nonfinite", IncidentClass::kNumerical, -1, "", "",
-              "NaN/Inf in the reduced gradient or loss, though every micro-shard was finite"});
+    Incident inc = make_incident(f.step, Detector::kNonfinite, IncidentClass::kNumerical, -1,
+                                 "NaN/Inf in the reduced gradient or loss, though every micro-shard was finite");
+    inc.what = Subject::kGradient;
+    incident(inc);
   } else if (param_rank >= 0) {
-    incident({f.step, "nonfinite", IncidentClass::kNumerical, param_rank, "", "",
-              "NaN/Inf in the parameters of rank " + std::to_string(param_rank) + " after the update"});
+    Incident inc = make_incident(f.step, Detector::kNonfinite, IncidentClass::kNumerical, param_rank,
+                                 "NaN/Inf in the parameters of rank " + std::to_string(param_rank) + " after the update");
+    inc.what = Subject::kParameter;
+    incident(inc);
   }
 }
 
@@ -151,7 +174,11 @@ void StepDetectors::check_invariants(StepFacts& f, const std::vector<VoteRecord>
     const std::string who = count == W && count > 1 ? "every rank (first rank " + std::to_string(vr) + ")"
                             : count > 1 ? "rank " + std::to_string(vr) + " and " + std::to_string(count - 1) + " more"
                                         : "rank " + std::to_string(vr);
-    incident({f.step, "invariant", IncidentClass::kInvariant, vr, "", "", who + ": " + msg});
+    Incident inc = make_incident(f.step, Detector::kInvariant, IncidentClass::kInvariant, vr, who + ": " + msg);
+    inc.ranks.clear();
+    for (int r = 0; r < W; ++r)
+      if (votes[r].violated) inc.ranks.push_back(r);
+    incident(inc);
   }
   check_shard_invariants(f);
 }
@@ -163,21 +190,30 @@ void StepDetectors::check_spikes(const StepFacts& f) {
                                   {&grad_spikes_, f.grad_norm, "gradient norm"}}) {
     std::string why;
     if (det->observe(value, &why))
-      incident({f.step, "spike", IncidentClass::kNumerical, -1, "", "", std::string(what) + " spike: " + why},
-               cfg_->spike_action == "halt");
+      incident(make_incident(f.step, Detector::kSpike, IncidentClass::kNumerical, -1, std::string(what) + " spike: " + why),
+               cfg_->spike_action == SpikeAction::kHalt);
   }
 }
 
-void StepDetectors::check_replicas(const StepFacts& f, const std::vector<VoteRecord>& votes,
-                                   const std::vector<std::string>& names) {
+// Each rank's set: every parameter's fingerprint, then every parameter's optimizer state's.
+void StepDetectors::check_replicas(const StepFacts& f, const std::vector<VoteRecord>& votes) {
   std::vector<Fingerprint> sets;
   for (const auto& v : votes) sets.insert(sets.end(), v.replica.begin(), v.replica.end());
-  const ReplicaCheck rc = compare_replicas(static_cast<int>(votes.size()), sets, names);
+  const std::size_t P = params_.size();
+  const ReplicaCheck rc = compare_replicas(static_cast<int>(votes.size()), sets, votes[0].replica.size());
   if (!rc.diverged) return;
   std::string ranks;
   for (int r : rc.odd_ranks) ranks += (ranks.empty() ? "" : ",") + std::to_string(r);
-  incident({f.step, "replica-divergence", IncidentClass::kHardware, rc.odd_ranks[0], "", "",
-            "rank(s) " + ranks + " differ from the other replicas, first in '" + rc.first_param + "'"});
+  const std::size_t i = static_cast<std::size_t>(rc.first_index);
+  const bool opt_state = i >= P;
+  const std::string& tensor = params_[i % P];
+  Incident inc = make_incident(f.step, Detector::kReplicaDivergence, IncidentClass::kHardware, rc.odd_ranks[0],
+                               "rank(s) " + ranks + " differ from the other replicas, first in '" + tensor +
+                                   (opt_state ? " (optimizer state)" : "") + "'");
+  inc.ranks = rc.odd_ranks;
+  inc.tensor = tensor;
+  inc.what = opt_state ? Subject::kOptimizerState : Subject::kParameter;
+  incident(inc);
 }
 
 // ---- spot checks and training invariants ----
@@ -267,9 +303,13 @@ void StepDetectors::spot_verdict(const StepFacts& f, const std::vector<int>& dif
   }
   std::string list;
   for (int d : differ) list += (list.empty() ? "" : ",") + std::to_string(d);
-  incident({f.step, "spot-check", IncidentClass::kHardware, faulty, "", "",
-            "micro-shard " + std::to_string(k) + " computed by " + so + " differs bitwise from its recomputation on " +
-                sc + "; " + why + " (micro-shards that differ: " + list + ")"});
+  Incident inc = make_incident(f.step, Detector::kSpotCheck, IncidentClass::kHardware, faulty,
+                               "micro-shard " + std::to_string(k) + " computed by " + so +
+                                   " differs bitwise from its recomputation on " + sc + "; " + why +
+                                   " (micro-shards that differ: " + list + ")");
+  inc.micro_shard = k;
+  inc.what = Subject::kGradient;
+  incident(inc);
 }
 
 // The micro-shard invariants, from the step's gathered facts (same on every rank).
@@ -279,9 +319,11 @@ void StepDetectors::check_shard_invariants(const StepFacts& f) {
   // Each sample once per epoch: every micro-shard used exactly its share of the epoch's permutation.
   for (int k = 0; k < M; ++k)
     if (f.shards.samples[k] != probe_.samples_fp(k)) {
-      incident({s, "invariant", IncidentClass::kInvariant, owner_of(k), "", "",
-                "micro-shard " + std::to_string(k) + " on rank " + std::to_string(owner_of(k)) +
-                    " did not use its share of the epoch's samples (samples repeated or skipped)"});
+      Incident inc = make_incident(s, Detector::kInvariant, IncidentClass::kInvariant, owner_of(k),
+                                   "micro-shard " + std::to_string(k) + " on rank " + std::to_string(owner_of(k)) +
+                                       " did not use its share of the epoch's samples (samples repeated or skipped)");
+      inc.micro_shard = k;
+      incident(inc);
       break;
     }
   // Dropout masks differ: no two micro-shards of this step or the last start from one generator state.
@@ -290,11 +332,14 @@ void StepDetectors::check_shard_invariants(const StepFacts& f) {
     const Fingerprint g = f.shards.rng[k];
     const bool last = std::find(prev_rng_.begin(), prev_rng_.end(), g) != prev_rng_.end();
     if (seen.count(g) || last) {
-      incident({s, "invariant", IncidentClass::kInvariant, owner_of(k), "", "",
-                "micro-shard " + std::to_string(k) + " on rank " + std::to_string(owner_of(k)) +
-                    " drew its dropout masks from the same generator state as " +
-                    (last ? std::string("a micro-shard of the previous step")
-                          : "micro-shard " + std::to_string(seen[g])) + ": the masks repeat"});
+      Incident inc = make_incident(s, Detector::kInvariant, IncidentClass::kInvariant, owner_of(k),
+                                   "micro-shard " + std::to_string(k) + " on rank " + std::to_string(owner_of(k)) +
+                                       " drew its dropout masks from the same generator state as " +
+                                       (last ? std::string("a micro-shard of the previous step")
+                                             : "micro-shard " + std::to_string(seen[g])) +
+                                       ": the masks repeat");
+      inc.micro_shard = k;
+      incident(inc);
       break;
     }
     seen[g] = k;

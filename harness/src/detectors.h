@@ -13,10 +13,13 @@
 #include "culprit/mpi_util.h"
 #include "culprit/status.h"
 #include "culprit/tree_reduce.h"
-#include "detect.h"
+#include "culprit/records.h"
+#include "replica_check.h"
 #include "vote.h"
 
 namespace culprit::harness {
+
+using records::Incident;
 
 // What one step computed, as the detectors see it. The step fills it as it goes.
 struct StepFacts {
@@ -86,13 +89,14 @@ class StepDetectors {
   const Status& halt() const { return halt_; }
 
  private:
-  void incident(Incident inc, bool may_halt = true);
+  static Incident make_incident(std::int64_t step, Detector d, IncidentClass c, int rank, std::string message);
+  void incident(Incident inc, bool may_halt = true);  // rank 0 logs it; it halts the run unless may_halt
   void check_comm(const StepFacts& f, const std::vector<VoteRecord>& votes);
   void check_nonfinite(const StepFacts& f, const std::vector<VoteRecord>& votes);
   void check_invariants(StepFacts& f, const std::vector<VoteRecord>& votes);
   void check_shard_invariants(const StepFacts& f);
   void check_spikes(const StepFacts& f);
-  void check_replicas(const StepFacts& f, const std::vector<VoteRecord>& votes, const std::vector<std::string>& names);
+  void check_replicas(const StepFacts& f, const std::vector<VoteRecord>& votes);
   void spot_verdict(const StepFacts& f, const std::vector<int>& differ, const std::vector<Fingerprint>& tie);
   int third_opinion(int k) const;  // the rank that recomputes a disputed micro-shard (-1: none)
 

@@ -110,7 +110,8 @@ class EngineImpl : public Engine {
     trainer_.reset();
     if (layout_.comm != MPI_COMM_NULL && layout_.comm != comm_.comm) MPI_Comm_free(&layout_.comm);
   }
-  Status init(const TrainConfig& cfg, const Comm& comm, const std::string& path, bool layer_trace, int rotate) {
+  Status init(const TrainConfig& cfg, const Comm& comm, const ckpt::Checkpoint& c, const std::string& path,
+              bool layer_trace, int rotate) {
     comm_ = comm;
     layout_ = comm;
     set_layout(rotate);
@@ -121,41 +122,30 @@ class EngineImpl : public Engine {
     cfg_.replica_check_every = 0;
     cfg_.check_invariants = false;
     cfg_.spot_check = 0;
-    cfg_.trace = layer_trace ? "layer" : "off";
+    cfg_.trace = layer_trace ? TraceLevel::kLayer : TraceLevel::kOff;
     cfg_.quiet = true;
-    // A fault on a rank this world does not have never fires here (its device is not replaying).
-    std::vector<std::string> faults;
-    for (const auto& f : cfg_.inject) {
-      const auto at = f.find("rank=");
-      const bool absent = at != std::string::npos && std::isdigit(static_cast<unsigned char>(f[at + 5])) &&
-                          std::atoi(f.c_str() + at + 5) >= comm.size;
-      if (!absent) faults.push_back(f);
-    }
-    cfg_.inject = faults;
     setup_determinism(cfg_.threads);
     CULPRIT_RETURN_IF_ERROR(agree(comm, load_dataset(cfg_, &data_)));
-    CULPRIT_RETURN_IF_ERROR(agree(comm, guarded("model " + cfg_.model, [&] { return make_model(cfg_, data_, &model_); })));
+    CULPRIT_RETURN_IF_ERROR(agree(comm, guarded(StatusCode::kBadInput, "model " + cfg_.model.text(), [&] { return make_model(cfg_, data_, &model_); })));
     trainer_ = std::make_unique<Trainer>(cfg_, layout_, data_, *model_);
-    CULPRIT_RETURN_IF_ERROR(agree(comm, guarded("setup", [&] { return trainer_->init(); })));
-    ckpt::Checkpoint c;
-    CULPRIT_RETURN_IF_ERROR(agree(comm, ckpt::read(path, &c, /*verify=*/true)));
+    CULPRIT_RETURN_IF_ERROR(agree(comm, guarded(StatusCode::kInternal, "setup", [&] { return trainer_->init(StepMode::kReplay); })));
     CULPRIT_RETURN_IF_ERROR(agree(comm, check_compatible(cfg_, data_, c, path)));
-    CULPRIT_RETURN_IF_ERROR(agree(comm, guarded("restoring " + path, [&] { return trainer_->restore(c); })));
+    CULPRIT_RETURN_IF_ERROR(agree(comm, guarded(StatusCode::kBadInput, "restoring " + path, [&] { return trainer_->restore(c); })));
     trainer_->begin_replay(c.step, comm.rank);
     return Status::OK();
   }
   std::int64_t step() const override { return trainer_->replayed(); }
   Status run_step(StepResult* out) override {
-    return agree(comm_, guarded("replaying step " + std::to_string(step() + 1), [&] {
+    return agree(comm_, guarded(StatusCode::kInternal, "replaying step " + std::to_string(step() + 1), [&] {
       trainer_->replay_step(out);
       return Status::OK();
     }));
   }
   Status compute_shard(int k, int round, ShardResult* out) override {
     if (k < 0 || k >= cfg_.micro_shards)
-      return Status::Error("micro-shard " + std::to_string(k) + " does not exist (--micro-shards " +
+      return Status::BadInput("micro-shard " + std::to_string(k) + " does not exist (--micro-shards " +
                            std::to_string(cfg_.micro_shards) + ")");
-    return guarded("replaying micro-shard " + std::to_string(k), [&] {
+    return guarded(StatusCode::kInternal, "replaying micro-shard " + std::to_string(k), [&] {
       trainer_->replay_shard(k, round, out);
       return Status::OK();
     });
@@ -165,13 +155,13 @@ class EngineImpl : public Engine {
     return Status::OK();
   }
   Status mark() override {
-    return guarded("keeping the state", [&] {
+    return guarded(StatusCode::kInternal, "keeping the state", [&] {
       trainer_->mark(&marked_);
       return Status::OK();
     });
   }
   Status rewind() override {
-    return guarded("rewinding", [&] { return trainer_->rewind(marked_); });
+    return guarded(StatusCode::kInternal, "rewinding", [&] { return trainer_->rewind(marked_); });
   }
   std::vector<std::string> params() const override { return trainer_->param_names(); }
   std::vector<std::string> layers() const override { return trainer_->layer_names(); }
@@ -197,11 +187,11 @@ class EngineImpl : public Engine {
 
 }  // namespace
 
-Status Engine::open(const TrainConfig& cfg, const Comm& comm, const std::string& checkpoint, bool layer_trace,
-                    std::unique_ptr<Engine>* out, int rotate) {
+Status Engine::open(const TrainConfig& cfg, const Comm& comm, const ckpt::Checkpoint& start, const std::string& path,
+                    bool layer_trace, std::unique_ptr<Engine>* out, int rotate) {
   CULPRIT_RETURN_IF_ERROR(agree(comm, validate(cfg, comm.size)));
   auto e = std::make_unique<EngineImpl>();
-  CULPRIT_RETURN_IF_ERROR(e->init(cfg, comm, checkpoint, layer_trace, rotate));
+  CULPRIT_RETURN_IF_ERROR(e->init(cfg, comm, start, path, layer_trace, rotate));
   *out = std::move(e);
   return Status::OK();
 }

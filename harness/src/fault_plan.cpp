@@ -42,7 +42,7 @@ void corrupt_tokens(const FaultSpec& spec, const at::Tensor& t, std::int64_t voc
 
 Status FaultPlan::parse(const std::vector<std::string>& texts, const std::vector<std::string>& model_layers,
                         const std::vector<NamedTensor>& params, const std::vector<std::int64_t>& offsets, int world,
-                        std::uint64_t seed) {
+                        std::uint64_t seed, StepMode mode) {
   seed_ = seed;
   offsets_ = offsets;
   for (const auto& p : params) {
@@ -60,13 +60,15 @@ Status FaultPlan::parse(const std::vector<std::string>& texts, const std::vector
     CULPRIT_RETURN_IF_ERROR(parse_fault(text, layers, &f));
     const bool at_output = f.phase == Phase::kForward || f.phase == Phase::kBackward;
     if (at_output && std::find(model_layers.begin(), model_layers.end(), f.layer) == model_layers.end())
-      return Status::Error("--inject: phase " + std::string(phase_name(f.phase)) + " needs a layer forward calls; '" +
+      return Status::BadInput("--inject: phase " + std::string(name_of(f.phase)) + " needs a layer forward calls; '" +
                            f.layer + "' is not one");
     const bool layerless = f.phase == Phase::kData || f.phase == Phase::kLr || f.phase == Phase::kRng;
     if (!at_output && !layerless && layer_param(f.layer) < 0)
-      return Status::Error("--inject: layer '" + f.layer + "' has no parameters");
+      return Status::BadInput("--inject: layer '" + f.layer + "' has no parameters");
+    // A replay on fewer ranks than the run: the device of a rank this world lacks is not replaying.
+    if (f.rank >= world && mode == StepMode::kReplay) continue;
     if (f.rank >= world)
-      return Status::Error("--inject: rank " + std::to_string(f.rank) + " does not exist (world size " +
+      return Status::BadInput("--inject: rank " + std::to_string(f.rank) + " does not exist (world size " +
                            std::to_string(world) + ")");
     specs_.push_back(f);
   }

@@ -1,4 +1,4 @@
-// The faults a run injects (--inject, culprit/inject.h): one FaultPlan owns the parsed specs, their
+// The faults a run injects (--inject, culprit/fault_spec.h): one FaultPlan owns the parsed specs, their
 // validation against the model and the world, and one hook per phase that the step calls at the
 // point where that phase's fault lands. Whether a fault fires depends on the firing context, passed
 // explicitly. The empty plan changes nothing. Only ATen's Tensor type is visible here.
@@ -10,7 +10,7 @@
 #include <utility>
 #include <vector>
 
-#include "culprit/inject.h"
+#include "culprit/fault_spec.h"
 #include "culprit/status.h"
 #include "culprit/tree_reduce.h"
 #include "model.h"
@@ -45,9 +45,10 @@ class FaultPlan {
  public:
   // Parses and validates every --inject SPEC. model_layers: the layers forward calls (forward and
   // backward faults land on their outputs); params: state-dict order, with their flat offsets.
+  // A fault on a rank outside the world is refused in training and left out in a replay.
   Status parse(const std::vector<std::string>& texts, const std::vector<std::string>& model_layers,
                const std::vector<NamedTensor>& params, const std::vector<std::int64_t>& offsets, int world,
-               std::uint64_t seed);
+               std::uint64_t seed, StepMode mode);
   bool empty() const { return specs_.empty(); }
   // Whether a fault lands on a layer output (the model's layer hooks are needed).
   bool at_layer_outputs() const;

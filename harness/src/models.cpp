@@ -205,7 +205,7 @@ class Scripted : public Model {
 
 Status need_float_samples(const std::string& model, const Dataset& d) {
   if (d.x_dtype != DType::kFloat32)
-    return Status::Error("model " + model + " needs float32 samples, data x holds " + dtype_name(d.x_dtype));
+    return Status::BadInput("model " + model + " needs float32 samples, data x holds " + dtype_name(d.x_dtype));
   return Status::OK();
 }
 
@@ -213,49 +213,50 @@ Status need_float_samples(const std::string& model, const Dataset& d) {
 
 Status make_model(const TrainConfig& cfg, const Dataset& d, std::unique_ptr<Model>* out) {
   torch::manual_seed(cfg.seed);
-  const std::string& m = cfg.model;
-  if (m == "mlp") {
+  const std::string m = cfg.model.text();
+  const ModelKind kind = cfg.model.kind;
+  if (kind == ModelKind::kMlp) {
     CULPRIT_RETURN_IF_ERROR(need_float_samples(m, d));
     *out = std::make_unique<Mlp>(d.x_numel(), cfg.hidden, out_features(d));
-  } else if (m == "cnn") {
+  } else if (kind == ModelKind::kCnn) {
     CULPRIT_RETURN_IF_ERROR(need_float_samples(m, d));
     const auto& s = d.x_shape;
     if (s.size() != 3 || s[1] < 4 || s[2] < 4 || s[1] % 4 || s[2] % 4)
-      return Status::Error("model cnn needs samples of shape [C,H,W] with H and W multiples of 4, data x has " +
+      return Status::BadInput("model cnn needs samples of shape [C,H,W] with H and W multiples of 4, data x has " +
                            shape_str(s));
     *out = std::make_unique<Cnn>(s[0], s[1], s[2], out_features(d));
-  } else if (m == "gpt") {
+  } else if (kind == ModelKind::kGpt) {
     if (d.x_dtype != DType::kInt64 || d.x_shape.size() != 1)
-      return Status::Error("model gpt needs int64 token sequences of shape [T], data x has " +
+      return Status::BadInput("model gpt needs int64 token sequences of shape [T], data x has " +
                            std::string(dtype_name(d.x_dtype)) + " " + shape_str(d.x_shape));
     if (!d.classification() || d.y_shape != d.x_shape)
-      return Status::Error("model gpt needs int64 next-token targets of the shape of x " + shape_str(d.x_shape) +
+      return Status::BadInput("model gpt needs int64 next-token targets of the shape of x " + shape_str(d.x_shape) +
                            ", data y has " + dtype_name(d.y_dtype) + " " + shape_str(d.y_shape));
     const auto* tok = reinterpret_cast<const std::int64_t*>(d.x.data());
     std::int64_t vocab = d.classes;
     for (std::int64_t i = 0; i < d.n * d.x_numel(); ++i) {
-      if (tok[i] < 0) return Status::Error("model gpt: data x holds a negative token id");
+      if (tok[i] < 0) return Status::BadInput("model gpt: data x holds a negative token id");
       vocab = std::max(vocab, tok[i] + 1);
     }
     *out = std::make_unique<Gpt>(vocab, d.x_shape[0]);
   } else {
-    const std::string path = m.substr(std::string("torchscript:").size());
+    const std::string& path = cfg.model.path;
     std::error_code ec;
-    if (!std::filesystem::exists(path, ec)) return Status::Error("TorchScript file '" + path + "' does not exist");
+    if (!std::filesystem::exists(path, ec)) return Status::BadInput("TorchScript file '" + path + "' does not exist");
     try {
       *out = std::make_unique<Scripted>(torch::jit::load(path));
     } catch (const std::exception& e) {
-      return Status::Error("cannot load TorchScript module '" + path + "': " + error_line(e.what()));
+      return Status::BadInput("cannot load TorchScript module '" + path + "': " + error_line(e.what()));
     }
   }
   for (auto& p : (*out)->parameters()) {
     if (p.tensor.scalar_type() != torch::kFloat32)
-      return Status::Error("model " + m + ": parameter '" + p.name + "' is " +
+      return Status::BadInput("model " + m + ": parameter '" + p.name + "' is " +
                            std::string(c10::toString(p.tensor.scalar_type())) +
                            "; culprit trains float32 parameters");
     p.tensor.requires_grad_(true);
   }
-  if ((*out)->parameters().empty()) return Status::Error("model " + m + " has no parameters to train");
+  if ((*out)->parameters().empty()) return Status::BadInput("model " + m + " has no parameters to train");
   return Status::OK();
 }
 

@@ -5,7 +5,7 @@ namespace culprit::harness {
 namespace optim = torch::optim;
 
 OptimizerState::OptimizerState(const TrainConfig& cfg, std::vector<at::Tensor> params) : cfg_(cfg) {
-  if (cfg.optimizer == "sgd")
+  if (cfg.optimizer == OptimizerKind::kSgd)
     opt_ = std::make_unique<optim::SGD>(
         params, optim::SGDOptions(cfg.lr).momentum(cfg.momentum).nesterov(cfg.nesterov).weight_decay(cfg.weight_decay));
   else
@@ -24,7 +24,7 @@ at::Tensor OptimizerState::primary(const at::Tensor& p) const {
   auto& state = opt_->state();
   auto it = state.find(optimizer_state_key(state, p));
   if (it == state.end()) return {};
-  if (cfg_.optimizer == "sgd") return static_cast<optim::SGDParamState&>(*it->second).momentum_buffer();
+  if (cfg_.optimizer == OptimizerKind::kSgd) return static_cast<optim::SGDParamState&>(*it->second).momentum_buffer();
   return static_cast<optim::AdamWParamState&>(*it->second).exp_avg();
 }
 
@@ -32,7 +32,7 @@ std::vector<std::pair<std::string, at::Tensor>> OptimizerState::stored(const at:
   auto& state = opt_->state();
   auto it = state.find(optimizer_state_key(state, p));
   if (it == state.end()) return {};
-  if (cfg_.optimizer == "sgd") {
+  if (cfg_.optimizer == OptimizerKind::kSgd) {
     auto& st = static_cast<optim::SGDParamState&>(*it->second);
     if (!st.momentum_buffer().defined()) return {};
     return {{"momentum_buffer", st.momentum_buffer()}};
@@ -50,10 +50,10 @@ Status OptimizerState::load(
   state.clear();
   for (const auto& [name, p] : params) {
     const auto key = optimizer_state_key(state, p);
-    if (cfg_.optimizer == "sgd") {
+    if (cfg_.optimizer == OptimizerKind::kSgd) {
       auto buf = tensor_of(name, "momentum_buffer");
       if (!buf.defined()) continue;
-      if (!buf.sizes().equals(p.sizes())) return Status::Error("checkpoint momentum of '" + name + "' has the wrong shape");
+      if (!buf.sizes().equals(p.sizes())) return Status::BadInput("checkpoint momentum of '" + name + "' has the wrong shape");
       auto st = std::make_unique<optim::SGDParamState>();
       st->momentum_buffer(buf);
       state[key] = std::move(st);
@@ -62,7 +62,7 @@ Status OptimizerState::load(
       if (!step.defined() && !m.defined()) continue;
       if (!step.defined() || !m.defined() || !v.defined() || step.scalar_type() != torch::kLong ||
           !m.sizes().equals(p.sizes()) || !v.sizes().equals(p.sizes()))
-        return Status::Error("checkpoint AdamW state of '" + name + "' is incomplete or misshapen");
+        return Status::BadInput("checkpoint AdamW state of '" + name + "' is incomplete or misshapen");
       auto st = std::make_unique<optim::AdamWParamState>();
       st->step(step.item<std::int64_t>());
       st->exp_avg(m);

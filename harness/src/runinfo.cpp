@@ -92,7 +92,7 @@ Status write_run_json(const std::string& path, const RunInfo& i) {
   std::ofstream out(path);
   out << j.dump(2) << "\n";
   out.close();
-  if (!out) return Status::Error("cannot write '" + path + "'");
+  if (!out) return Status::IoError("cannot write '" + path + "'");
   return Status::OK();
 }
 

@@ -43,8 +43,8 @@ void Trainer::snapshot(std::int64_t step, ckpt::Checkpoint* cp, const std::vecto
   c.epoch = step / spe;
   c.cursor = (step % spe) * cfg_.global_batch;
   c.meta = {{"config", to_ini(cfg_)},
-            {"model", cfg_.model},
-            {"optimizer", cfg_.optimizer},
+            {"model", cfg_.model.text()},
+            {"optimizer", name_of(cfg_.optimizer)},
             {"data", data_.source},
             {"culprit_version", info_.culprit_version},
             {"libtorch_version", info_.torch_version},
@@ -82,10 +82,10 @@ Status Trainer::restore(const ckpt::Checkpoint& c) {
   for (const auto& t : c.model) model[t.name] = &t;
   for (const auto& t : c.optimizer) optim[t.name] = &t;
   auto load = [&](const std::string& what, const at::Tensor& dst, const ckpt::RawTensor* src) {
-    if (!src) return Status::Error("checkpoint has no " + what);
+    if (!src) return Status::BadInput("checkpoint has no " + what);
     std::vector<std::int64_t> shape(dst.sizes().begin(), dst.sizes().end());
     if (src->shape != shape || src->dtype != to_dtype(dst.scalar_type()))
-      return Status::Error("checkpoint " + what + " is " + dtype_name(src->dtype) + " " + shape_str(src->shape) +
+      return Status::BadInput("checkpoint " + what + " is " + dtype_name(src->dtype) + " " + shape_str(src->shape) +
                            ", the model's is " + dtype_name(to_dtype(dst.scalar_type())) + " " + shape_str(shape));
     torch::NoGradGuard ng;
     auto from = torch::from_blob(const_cast<unsigned char*>(src->bytes.data()), dst.sizes(),
@@ -102,7 +102,7 @@ Status Trainer::restore(const ckpt::Checkpoint& c) {
     CULPRIT_RETURN_IF_ERROR(load("buffer '" + b.name + "'", b.tensor, model.count(b.name) ? model[b.name] : nullptr));
     ++used;
   }
-  if (used != c.model.size()) return Status::Error("checkpoint holds tensors the model does not have");
+  if (used != c.model.size()) return Status::BadInput("checkpoint holds tensors the model does not have");
   std::vector<std::pair<std::string, at::Tensor>> params;
   for (const auto& p : flat_.params) params.push_back({p.name, p.tensor});
   CULPRIT_RETURN_IF_ERROR(opt_->load(params, [&](const std::string& name, const std::string& suffix) -> at::Tensor {
@@ -127,10 +127,10 @@ trace::Header Trainer::trace_header() const {
   trace::Header h;
   h.rank = comm_.rank;
   h.world_size = comm_.size;
-  h.level = cfg_.trace;
-  h.forward_detail = model_.per_layer() ? "per-layer" : "per-model";
+  h.level = cfg_.trace == TraceLevel::kLayer ? trace::Level::kLayer : trace::Level::kStep;
+  h.forward_detail = model_.per_layer() ? trace::ForwardDetail::kPerLayer : trace::ForwardDetail::kPerModel;
   for (const auto& p : flat_.params) h.params.push_back(p.name);
-  if (cfg_.trace == "layer") h.layers = model_.layers();
+  if (cfg_.trace == TraceLevel::kLayer) h.layers = model_.layers();
   h.faults = cfg_.inject;
   return h;
 }

@@ -22,13 +22,14 @@ Fingerprint set_fingerprint(const std::vector<NamedTensor>& tensors, std::vector
 // thread control found).
 int setup_determinism(int threads);
 
-// Runs f, turning any exception into an error Status.
+// Runs f, turning any exception into an error Status of category `code` (what f does wrong when
+// it throws: the user's model or data that does not fit is bad input, anything else internal).
 template <class Fn>
-Status guarded(const std::string& what, Fn&& f) {
+Status guarded(StatusCode code, const std::string& what, Fn&& f) {
   try {
     return f();
   } catch (const std::exception& e) {
-    return Status::Error(what + ": " + error_line(e.what()));
+    return Status::Error(code, what + ": " + error_line(e.what()));
   }
 }
 

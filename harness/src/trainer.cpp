@@ -1,19 +1,13 @@
-// The training loop: the step function implementing docs/determinism.md, read as a few named calls.
-#include <dlfcn.h>
-#include <torch/csrc/jit/python/update_graph_executor_opt.h>
+// The training loop: the step function implementing docs/determinism.md, read as a few named calls,
+// and the run around it. Setup: trainer_setup.cpp; snapshot and restore: state.cpp; replay: engine.cpp.
 #include <torch/torch.h>
-#include <torch/cuda.h>
 
 #include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
-#include <cstdlib>
 #include <filesystem>
 
-#ifdef CULPRIT_HAVE_CUDA
-#include "culprit/screen_cuda.h"
-#endif
 #include "culprit/watchdog.h"
 #include "finite.h"
 #include "rng.h"
@@ -23,26 +17,6 @@
 namespace culprit::harness {
 
 namespace fs = std::filesystem;
-
-// Deterministic settings; returns the BLAS thread count set (0: no thread control found).
-int setup_determinism(int threads) {
-  at::globalContext().setDeterministicAlgorithms(true, /*warn_only=*/false);
-  at::set_num_threads(threads);
-  static bool interop_set = false;
-  if (!interop_set) {
-    at::set_num_interop_threads(1);
-    interop_set = true;
-  }
-  // The graph executor would re-optimise TorchScript graphs after a few profiling runs, and how
-  // many runs a rank makes depends on the world size: keep it off.
-  torch::jit::setGraphExecutorOptimize(false);
-  using SetThreads = void (*)(int);
-  if (auto fn = reinterpret_cast<SetThreads>(dlsym(RTLD_DEFAULT, "openblas_set_num_threads"))) {
-    fn(threads);
-    return threads;
-  }
-  return 0;
-}
 
 namespace {
 
@@ -54,168 +28,6 @@ std::string json_float(float v) {
 }
 
 }  // namespace
-
-std::vector<std::string> FlatParams::names() const {
-  std::vector<std::string> v;
-  for (const auto& p : params) v.push_back(p.name);
-  return v;
-}
-
-// ---- setup ----
-
-Status Trainer::select_device() {
-  if (cfg_.device != "cuda") return Status::OK();
-  const int local = local_rank(comm_);
-  // cuBLAS picks its reduction order by the workspace it gets unless told: fixed before its first call.
-  setenv("CUBLAS_WORKSPACE_CONFIG", ":4096:8", 0);
-  if (!at::hasCUDA())
-    return Status::Error(std::string("--device cuda: this culprit is built against a libtorch without CUDA (") +
-                         TORCH_VERSION + "; Debian's libtorch is CPU-only): build it against a CUDA-enabled "
-                         "libtorch, see docs/cuda.md");
-  const int n = static_cast<int>(torch::cuda::device_count());
-  if (n == 0) {
-    const char* visible = std::getenv("CUDA_VISIBLE_DEVICES");
-    return Status::Error("--device cuda: no CUDA device is visible on host " + comm_.host +
-                         (visible ? std::string(" (CUDA_VISIBLE_DEVICES=") + visible + ")" : std::string()));
-  }
-  device_ = at::Device(at::kCUDA, static_cast<c10::DeviceIndex>(local % n));
-  device_name_ = "cuda:" + std::to_string(local % n);
-#ifdef CULPRIT_HAVE_CUDA
-  device_name_ += " (" + cuda::device_name(local % n) + ")";
-#endif
-  // Deterministic kernels (setup_determinism asks for them), no autotuning, no TF32 rounding.
-  auto& ctx = at::globalContext();
-  ctx.setBenchmarkCuDNN(false);
-  ctx.setDeterministicCuDNN(true);
-  ctx.setAllowTF32CuBLAS(false);
-  ctx.setAllowTF32CuDNN(false);
-  return Status::OK();
-}
-
-// Parameters become views of one flat float32 buffer (state-dict order), on the device.
-void Trainer::build_flat_params() {
-  flat_.params = model_.parameters();
-  for (const auto& p : flat_.params) {
-    flat_.offsets.push_back(flat_.size);
-    flat_.sizes.push_back(p.tensor.numel());
-    flat_.size += p.tensor.numel();
-  }
-  flat_.flat = torch::empty({flat_.size}, torch::TensorOptions().dtype(torch::kFloat32).device(device_));
-  torch::NoGradGuard ng;
-  if (device_.is_cuda())
-    for (const auto& b : model_.buffers()) b.tensor.set_data(b.tensor.to(device_));
-  for (std::size_t i = 0; i < flat_.params.size(); ++i) {
-    auto& t = flat_.params[i].tensor;
-    auto view = flat_.flat.narrow(0, flat_.offsets[i], t.numel()).view(t.sizes());
-    view.copy_(t);
-    t.set_data(view);
-  }
-}
-
-Status Trainer::init() {
-  CULPRIT_RETURN_IF_ERROR(select_device());
-  build_flat_params();
-  std::vector<at::Tensor> tensors;
-  for (const auto& p : flat_.params) tensors.push_back(p.tensor);
-  opt_ = std::make_unique<OptimizerState>(cfg_, tensors);
-  acc_ = std::make_unique<TreeAccumulator>(static_cast<std::size_t>(flat_.size + 1));
-  reduced_.assign(static_cast<std::size_t>(flat_.size + 1), 0.0f);
-  auto shape_with_n = [&](const std::vector<std::int64_t>& s) {
-    std::vector<std::int64_t> v{data_.n};
-    v.insert(v.end(), s.begin(), s.end());
-    return v;
-  };
-  batches_.x = torch::from_blob(const_cast<unsigned char*>(data_.x.data()), shape_with_n(data_.x_shape),
-                                torch::TensorOptions().dtype(to_scalar(data_.x_dtype)));
-  batches_.y = torch::from_blob(const_cast<unsigned char*>(data_.y.data()), shape_with_n(data_.y_shape),
-                                torch::TensorOptions().dtype(to_scalar(data_.y_dtype)));
-  detectors_.configure(cfg_, comm_, flat_.names(), probe());
-  const std::vector<std::string> model_layers = model_.layers();
-  CULPRIT_RETURN_IF_ERROR(faults_.parse(cfg_.inject, model_layers, flat_.params, flat_.offsets, comm_.size, cfg_.seed));
-  if (cfg_.trace == "layer" || faults_.at_layer_outputs()) {
-    layers_ = std::make_unique<LayerTrace>(&faults_, model_layers, cfg_.trace == "layer");
-    model_.set_observer(layers_.get());
-  }
-  return check_model();
-}
-
-Status Trainer::check_model() {
-  // The model must accept the data and produce outputs the loss can use.
-  CULPRIT_RETURN_IF_ERROR(guarded(
-      "model " + cfg_.model + " does not accept samples of shape " + shape_str(data_.x_shape) + " (" +
-          dtype_name(data_.x_dtype) + ")",
-      [&] {
-        torch::NoGradGuard ng;
-        model_.set_training(false);
-        auto out = model_.forward(batches_.x.narrow(0, 0, 1).to(device_));
-        model_.set_training(true);
-        std::vector<std::int64_t> want{1};
-        want.insert(want.end(), data_.y_shape.begin(), data_.y_shape.end());
-        std::vector<std::int64_t> got(out.sizes().begin(), out.sizes().end());
-        if (data_.classification()) {
-          std::vector<std::int64_t> lead(got.begin(), got.end() - (got.empty() ? 0 : 1));
-          if (got.empty() || lead != want || got.back() < data_.classes)
-            return Status::Error("its output " + shape_str(got) + " cannot score " + std::to_string(data_.classes) +
-                                 " classes for targets " + shape_str(data_.y_shape) + " per sample");
-        } else if (got != want) {
-          return Status::Error("its output " + shape_str(got) + " does not match targets " + shape_str(want));
-        }
-        return Status::OK();
-      }));
-  // State that a training-mode forward pass changes (batch-norm running statistics) would depend on
-  // which micro-shards each rank computed: outside the determinism contract. Refuse it plainly.
-  if (data_.n < 2 || model_.buffers().empty()) return Status::OK();
-  std::vector<Fingerprint> before;
-  for (const auto& b : model_.buffers()) before.push_back(tensor_fingerprint(b.tensor));
-  std::string changed;
-  {
-    BufferGuard keep(model_);
-    CULPRIT_RETURN_IF_ERROR(guarded("model " + cfg_.model, [&] {
-      torch::NoGradGuard ng;
-      model_.forward(batches_.x.narrow(0, 0, 2).to(device_));
-      return Status::OK();
-    }));
-    const auto bufs = model_.buffers();
-    for (std::size_t i = 0; i < bufs.size(); ++i)
-      if (changed.empty() && tensor_fingerprint(bufs[i].tensor) != before[i]) changed = bufs[i].name;
-  }
-  if (!changed.empty())
-    return Status::Error("model " + cfg_.model + " updates state in its forward pass ('" + changed +
-                         "', e.g. batch-norm running statistics): it would depend on which micro-shards each "
-                         "rank computed; use LayerNorm or GroupNorm, or BatchNorm with track_running_stats=False");
-  return Status::OK();
-}
-
-// What the detectors may ask of this rank's state.
-StateProbe Trainer::probe() {
-  StateProbe p;
-  p.optimizer_fps = [this] {
-    std::vector<Fingerprint> fps;
-    for (const auto& prm : flat_.params) {
-      const at::Tensor t = opt_->primary(prm.tensor);
-      fps.push_back(t.defined() ? tensor_fingerprint(t) : 0);
-    }
-    return fps;
-  };
-  p.params_finite = [this] {
-    return flat_.flat.is_cuda() ? torch::isfinite(flat_.flat).all().item<bool>()
-                                : all_finite(flat_.flat.data_ptr<float>(), static_cast<std::size_t>(flat_.size));
-  };
-  p.host_params = [this] {
-    if (!flat_.flat.is_cuda()) return static_cast<const float*>(flat_.flat.data_ptr<float>());
-    host_params_ = flat_.flat.cpu();
-    return static_cast<const float*>(host_params_.data_ptr<float>());
-  };
-  p.samples_fp = [this](int k) { return tensor_fingerprint(shard_indices(step_.facts.step, k)); };
-  p.recompute = [this](int k, int attempt) {
-    BufferGuard keep(model_);
-    FireContext c = step_.fire;
-    c.attempt = attempt;
-    compute_shard(c, k, spot_leaf_.data());
-    return fingerprint_bytes(spot_leaf_.data(), spot_leaf_.size() * sizeof(float));
-  };
-  return p;
-}
 
 // ---- micro-shards ----
 
@@ -364,7 +176,7 @@ void Trainer::step(std::int64_t s, StepMode mode, trace::StepRow* replayed) {
   trace::StepRow row;
   const Fingerprint fp = record(lr, &row);
   if (replayed) *replayed = row;
-  if (cfg_.trace != "off" && pipeline_) {
+  if (cfg_.tracing() && pipeline_) {
     pipeline_->append_trace(std::move(row), std::move(step_.shard_rows));
     step_.shard_rows.clear();
   }
@@ -393,7 +205,7 @@ double Trainer::begin_step(std::int64_t s, StepMode mode) {
 void Trainer::compute_local_shards() {
   const ShardRange mine = shard_range(comm_.rank, comm_.size, cfg_.micro_shards);
   const std::int64_t s = step_.fire.step;
-  const bool rows = cfg_.trace != "off" || step_.fire.mode == StepMode::kReplay;
+  const bool rows = cfg_.tracing() || step_.fire.mode == StepMode::kReplay;
   acc_->clear();
   for (int k = mine.lo; k < mine.hi; ++k) {
     float* leaf = acc_->leaf_buffer();
@@ -448,7 +260,7 @@ Fingerprint Trainer::record(double lr, trace::StepRow* row) {
     Stopwatch sw(&f.seconds);
     detectors_.check_update(f, lr, opt_->lr(), flat_.offsets, flat_.sizes);
   }
-  if (cfg_.trace != "off" || step_.fire.mode == StepMode::kReplay)
+  if (cfg_.tracing() || step_.fire.mode == StepMode::kReplay)
     row->grad_fp = fingerprint_bytes(reduced_.data(), static_cast<std::size_t>(flat_.size) * sizeof(float));
   return fp;
 }
@@ -483,7 +295,7 @@ Status Trainer::start_run(std::int64_t start_step, const std::string& resumed_fr
   info_.data_source = data_.source;
   info_.data_samples = data_.n;
   info_.parameters = flat_.size;
-  info_.model = cfg_.model;
+  info_.model = cfg_.model.text();
   info_.blas_threads = setup_determinism(cfg_.threads);
   info_.resumed_from = resumed_from;
   info_.resumed_at_step = start_step;
@@ -498,7 +310,7 @@ Status Trainer::start_run(std::int64_t start_step, const std::string& resumed_fr
     if (st.ok()) st = truncate_metrics(path, start_step);
     if (st.ok()) {
       metrics_ = std::fopen(path.c_str(), "a");
-      if (!metrics_) st = Status::Error("cannot write '" + path + "'");
+      if (!metrics_) st = Status::IoError("cannot write '" + path + "'");
     }
     std::error_code ec;
     fs::create_directories(fs::path(cfg_.run_dir) / "checkpoints", ec);
@@ -506,7 +318,7 @@ Status Trainer::start_run(std::int64_t start_step, const std::string& resumed_fr
   CULPRIT_RETURN_IF_ERROR(agree(comm_, st));
   pipeline_ = std::make_unique<CheckpointPipeline>(cfg_, comm_);
   const trace::Header header = trace_header();
-  return pipeline_->open(start_step, cfg_.trace == "off" ? nullptr : &header, info_.hosts, info_.mpi_thread_level);
+  return pipeline_->open(start_step, cfg_.tracing() ? &header : nullptr, info_.hosts, info_.mpi_thread_level);
 }
 
 Status Trainer::run(std::int64_t start_step, const std::string& resumed_from) {
@@ -514,7 +326,7 @@ Status Trainer::run(std::int64_t start_step, const std::string& resumed_from) {
   if (comm_.rank == 0 && !cfg_.quiet) {
     std::printf("culprit train: %s on %s (%lld samples), %lld parameters, %d rank(s), %d micro-shards, "
                 "global batch %lld\n  libtorch %s, BLAS %s (threads %d), intra-op threads %d\n",
-                cfg_.model.c_str(), data_.source.c_str(), static_cast<long long>(data_.n),
+                cfg_.model.text().c_str(), data_.source.c_str(), static_cast<long long>(data_.n),
                 static_cast<long long>(flat_.size), comm_.size, cfg_.micro_shards,
                 static_cast<long long>(cfg_.global_batch), info_.torch_version.c_str(), info_.blas_library.c_str(),
                 info_.blas_threads, info_.intra_op_threads);
@@ -565,13 +377,18 @@ Status train(const TrainConfig& cfg, const Comm& world) {
   Comm comm = world;
   comm.watchdog = &watchdog;
   watchdog.on_silence([&cfg](const SilentReport& rep) {
-    Incident inc{rep.step, "collective-timeout", IncidentClass::kHardware, rep.silent.empty() ? -1 : rep.silent[0],
-                 "", "", rep.message};
+    records::Incident inc;
+    inc.step = rep.step;
+    inc.detector = Detector::kCollectiveTimeout;
+    inc.cls = IncidentClass::kHardware;
+    inc.rank = rep.silent.empty() ? -1 : rep.silent[0];
+    inc.ranks = rep.silent;
+    inc.message = rep.message;
     if (inc.rank >= 0) {
       inc.host = rep.hosts[inc.rank];
-      inc.device = "cpu";
+      inc.device = name_of(cfg.device);  // the kind: this rank cannot ask the silent one which device it is
     }
-    Status st = log_incident(cfg.run_dir, inc);
+    Status st = records::append_incident(cfg.run_dir, inc);
     if (!st.ok()) std::fprintf(stderr, "culprit: warning: %s\n", st.message().c_str());
   });
   setup_determinism(cfg.threads);
@@ -579,19 +396,19 @@ Status train(const TrainConfig& cfg, const Comm& world) {
   Dataset data;
   CULPRIT_RETURN_IF_ERROR(agree(comm, load_dataset(cfg, &data)));
   if (cfg.global_batch > data.n)
-    return agree(comm, Status::Error("--global-batch " + std::to_string(cfg.global_batch) + " exceeds the " +
+    return agree(comm, Status::BadInput("--global-batch " + std::to_string(cfg.global_batch) + " exceeds the " +
                                      std::to_string(data.n) + " samples of the data"));
   std::unique_ptr<Model> model;
-  CULPRIT_RETURN_IF_ERROR(agree(comm, guarded("model " + cfg.model, [&] { return make_model(cfg, data, &model); })));
+  CULPRIT_RETURN_IF_ERROR(agree(comm, guarded(StatusCode::kBadInput, "model " + cfg.model.text(), [&] { return make_model(cfg, data, &model); })));
   Trainer trainer(cfg, comm, data, *model);
-  CULPRIT_RETURN_IF_ERROR(agree(comm, guarded("setup", [&] { return trainer.init(); })));
+  CULPRIT_RETURN_IF_ERROR(agree(comm, guarded(StatusCode::kInternal, "setup", [&] { return trainer.init(StepMode::kTrain); })));
   std::int64_t start = 0;
   std::string from;
   if (resuming(cfg)) {
     ckpt::Checkpoint c;
     CULPRIT_RETURN_IF_ERROR(find_checkpoint(cfg, comm, &c, &from));
     CULPRIT_RETURN_IF_ERROR(agree(comm, check_compatible(cfg, data, c, from)));
-    CULPRIT_RETURN_IF_ERROR(agree(comm, guarded("restoring " + from, [&] { return trainer.restore(c); })));
+    CULPRIT_RETURN_IF_ERROR(agree(comm, guarded(StatusCode::kBadInput, "restoring " + from, [&] { return trainer.restore(c); })));
     start = c.step;
     if (start >= cfg.steps) {
       if (comm.rank == 0 && !cfg.quiet)

@@ -61,8 +61,8 @@ class Trainer {
       : cfg_(cfg), comm_(comm), data_(data), model_(model) {}
 
   // Selects the device (--device), builds the flat parameters and optimizer, parses the faults,
-  // checks the model against the data.
-  Status init();
+  // checks the model against the data. mode: whether the trainer will train or replay.
+  Status init(StepMode mode);
   // Restores parameters, buffers and optimizer state from a verified checkpoint.
   Status restore(const ckpt::Checkpoint& c);
   Status run(std::int64_t start_step, const std::string& resumed_from);

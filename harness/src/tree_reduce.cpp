@@ -77,96 +77,68 @@ std::size_t chunk_off(std::size_t n, int world, int c) {
 }
 }  // namespace
 
-void tree_allreduce(const Comm& comm, int micro_shards, const TreeAccumulator& acc, float* out,
-                    TreeWorkspace* ws, const SendFault* fault, CommCheck* check) {
-  const bool checking = check && check->enabled;
-  if (check) check->seconds = 0;
-  // Times the communication check's fingerprints (the step's detector cost, metrics.jsonl).
-  auto timed = [check](auto&& f) {
-    const auto t0 = std::chrono::steady_clock::now();
-    f();
-    check->seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  };
-  if (checking) {
-    check->sent.assign(comm.size, 0);
-    check->received.assign(comm.size, 0);
-    check->chunks.assign(comm.size, 0);
-  }
-  TreeWorkspace local;
-  if (!ws) ws = &local;
-  const int W = comm.size;
-  const std::size_t n = acc.length();
-  const auto& mine = acc.blocks();
-  const auto expected = canonical_blocks(shard_range(comm.rank, W, micro_shards));
-  if (mine.size() != expected.size())
-    throw std::logic_error("tree_allreduce: accumulator does not hold this rank's blocks");
-  if (W == 1) {
-    std::memcpy(out, mine[0].data.data(), n * sizeof(float));
-    return;
-  }
-  // Phase 1: each chunk's owner receives every node's slice of that chunk.
-  const int nb = static_cast<int>(mine.size());
-  std::vector<int> scount(W), sdispl(W), rcount(W), rdispl(W);
-  std::vector<int> nblocks(W);
-  for (int r = 0; r < W; ++r)
-    nblocks[r] = static_cast<int>(canonical_blocks(shard_range(r, W, micro_shards)).size());
-  const std::size_t my_off = chunk_off(n, W, comm.rank);
-  const std::size_t my_len = chunk_off(n, W, comm.rank + 1) - my_off;
-  std::vector<float>& packed = ws->packed;
-  const float* sendbuf = mine[0].data.data();
-  if (nb == 1 && !fault) {
+namespace {
+
+// Adds the time of the communication check's fingerprints to check->seconds (the step's detector
+// cost, metrics.jsonl).
+template <class F>
+void timed(CommCheck* check, F&& f) {
+  const auto t0 = std::chrono::steady_clock::now();
+  f();
+  check->seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+// This rank's phase-1 message: for each chunk c, every one of its blocks' slice c, to c's owner.
+struct Outgoing {
+  const float* buf = nullptr;
+  std::vector<int> count, displ;
+};
+
+Outgoing pack(const std::vector<TreeAccumulator::Entry>& mine, std::size_t n, int W, bool direct,
+              std::vector<float>* packed) {
+  Outgoing o;
+  o.count.resize(W);
+  o.displ.resize(W);
+  if (direct) {  // one block: its chunks are already in place
     for (int c = 0; c < W; ++c) {
-      sdispl[c] = static_cast<int>(chunk_off(n, W, c));
-      scount[c] = static_cast<int>(chunk_off(n, W, c + 1) - chunk_off(n, W, c));
+      o.displ[c] = static_cast<int>(chunk_off(n, W, c));
+      o.count[c] = static_cast<int>(chunk_off(n, W, c + 1) - chunk_off(n, W, c));
     }
-  } else {
-    packed.resize(n * nb);
-    std::size_t pos = 0;
-    for (int c = 0; c < W; ++c) {
-      const std::size_t off = chunk_off(n, W, c), len = chunk_off(n, W, c + 1) - off;
-      sdispl[c] = static_cast<int>(pos);
-      scount[c] = static_cast<int>(len * nb);
-      for (const auto& b : mine) {
-        std::memcpy(packed.data() + pos, b.data.data() + off, len * sizeof(float));
-        pos += len;
-      }
-    }
-    sendbuf = packed.data();
+    o.buf = mine[0].data.data();
+    return o;
   }
-  // Phase-1 fingerprints of what this rank means to send, taken before it leaves its hands (not
-  // of its message to itself, which never leaves the process).
-  if (checking)
-    timed([&] {
-      for (int c = 0; c < W; ++c)
-        if (c != comm.rank) check->sent[c] = fingerprint_bytes(sendbuf + sdispl[c], scount[c] * sizeof(float));
-    });
-  if (!packed.empty() && sendbuf == packed.data()) {
-    if (fault && fault->offset < n) {
-      int c = 0;
-      while (chunk_off(n, W, c + 1) <= fault->offset) ++c;
-      const std::size_t len = chunk_off(n, W, c + 1) - chunk_off(n, W, c);
-      for (int j = 0; j < nb; ++j) {
-        float& v = packed[sdispl[c] + j * len + (fault->offset - chunk_off(n, W, c))];
-        v = fault->apply(fault->ctx, v);
-      }
+  const std::size_t nb = mine.size();
+  packed->resize(n * nb);
+  std::size_t pos = 0;
+  for (int c = 0; c < W; ++c) {
+    const std::size_t off = chunk_off(n, W, c), len = chunk_off(n, W, c + 1) - off;
+    o.displ[c] = static_cast<int>(pos);
+    o.count[c] = static_cast<int>(len * nb);
+    for (const auto& b : mine) {
+      std::memcpy(packed->data() + pos, b.data.data() + off, len * sizeof(float));
+      pos += len;
     }
   }
-  std::size_t rtotal = 0;
-  for (int r = 0; r < W; ++r) {
-    rdispl[r] = static_cast<int>(rtotal);
-    rcount[r] = static_cast<int>(my_len * nblocks[r]);
-    rtotal += my_len * nblocks[r];
+  o.buf = packed->data();
+  return o;
+}
+
+// A faulty link: element `offset` of every block's slice this rank sends (after the rank meant it).
+void corrupt_outgoing(const SendFault& fault, std::size_t n, int W, std::size_t nb, const Outgoing& o,
+                      std::vector<float>* packed) {
+  if (fault.offset >= n) return;
+  int c = 0;
+  while (chunk_off(n, W, c + 1) <= fault.offset) ++c;
+  const std::size_t len = chunk_off(n, W, c + 1) - chunk_off(n, W, c);
+  for (std::size_t j = 0; j < nb; ++j) {
+    float& v = (*packed)[o.displ[c] + j * len + (fault.offset - chunk_off(n, W, c))];
+    v = fault.apply(fault.ctx, v);
   }
-  std::vector<float>& recv = ws->recv;
-  recv.resize(rtotal);
-  CULPRIT_COLLECTIVE(comm, "the gradient reduction", MPI_Ialltoallv(sendbuf, scount.data(), sdispl.data(), MPI_FLOAT, recv.data(),
-                                  rcount.data(), rdispl.data(), MPI_FLOAT, comm.comm, &_culprit_req));
-  if (checking)
-    timed([&] {
-      for (int r = 0; r < W; ++r)
-        if (r != comm.rank) check->received[r] = fingerprint_bytes(recv.data() + rdispl[r], rcount[r] * sizeof(float));
-    });
-  // Combine this chunk's nodes bottom-up, in tree order, in place in the receive buffer.
+}
+
+// This rank's chunk: the nodes every rank sent (rank order, each rank's blocks in tree order),
+// combined bottom-up in tree order, in place in the receive buffer; returns the root.
+const float* combine(float* recv, std::size_t len, int W, int micro_shards) {
   struct Slot {
     TreeNode node;
     float* data;
@@ -175,29 +147,85 @@ void tree_allreduce(const Comm& comm, int micro_shards, const TreeAccumulator& a
   std::size_t pos = 0;
   for (int r = 0; r < W; ++r) {
     for (const TreeNode& node : canonical_blocks(shard_range(r, W, micro_shards))) {
-      stack.push_back({node, recv.data() + pos});
-      pos += my_len;
+      stack.push_back({node, recv + pos});
+      pos += len;
       while (stack.size() >= 2 && siblings(stack[stack.size() - 2].node, stack.back().node)) {
         Slot right = stack.back();
         stack.pop_back();
-        tree_add(stack.back().data, right.data, my_len);
+        tree_add(stack.back().data, right.data, len);
         stack.back().node.level += 1;
       }
     }
   }
   if (stack.size() != 1) throw std::logic_error("tree_allreduce: nodes did not combine to a root");
-  if (my_len) std::memcpy(out + my_off, stack[0].data, my_len * sizeof(float));
+  return stack[0].data;
+}
+
+}  // namespace
+
+void tree_allreduce(const Comm& comm, int micro_shards, const TreeAccumulator& acc, float* out,
+                    TreeWorkspace* ws, const SendFault* fault, CommCheck* check) {
+  const bool checking = check && check->enabled;
+  if (check) check->seconds = 0;
+  const int W = comm.size;
+  if (checking) {
+    check->sent.assign(W, 0);
+    check->received.assign(W, 0);
+    check->chunks.assign(W, 0);
+  }
+  TreeWorkspace local;
+  if (!ws) ws = &local;
+  const std::size_t n = acc.length();
+  const auto& mine = acc.blocks();
+  if (mine.size() != canonical_blocks(shard_range(comm.rank, W, micro_shards)).size())
+    throw std::logic_error("tree_allreduce: accumulator does not hold this rank's blocks");
+  if (W == 1) {
+    std::memcpy(out, mine[0].data.data(), n * sizeof(float));
+    return;
+  }
+  // Phase 1: each chunk's owner receives every node's slice of that chunk. The sender fingerprints
+  // what it means to send before it leaves its hands (not its message to itself, which never
+  // leaves the process).
+  const Outgoing o = pack(mine, n, W, mine.size() == 1 && !fault, &ws->packed);
+  if (checking)
+    timed(check, [&] {
+      for (int c = 0; c < W; ++c)
+        if (c != comm.rank) check->sent[c] = fingerprint_bytes(o.buf + o.displ[c], o.count[c] * sizeof(float));
+    });
+  if (fault) corrupt_outgoing(*fault, n, W, mine.size(), o, &ws->packed);
+  const std::size_t my_off = chunk_off(n, W, comm.rank);
+  const std::size_t my_len = chunk_off(n, W, comm.rank + 1) - my_off;
+  std::vector<int> rcount(W), rdispl(W);
+  std::size_t rtotal = 0;
+  for (int r = 0; r < W; ++r) {
+    const std::size_t blocks = canonical_blocks(shard_range(r, W, micro_shards)).size();
+    rdispl[r] = static_cast<int>(rtotal);
+    rcount[r] = static_cast<int>(my_len * blocks);
+    rtotal += my_len * blocks;
+  }
+  std::vector<float>& recv = ws->recv;
+  recv.resize(rtotal);
+  CULPRIT_COLLECTIVE(comm, "the gradient reduction",
+                     MPI_Ialltoallv(o.buf, o.count.data(), o.displ.data(), MPI_FLOAT, recv.data(), rcount.data(),
+                                    rdispl.data(), MPI_FLOAT, comm.comm, &_culprit_req));
+  if (checking)
+    timed(check, [&] {
+      for (int r = 0; r < W; ++r)
+        if (r != comm.rank) check->received[r] = fingerprint_bytes(recv.data() + rdispl[r], rcount[r] * sizeof(float));
+    });
+  const float* root = combine(recv.data(), my_len, W, micro_shards);
+  if (my_len) std::memcpy(out + my_off, root, my_len * sizeof(float));
   // Phase 2: everyone gets every reduced chunk.
   for (int c = 0; c < W; ++c) {
     rdispl[c] = static_cast<int>(chunk_off(n, W, c));
     rcount[c] = static_cast<int>(chunk_off(n, W, c + 1) - chunk_off(n, W, c));
   }
-  if (checking) timed([&] { check->chunks[comm.rank] = fingerprint_bytes(out + my_off, my_len * sizeof(float)); });
+  if (checking) timed(check, [&] { check->chunks[comm.rank] = fingerprint_bytes(out + my_off, my_len * sizeof(float)); });
   CULPRIT_COLLECTIVE(comm, "the gradient reduction", MPI_Iallgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, out,
                                                                      rcount.data(), rdispl.data(), MPI_FLOAT,
                                                                      comm.comm, &_culprit_req));
   if (checking)
-    timed([&] {
+    timed(check, [&] {
       for (int c = 0; c < W; ++c)
         if (c != comm.rank) check->chunks[c] = fingerprint_bytes(out + rdispl[c], rcount[c] * sizeof(float));
     });

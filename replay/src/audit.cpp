@@ -1,112 +1,227 @@
-// culprit audit --compare: where two runs meant to be identical part ways.
+// culprit audit --run-dir (optionally one share of a job array) and audit --merge: every interval
+// between consecutive valid checkpoints replayed alone on one rank, against the trace and the next
+// checkpoint. The report is records::AuditReport (RUN/audit.json, docs/records.md); intervals
+// travel between ranks as that record's interval entries.
 #include <algorithm>
 #include <cstdio>
+#include <filesystem>
 #include <map>
+#include <set>
 
-#include "culprit/checkpoint.h"
-#include "culprit/exit_codes.h"
 #include "culprit/replay.h"
-#include "culprit/trace.h"
 
 namespace culprit::replay {
 
+namespace fs = std::filesystem;
+using records::AuditReport;
+using records::IntervalResult;
+
 namespace {
 
-// One rank's step rows of a run (every rank records the same update), by step.
-Status step_rows(const std::string& run_dir, trace::Header* h, std::map<std::int64_t, trace::StepRow>* rows) {
-  const auto files = trace::list(run_dir);
-  if (files.empty()) return Status::OK();
-  trace::TraceFile tf;
-  CULPRIT_RETURN_IF_ERROR(trace::read(files[0], &tf));
-  *h = tf.header;
-  for (const auto& s : tf.steps) (*rows)[s.step] = s;
+using Ckpts = std::vector<std::pair<std::int64_t, std::string>>;
+
+// Collective: the run's checkpoints that verify, in step order (each rank verifies every W-th; the
+// ranks agree), and on rank 0 the messages of the damaged ones.
+void verify_checkpoints(const std::string& run_dir, const Comm& comm, Ckpts* valid, std::vector<std::string>* damaged) {
+  const auto all = ckpt::list(run_dir);
+  std::vector<int> ok(all.size(), 1);
+  std::vector<std::string> mine;
+  for (std::size_t j = 0; j < all.size(); ++j) {
+    if (static_cast<int>(j % comm.size) != comm.rank) continue;
+    ckpt::Checkpoint c;
+    Status st = ckpt::read(all[j].second, &c, /*verify=*/true);
+    if (!st.ok()) ok[j] = 0, mine.push_back(st.message());
+  }
+  CULPRIT_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, ok.data(), static_cast<int>(ok.size()), MPI_INT, MPI_MIN, comm.comm));
+  *damaged = gather_lines(comm, mine);
+  for (std::size_t j = 0; j < all.size(); ++j)
+    if (ok[j]) valid->push_back(all[j]);
+}
+
+// The replay of one interval must end in the next checkpoint's parameters ("" when it does).
+std::string end_state_difference(const StepResult& last, const std::vector<std::string>& params, const std::string& next,
+                                 Status* st) {
+  ckpt::Checkpoint c;
+  *st = ckpt::read(next, &c, /*verify=*/false);  // verified by verify_checkpoints
+  if (!st->ok()) return "";
+  for (std::size_t p = 0; p < params.size() && p < last.param_fps.size(); ++p)
+    for (const auto& t : c.model)
+      if (t.name == params[p] && fingerprint_bytes(t.bytes.data(), t.bytes.size()) != last.param_fps[p])
+        return "the replay does not end in " + next + " ('" + params[p] + "' differs)";
+  return "";
+}
+
+// One interval replayed alone (`solo`): *out says whether it reproduced; an error when the replay
+// itself could not run.
+Status audit_interval(const RunRecord& run, const Comm& solo, const Ckpts& ckpts, std::size_t i, IntervalResult* out) {
+  ckpt::Checkpoint start;
+  CULPRIT_RETURN_IF_ERROR(ckpt::read(ckpts[i].second, &start, /*verify=*/true));
+  std::unique_ptr<harness::Engine> engine;
+  CULPRIT_RETURN_IF_ERROR(harness::Engine::open(run.cfg, solo, start, ckpts[i].second,
+                                                run.trace.header.level == trace::Level::kLayer, &engine));
+  const Schema schema = schema_of(*engine, run.trace);
+  const std::int64_t to = ckpts[i + 1].first;
+  std::string verdict;
+  StepResult sr;
+  while (engine->step() < to && verdict.empty()) {
+    CULPRIT_RETURN_IF_ERROR(engine->run_step(&sr));
+    const StepComparison cmp = compare_step(sr, run.trace, schema);
+    const std::string T = std::to_string(sr.step);
+    if (!cmp.shards.empty()) {
+      const auto& m = cmp.shards[0];
+      verdict = "step " + T + " micro-shard " + std::to_string(m.shard) + " (recorded by rank " +
+                std::to_string(m.recorded_by) + " on " + m.host + ") differs " + m.diff.describe();
+    } else if (cmp.update) {
+      verdict = "step " + T + ": " + cmp.update.describe();
+    }
+  }
+  Status st;
+  if (verdict.empty()) verdict = end_state_difference(sr, schema.params, ckpts[i + 1].second, &st);
+  CULPRIT_RETURN_IF_ERROR(st);
+  out->from = ckpts[i].first;
+  out->to = to;
+  out->reproduced = verdict.empty();
+  out->detail = verdict;
+  return Status::OK();
+}
+
+// Prints the report; its verdict: OK, or kDiffers naming the first interval that does not reproduce.
+Status print_report(const AuditReport& a, const std::string& how, const std::string& written) {
+  std::printf("culprit audit: %s, %zu interval(s) %s\n", a.run_dir.c_str(), a.intervals.size(), how.c_str());
+  for (const auto& d : a.damaged) std::printf("damaged checkpoint skipped: %s\n", d.c_str());
+  for (const auto& r : a.intervals) std::printf("%s\n", records::interval_line(r).c_str());
+  if (!written.empty()) std::printf("report: %s\n", written.c_str());
+  std::fflush(stdout);
+  if (const IntervalResult* bad = a.first_bad())
+    return Status::Differs(std::to_string(a.mismatches()) + " interval(s) do not reproduce; first: " +
+                           records::interval_line(*bad));
+  return Status::OK();
+}
+
+// Collective: this rank's share of the intervals (interval i belongs to share i mod N; the share's
+// n-th to rank n mod W), each replayed alone. Rank 0 gets every rank's results, by `from`.
+Status audit_share(const AuditOptions& opt, const RunRecord& run, const Ckpts& ckpts, const Comm& comm,
+                   std::vector<IntervalResult>* results) {
+  std::vector<std::size_t> share_intervals;
+  for (std::size_t i = 0; i + 1 < ckpts.size(); ++i)
+    if (static_cast<int>(i % opt.shares) == opt.share) share_intervals.push_back(i);
+  MPI_Comm solo_comm;
+  CULPRIT_MPI_CHECK(MPI_Comm_split(comm.comm, comm.rank, 0, &solo_comm));
+  const Comm solo{solo_comm, 0, 1, comm.host};
+  std::vector<std::string> mine;
+  Status failure;
+  for (std::size_t n = 0; n < share_intervals.size() && failure.ok(); ++n) {
+    if (static_cast<int>(n % comm.size) != comm.rank) continue;
+    IntervalResult r;
+    failure = audit_interval(run, solo, ckpts, share_intervals[n], &r);
+    r.rank = comm.rank;
+    r.share = opt.share;
+    if (failure.ok()) mine.push_back(records::to_json_line(r));
+  }
+  MPI_Comm_free(&solo_comm);
+  CULPRIT_RETURN_IF_ERROR(agree(comm, failure));
+  for (const auto& line : gather_lines(comm, mine)) {
+    IntervalResult r;
+    CULPRIT_RETURN_IF_ERROR(records::from_json_line(line, &r));
+    results->push_back(r);
+  }
+  std::sort(results->begin(), results->end(), [](const auto& a, const auto& b) { return a.from < b.from; });
   return Status::OK();
 }
 
 }  // namespace
 
-Status compare_runs(const std::string& a, const std::string& b, std::string* report) {
-  std::string out;
-  // Common checkpoints, verified; the state fingerprints bracket the divergence.
-  std::map<std::int64_t, std::string> ca, cb;
-  for (const auto& [s, p] : ckpt::list(a)) ca[s] = p;
-  for (const auto& [s, p] : ckpt::list(b)) cb[s] = p;
-  for (const auto& r : {a, b})
-    if (ckpt::list(r).empty() && trace::list(r).empty())
-      return Status::Error("'" + r + "' holds neither checkpoints nor a trace");
-  std::vector<std::int64_t> common;
-  for (const auto& [s, p] : ca)
-    if (cb.count(s)) common.push_back(s);
-  auto same_state = [&](std::int64_t s, bool* same) -> Status {
-    ckpt::Checkpoint x, y;
-    CULPRIT_RETURN_IF_ERROR(ckpt::read(ca[s], &x, /*verify=*/true));
-    CULPRIT_RETURN_IF_ERROR(ckpt::read(cb[s], &y, /*verify=*/true));
-    *same = x.state_fingerprint == y.state_fingerprint;
-    return Status::OK();
-  };
-  // Binary search for the first common checkpoint whose states differ (once apart, runs stay apart).
-  std::int64_t good = -1, bad = -1;
-  std::size_t lo = 0, hi = common.size();
-  int reads = 0;
-  while (lo < hi) {
-    const std::size_t mid = (lo + hi) / 2;
-    bool same = false;
-    CULPRIT_RETURN_IF_ERROR(same_state(common[mid], &same));
-    ++reads;
-    if (same) lo = mid + 1;
-    else hi = mid;
+Status audit(const AuditOptions& opt, const Comm& comm) {
+  if (opt.shares < 1 || opt.share < 0 || opt.share >= opt.shares)
+    return agree(comm, Status::BadInput("option '--share': " + std::to_string(opt.share) + "/" +
+                                        std::to_string(opt.shares) + " is not I/N with 0 <= I < N"));
+  RunRecord run;
+  CULPRIT_RETURN_IF_ERROR(load_run(opt.run_dir, comm, &run));
+  const auto t0 = MPI_Wtime();
+  AuditReport report;
+  report.run_dir = opt.run_dir;
+  report.share = opt.share;
+  report.shares = opt.shares;
+  report.world_size = comm.size;
+  Ckpts ckpts;
+  verify_checkpoints(opt.run_dir, comm, &ckpts, &report.damaged);
+  if (ckpts.size() < 2)
+    return agree(comm, Status::BadInput("'" + opt.run_dir + "' holds " + std::to_string(ckpts.size()) +
+                                        " valid checkpoint(s): an audit needs two (an interval)"));
+  for (std::size_t i = 0; i + 1 < ckpts.size(); ++i) report.all_intervals.push_back({ckpts[i].first, ckpts[i + 1].first});
+  CULPRIT_RETURN_IF_ERROR(audit_share(opt, run, ckpts, comm, &report.intervals));
+  Status verdict;
+  if (comm.rank == 0) {
+    // A share writes its part for --merge; a whole audit writes RUN/audit.json.
+    const std::string path = opt.shares > 1 ? records::audit_part_path(opt.run_dir, opt.share, opt.shares)
+                                            : records::audit_path(opt.run_dir);
+    report.seconds = MPI_Wtime() - t0;
+    const Status written = records::write_audit(path, report);
+    const std::string how = "on " + std::to_string(comm.size) + " rank(s)" +
+                            (opt.shares > 1 ? ", share " + std::to_string(opt.share) + " of " +
+                                                  std::to_string(opt.shares) + " (" +
+                                                  std::to_string(report.all_intervals.size()) + " in the run)"
+                                            : "");
+    verdict = print_report(report, how, written.ok() ? path : "");
+    std::printf("audited in %.2f s\n", MPI_Wtime() - t0);
+    std::fflush(stdout);
+    if (!written.ok()) verdict = written;
   }
-  if (lo > 0) good = common[lo - 1];
-  if (lo < common.size()) bad = common[lo];
-  out += "checkpoints: " + std::to_string(common.size()) + " common, " + std::to_string(reads) + " compared; " +
-         (good >= 0 ? "equal through step " + std::to_string(good) : std::string("none equal")) +
-         (bad >= 0 ? ", different from step " + std::to_string(bad) : std::string(", none different")) + "\n";
-  // Within the bracket, the traces give the first differing step and tensor.
-  trace::Header ha, hb;
-  std::map<std::int64_t, trace::StepRow> ra, rb;
-  CULPRIT_RETURN_IF_ERROR(step_rows(a, &ha, &ra));
-  CULPRIT_RETURN_IF_ERROR(step_rows(b, &hb, &rb));
-  std::int64_t first = -1;
-  std::string tensor;
-  if (!ra.empty() && !rb.empty()) {
-    if (ha.params != hb.params) return Status::Error("the runs train different models (their parameters differ)");
-    for (const auto& [s, row] : ra) {
-      if (s <= good) continue;
-      if (bad >= 0 && s > bad) break;
-      auto it = rb.find(s);
-      if (it == rb.end()) continue;
-      if (row.param_fps == it->second.param_fps && row.grad_fp == it->second.grad_fp) continue;
-      first = s;
-      for (std::size_t i = 0; i < row.param_fps.size() && i < it->second.param_fps.size(); ++i)
-        if (row.param_fps[i] != it->second.param_fps[i]) {
-          tensor = ha.params[i];
-          break;
-        }
-      if (tensor.empty()) tensor = "(the reduced gradient)";
-      break;
-    }
+  return broadcast_status(comm, verdict);  // rank 0 decided
+}
+
+Status merge_audit(const std::string& run_dir) {
+  const fs::path dir = fs::path(run_dir) / "audit";
+  std::error_code ec;
+  if (!fs::is_directory(dir, ec))
+    return Status::BadInput("'" + dir.string() + "' does not exist: no audit share has written its part");
+  // The parts, by their N; exactly one N may be present.
+  std::map<int, std::map<int, std::string>> parts;
+  for (const auto& e : fs::directory_iterator(dir, ec)) {
+    int i = -1, n = -1;
+    const std::string name = e.path().filename().string();
+    if (std::sscanf(name.c_str(), "part-%d-of-%d.json", &i, &n) == 2 && name.size() == 22 && i >= 0 && i < n &&
+        name == fs::path(records::audit_part_path(run_dir, i, n)).filename().string())
+      parts[n][i] = e.path().string();
   }
-  if (first < 0 && bad >= 0) {
-    // No trace to narrow it down: the checkpoint step, and its first differing tensor.
-    ckpt::Checkpoint x, y;
-    CULPRIT_RETURN_IF_ERROR(ckpt::read(ca[bad], &x, true));
-    CULPRIT_RETURN_IF_ERROR(ckpt::read(cb[bad], &y, true));
-    for (std::size_t i = 0; i < x.model.size() && i < y.model.size(); ++i)
-      if (x.model[i].bytes != y.model[i].bytes) {
-        tensor = x.model[i].name;
-        break;
-      }
-    first = bad;
-    out += "(no trace between the checkpoints: the divergence is located to the checkpoint interval)\n";
+  if (parts.empty()) return Status::BadInput("'" + dir.string() + "' holds no part-I-of-N.json");
+  if (parts.size() > 1)
+    return Status::BadInput("'" + dir.string() + "' holds parts of audits with different share counts (" +
+                            std::to_string(parts.begin()->first) + " and " + std::to_string(parts.rbegin()->first) + ")");
+  const int shares = parts.begin()->first;
+  const auto& files = parts.begin()->second;
+  std::string missing;
+  for (int i = 0; i < shares; ++i)
+    if (!files.count(i)) missing += (missing.empty() ? "" : ", ") + std::to_string(i);
+  if (!missing.empty())
+    return Status::BadInput("the audit of '" + run_dir + "' in " + std::to_string(shares) + " shares lacks share(s) " +
+                            missing + " (did every array task finish?)");
+  AuditReport merged;
+  merged.run_dir = run_dir;
+  merged.shares = shares;
+  merged.merged = true;
+  std::set<std::string> damaged;
+  for (const auto& [i, path] : files) {
+    AuditReport part;
+    CULPRIT_RETURN_IF_ERROR(records::read_audit(path, &part));
+    if (i == files.begin()->first) merged.all_intervals = part.all_intervals;
+    if (part.all_intervals != merged.all_intervals)
+      return Status::BadInput("'" + path + "' audited other intervals than share 0 (checkpoints changed between the "
+                              "array's tasks?)");
+    damaged.insert(part.damaged.begin(), part.damaged.end());
+    merged.intervals.insert(merged.intervals.end(), part.intervals.begin(), part.intervals.end());
+    merged.seconds = std::max(merged.seconds, part.seconds);
   }
-  if (first < 0) {
-    out += "the runs agree bitwise everywhere they can be compared\n";
-    *report = out;
-    return Status::OK();
-  }
-  out += "first differing step: " + std::to_string(first) + "\nfirst differing tensor: " + tensor + "\n";
-  *report = out;
-  return Status::Error("the runs differ from step " + std::to_string(first) + " ('" + tensor + "')", kExitDiffers);
+  std::sort(merged.intervals.begin(), merged.intervals.end(), [](const auto& a, const auto& b) { return a.from < b.from; });
+  std::vector<std::pair<std::int64_t, std::int64_t>> got;
+  for (const auto& r : merged.intervals) got.push_back({r.from, r.to});
+  if (got != merged.all_intervals)
+    return Status::BadInput("the parts of the audit of '" + run_dir + "' cover " + std::to_string(got.size()) + " of " +
+                            std::to_string(merged.all_intervals.size()) + " intervals");
+  merged.damaged.assign(damaged.begin(), damaged.end());
+  const std::string path = records::audit_path(run_dir);
+  CULPRIT_RETURN_IF_ERROR(records::write_audit(path, merged));
+  return print_report(merged, "merged from " + std::to_string(shares) + " share(s)", path);
 }
 
 }  // namespace culprit::replay

@@ -240,15 +240,16 @@ class Bisect(TempDirTest):
             blob = f.read()
         with open(path, "wb") as f:
             f.write(blob[: len(blob) // 2])
-        for args, needle in [(["--run-dir", self.path("missing")], "holds no run (no run.json)"),
-                             (["--run-dir", torn], "trace '%s'" % path),
-                             (["--run-dir", self.path("notrace")], "no trace in"),
-                             (["--run-dir", d], "no valid checkpoint"),
-                             (["--run-dir", d, "--reruns", "0"], "'--reruns' must be at least 1"),
-                             ([], "option '--run-dir' is required")]:
+        DAMAGED = 4
+        for args, needle, code in [(["--run-dir", self.path("missing")], "holds no run (no run.json)", 2),
+                                   (["--run-dir", torn], "trace '%s'" % path, DAMAGED),
+                                   (["--run-dir", self.path("notrace")], "no trace in", 2),
+                                   (["--run-dir", d], "no valid checkpoint", 2),
+                                   (["--run-dir", d, "--reruns", "0"], "'--reruns' must be at least 1", 2),
+                                   ([], "option '--run-dir' is required", 2)]:
             with self.subTest(args=args):
                 res = run(["bisect"] + args, world=2, use_mpirun=True)
-                self.assertEqual(res.code, 2, res.out + res.err)
+                self.assertEqual(res.code, code, res.out + res.err)
                 self.assertIn("culprit: error: ", res.err)
                 self.assertIn(needle, res.err)
 

@@ -82,6 +82,20 @@ class Detection(TempDirTest):
                 else:
                     inc = self.halted(name, spec, code, detector)
                 self.assertEqual(inc["rank"], 1, inc)
+                self.assertIn(1, inc["ranks"], inc)
+                self.check_structure(phase, detector, inc)
+
+    def check_structure(self, phase, detector, inc):
+        """The record's structured fields say what the message says (readers use the fields)."""
+        if detector == "comm":
+            self.assertEqual((inc["what"], inc["sender"]), ("message", 1), inc)
+            self.assertNotEqual(inc["receiver"], -1, inc)
+        elif detector == "replica-divergence":
+            what = "optimizer-state" if phase == "optimizer" else "parameter"
+            self.assertEqual((inc["what"], inc["tensor"]), (what, "fc2.weight"), inc)
+        elif detector == "spot-check" or (detector == "nonfinite" and phase in ("forward", "backward", "grad", "data")):
+            # W = 3, M = 4: rank 1 computes micro-shard 1 only.
+            self.assertEqual((inc["what"], inc["micro_shard"]), ("gradient", 1), inc)
 
     def test_spot_check_with_two_and_one_ranks(self):
         spec = "step=3,rank=%d,layer=fc1,index=2,phase=forward,kind=bitflip,bit=4"
@@ -108,6 +122,7 @@ class Detection(TempDirTest):
                 ("lr-scale", "step=3,rank=all,phase=lr,kind=scale,factor=2", "but the schedule gives 0.05")]:
             with self.subTest(name=name):
                 inc = self.halted(name, spec, INVARIANT, "invariant", ["--lr-schedule", "cosine"])
+                self.assertEqual(inc["ranks"], [0, 1, 2], inc)
                 self.assertIn("every rank (first rank 0): ", inc["message"])
                 self.assertIn(needle, inc["message"])
         # Negative control: the same run without the fault is clean, and --check-invariants false
@@ -205,7 +220,7 @@ class FalsePositives(TempDirTest):
 
     def test_bad_specs(self):
         for spec, needle in [("step=1,rank=0,layer=fc9,phase=grad,kind=nan", "unknown layer 'fc9' (valid: fc1, fc2, fc3)"),
-                             ("step=1,rank=0,layer=fc1,phase=gpu,kind=nan", "unknown phase 'gpu' (valid: backward, comm"),
+                             ("step=1,rank=0,layer=fc1,phase=gpu,kind=nan", "unknown phase 'gpu' (valid: forward, backward, grad, comm"),
                              ("step=1,rank=0,layer=fc1,phase=grad,kind=zap", "unknown kind 'zap'"),
                              ("step=1,rank=0,layer=fc1,phase=grad,color=red", "unknown key 'color'"),
                              ("step=1,rank=7,layer=fc1,phase=grad,kind=nan", "rank 7 does not exist")]:

@@ -1,6 +1,7 @@
 """culprit replay: re-executing a recorded step on other ranks (and another world size) reproduces the
 trace bitwise for a clean run, and an injected fault shows as a mismatch at its step, micro-shard,
 layer and phase, with the replays telling a transient fault from a persistent one."""
+import json
 import os
 import sys
 import unittest
@@ -52,6 +53,28 @@ class Replay(TempDirTest):
         # Before the fault, everything reproduces (the negative control of the same run).
         res = self.replay(d, 2, "--step", "4")
         self.assertEqual(res.code, 0, res.out + res.err)
+
+    def test_json_report_holds_the_same_findings(self):
+        d = self.trained("json", "step=5,rank=1,layer=fc2,index=3,phase=forward,kind=bitflip,bit=4")
+        res = self.replay(d, 2, "--step", "5", "--json")
+        self.assertEqual(res.code, DIFFERS, res.out + res.err)
+        rep = json.loads(res.out)  # stdout is the record alone
+        self.assertEqual((rep["record"], rep["version"], rep["step"], rep["world_size"]), ("replay", 1, 5, 2))
+        self.assertTrue(rep["checkpoint"].endswith("checkpoints/step-00000003.h5"), rep["checkpoint"])
+        self.assertEqual([(b["step"], b["shards"], b["update"]["where"]) for b in rep["before"]], [(4, [], "")])
+        self.assertEqual(rep["mismatches"], 3)
+        shards = {s["shard"]: s for s in rep["shards"]}
+        self.assertEqual(sorted(shards), [0, 1, 2, 3])
+        self.assertEqual(shards[1]["recorded_by"], 1)
+        replays = shards[1]["replays"]
+        self.assertEqual([r["rank"] for r in replays], [0, 1])
+        for r in replays:
+            self.assertFalse(r["match"], r)
+            self.assertEqual((r["difference"]["where"], r["difference"]["phase"], r["difference"]["layer"]),
+                             ("forward", "forward", "fc2"), r)
+        for k in (0, 2, 3):  # the negative control inside the same replay
+            self.assertTrue(all(r["match"] for r in shards[k]["replays"]), shards[k])
+        self.assertEqual(rep["update"]["where"], "reduced-gradient")
 
     def test_backward_fault_names_the_layer_in_backward_order(self):
         d = self.trained("backward", "step=5,rank=1,layer=fc1,index=3,phase=backward,kind=bitflip,bit=4")

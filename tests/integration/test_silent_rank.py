@@ -75,8 +75,11 @@ class SilentRank(TempDirTest):
                                   r"collective timeout of 5 s .*ranks 0,2 waited in .* of step 7")
         inc = incidents(d)
         self.assertEqual(len(inc), 1, inc)
-        self.assertEqual((inc[0]["step"], inc[0]["detector"], inc[0]["rank"], inc[0]["class"]),
-                         (7, "collective-timeout", 1, "hardware"), inc)
+        self.assertEqual((inc[0]["step"], inc[0]["detector"], inc[0]["rank"], inc[0]["class"], inc[0]["ranks"]),
+                         (7, "collective-timeout", 1, "hardware", [1]), inc)
+        # What jobs/train.sbatch reads to exclude the host: through culprit, from the record.
+        host = run(["report", d, "--field", "incident.host", "--detector", "collective-timeout"])
+        self.assertEqual((host.code, host.out.strip()), (0, inc[0]["host"]), host.err)
         self.assertIn("step-00000006.h5", os.listdir(os.path.join(d, "checkpoints")))
         # The resumed run does not repeat the injected fault and ends where the uninterrupted run did;
         # the trace still records the fault of the run it continued.

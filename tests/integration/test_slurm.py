@@ -94,7 +94,8 @@ class Slurm(TempDirTest):
         host = diag["host"]
         # The decision, with the job id, the restart count, the exclude list and the resume point.
         d = self.decisions(run_dir)[-1]
-        self.assertEqual((d["class"], d["slurm_job_id"], d["restart"], d["exit_code"]), ("requeue", job, 0, 21), d)
+        self.assertEqual((d["class"], d["decision"], d["slurm_job_id"], d["restart"], d["exit_code"]),
+                         ("jobs", "requeue", job, 0, 21), d)
         self.assertEqual(d["exclude"], host)
         self.assertTrue(d["resume_from"].endswith("checkpoints/step-00000004.h5"), d)
         # The follow-up job: on one node it stays pending, excluding the node, with the fault not passed on.
@@ -114,7 +115,7 @@ class Slurm(TempDirTest):
                                  CULPRIT_RESUME_FROM=d["resume_from"]))
         state, code = wait(job2)
         self.assertEqual((state, code), ("COMPLETED", 0), open(self.path("cont-%s.out" % job2)).read())
-        self.assertEqual(self.decisions(run_dir)[-1]["class"], "done")
+        self.assertEqual(self.decisions(run_dir)[-1]["decision"], "done")
         clean = self.path("clean")
         res = run(["train"] + SIZE, world=2, run_dir=clean)
         self.assertEqual(res.code, 0, res.err)
@@ -146,7 +147,7 @@ class Slurm(TempDirTest):
         self.assertTrue(os.path.exists(os.path.join(run_dir, "diagnosis.html")))
         self.assertIn("verdict hardware-persistent", out)
         d = self.decisions(run_dir)[-1]
-        self.assertEqual((d["class"], d["slurm_job_id"], d["exit_code"]), ("postmortem", job, 21), d)
+        self.assertEqual((d["decision"], d["slurm_job_id"], d["exit_code"], d["step"]), ("postmortem", job, 21, 5), d)
 
     def test_audit_array_and_merge_job_cover_every_interval(self):
         run_dir = self.path("audited")

@@ -1,13 +1,152 @@
+// The option table (culprit/options.h) and `culprit train`'s options declared in it: parsing,
+// --config INI files, help, INI text, validation, the determinism-critical list, --resume.
 #include <gtest/gtest.h>
 
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
+#include <nlohmann/json.hpp>
 
 #include "culprit/harness.h"
+#include "culprit/options.h"
 
+using culprit::Status;
 using culprit::harness::parse_train_options;
 using culprit::harness::TrainConfig;
 using culprit::harness::validate;
+namespace opts = culprit::opts;
+namespace fs = std::filesystem;
+
+namespace {
+
+enum class Colour { kRed, kBlue };
+constexpr culprit::NameRow<Colour> kColourNames[] = {{Colour::kRed, "red"}, {Colour::kBlue, "blue"}};
+constexpr culprit::NameTable<Colour> enum_names(Colour) { return {kColourNames, 2, "colour"}; }
+
+struct Toy {
+  int count = 3;
+  double rate = 0.5;
+  bool loud = false;
+  Colour colour = Colour::kRed;
+  std::vector<std::string> tags;
+  std::string name;
+  std::pair<int, int> pair{1, 2};
+};
+
+const opts::Table<Toy>& toy() {
+  static const opts::Table<Toy> t("toy options", {
+      opts::number<Toy>("count", &Toy::count, "how many", opts::Range<int>{1, 10}, opts::kCritical),
+      opts::number<Toy>("rate", &Toy::rate, "how fast", opts::Range<double>::at_least(0)),
+      opts::flag<Toy>("loud", &Toy::loud, "shout"),
+      opts::choice<Toy>("colour", &Toy::colour, "red | blue", opts::kCritical),
+      opts::texts<Toy>("tag", &Toy::tags, "repeatable"),
+      opts::text<Toy>("name", &Toy::name, "not recorded", opts::kNotRecorded),
+      opts::custom<Toy>("pair", "a,b",
+                        [](Toy* t, const std::string& s) {
+                          int a = 0, b = 0;
+                          if (std::sscanf(s.c_str(), "%d,%d", &a, &b) != 2) return Status::BadInput("option '--pair': not a,b");
+                          t->pair = {a, b};
+                          return Status::OK();
+                        },
+                        [](const Toy& t) { return std::to_string(t.pair.first) + "," + std::to_string(t.pair.second); }),
+  });
+  return t;
+}
+
+std::string temp(const std::string& name) { return testing::TempDir() + "culprit_options_" + name; }
+
+}  // namespace
+
+TEST(OptionTable, ParsesEveryShapeAndKeepsDefaults) {
+  Toy t;
+  opts::Parsed p;
+  ASSERT_TRUE(toy().parse({"--count", "7", "--loud", "--colour", "blue", "--tag", "a", "--tag=b", "--pair", "4,5"}, &t, &p).ok());
+  EXPECT_FALSE(p.help);
+  EXPECT_EQ(t.count, 7);
+  EXPECT_DOUBLE_EQ(t.rate, 0.5);  // not given: the default
+  EXPECT_TRUE(t.loud);
+  EXPECT_EQ(t.colour, Colour::kBlue);
+  EXPECT_EQ(t.tags, (std::vector<std::string>{"a", "b"}));
+  EXPECT_EQ(t.pair, (std::pair<int, int>{4, 5}));
+  EXPECT_EQ(p.given, (std::vector<std::string>{"count", "loud", "colour", "tag", "pair"}));
+  ASSERT_TRUE(toy().parse({"--loud", "false"}, &t).ok());
+  EXPECT_FALSE(t.loud);
+  ASSERT_TRUE(toy().parse({"--help"}, &t, &p).ok());
+  EXPECT_TRUE(p.help);
+}
+
+TEST(OptionTable, BadValuesNameTheOptionAndWhatIsValid) {
+  Toy t;
+  auto msg = [&](std::vector<std::string> args) { return toy().parse(args, &t).message(); };
+  EXPECT_EQ(msg({"--count", "0"}), "option '--count' must be in [1, 10]");
+  EXPECT_EQ(msg({"--count", "x"}), "option '--count': 'x' is not an integer");
+  EXPECT_EQ(msg({"--count", "99999999999"}), "option '--count': 99999999999 is out of range");
+  EXPECT_EQ(msg({"--rate", "-1"}), "option '--rate' must not be negative");
+  EXPECT_EQ(msg({"--rate", "nan"}), "option '--rate' must be a finite number");
+  EXPECT_EQ(msg({"--colour", "green"}), "option '--colour': unknown colour 'green' (valid: red, blue)");
+  EXPECT_EQ(msg({"--loud", "maybe"}), "option '--loud': 'maybe' is not true or false");
+  EXPECT_NE(msg({"--bogus"}).find("unrecognised option '--bogus'"), std::string::npos);
+  EXPECT_EQ(toy().parse({"--count", "0"}, &t).code(), culprit::StatusCode::kBadInput);
+}
+
+TEST(OptionTable, ConfigFileLosesToTheCommandLineAndIsChecked) {
+  const std::string path = temp("toy.ini");
+  std::ofstream(path) << "count = 9\nrate = 2\ntag = x\n";
+  Toy t;
+  ASSERT_TRUE(toy().parse({"--config", path, "--count", "4"}, &t).ok());
+  EXPECT_EQ(t.count, 4);
+  EXPECT_DOUBLE_EQ(t.rate, 2);
+  EXPECT_EQ(t.tags, std::vector<std::string>{"x"});
+  std::ofstream(path) << "count = 11\n";
+  EXPECT_EQ(toy().parse({"--config", path}, &t).message(), "option '--count' must be in [1, 10]");
+  std::ofstream(path) << "nope = 1\n";
+  EXPECT_NE(toy().parse({"--config", path}, &t).message().find("nope"), std::string::npos);
+  EXPECT_NE(toy().parse({"--config", testing::TempDir()}, &t).message().find("is not a regular file"), std::string::npos);
+  EXPECT_NE(toy().parse({"--config", temp("missing.ini")}, &t).message().find("does not exist"), std::string::npos);
+  {
+    std::ofstream big(path);
+    big << std::string((1 << 20) + 10, '#');
+  }
+  EXPECT_NE(toy().parse({"--config", path}, &t).message().find("larger than"), std::string::npos);
+  std::remove(path.c_str());
+}
+
+TEST(OptionTable, HelpIniValidationAndTheCriticalList) {
+  Toy t;
+  t.count = 5;
+  t.colour = Colour::kBlue;
+  t.tags = {"p", "q"};
+  t.name = "secret";
+  const std::string ini = toy().to_ini(t);
+  EXPECT_EQ(ini, "count = 5\nrate = 0.5\nloud = false\ncolour = blue\ntag = p\ntag = q\npair = 1,2\n");  // no name
+  Toy back;
+  ASSERT_TRUE(toy().parse_ini(ini, &back, false).ok());
+  EXPECT_EQ(toy().to_ini(back), ini);
+  EXPECT_EQ(toy().critical(), (std::vector<std::string>{"count", "colour"}));
+  const std::string help = toy().help();
+  for (const char* s : {"--count", "(=3)", "--rate", "(=0.5)", "--colour", "(=red)", "--tag", "--config", "--help"})
+    EXPECT_NE(help.find(s), std::string::npos) << s << "\n" << help;
+  t.count = 42;  // set in code, not parsed: validate() applies the same checks
+  EXPECT_EQ(toy().validate(t).message(), "option '--count' must be in [1, 10]");
+  EXPECT_EQ(toy().value_text(t, "tag"), "p,q");
+}
+
+TEST(OptionTable, PositionalArgumentsBesideSwitches) {
+  struct Files {
+    std::vector<std::string> paths;
+    bool json = false;
+  };
+  const opts::Table<Files> t("files", {opts::texts<Files>("paths", &Files::paths, "files", opts::kPositional),
+                                       opts::flag<Files>("json", &Files::json, "print JSON")},
+                             /*config=*/false);
+  Files f;
+  ASSERT_TRUE(t.parse({"--json", "a.h5", "b.h5"}, &f).ok());
+  EXPECT_TRUE(f.json);  // the switch does not swallow the file after it
+  EXPECT_EQ(f.paths, (std::vector<std::string>{"a.h5", "b.h5"}));
+  ASSERT_TRUE(t.parse({"a.h5"}, &f).ok());
+  EXPECT_FALSE(f.json);
+  EXPECT_EQ(t.help().find("--paths"), std::string::npos);  // shown by the usage line, not as an option
+}
 
 TEST(Config, DefaultsAndCommandLine) {
   TrainConfig c;
@@ -33,7 +172,7 @@ TEST(Config, IniFileLosesToTheCommandLine) {
   ASSERT_TRUE(st.ok()) << st.message();
   EXPECT_EQ(c.steps, 11);
   EXPECT_EQ(c.seed, 9u);
-  EXPECT_EQ(c.model, "gpt");
+  EXPECT_EQ(c.model.kind, culprit::harness::ModelKind::kGpt);
   EXPECT_TRUE(c.nesterov);
   // The resolved configuration reads back to the same values.
   std::ofstream(path) << culprit::harness::to_ini(c);
@@ -41,6 +180,60 @@ TEST(Config, IniFileLosesToTheCommandLine) {
   ASSERT_TRUE(parse_train_options({"--config", path}, &d, &help).ok());
   EXPECT_EQ(culprit::harness::to_ini(d), culprit::harness::to_ini(c));
   std::remove(path.c_str());
+}
+
+TEST(Config, EveryRecordedOptionRoundTripsThroughIni) {
+  TrainConfig c;
+  bool help = false;
+  ASSERT_TRUE(parse_train_options({"--run-dir", "r", "--model", "torchscript:/m.pt", "--data", "hdf5:/d.h5", "--trace",
+                                   "layer", "--optimizer", "adamw", "--lr", "0.003", "--betas", "0.8,0.95",
+                                   "--sample-shape", "1,16,16", "--on-detect", "diagnose", "--inject", "step=1,rank=0,phase=data",
+                                   "--inject", "step=2,rank=1,phase=lr,kind=stale", "--lr-schedule", "cosine", "--quiet"},
+                                  &c, &help)
+                  .ok());
+  const auto& table = culprit::harness::train_options();
+  TrainConfig d;
+  ASSERT_TRUE(table.parse_ini(table.to_ini(c), &d, false).ok());
+  EXPECT_EQ(table.to_ini(d), table.to_ini(c));
+  EXPECT_EQ(d.model.path, "/m.pt");
+  EXPECT_EQ(d.data.path, "/d.h5");
+  EXPECT_EQ(d.inject.size(), 2u);
+  EXPECT_DOUBLE_EQ(d.lr, 0.003);
+  EXPECT_FALSE(d.quiet);  // not recorded: an invocation's, not the run's
+  // Every option is in the help; the critical ones are those that fix a run's results.
+  const std::string help_text = table.help();
+  for (const auto& o : table.options()) EXPECT_NE(help_text.find("--" + o.name), std::string::npos) << o.name;
+  EXPECT_EQ(table.critical(), (std::vector<std::string>{"trace", "global-batch", "micro-shards", "seed", "model", "data",
+                                                        "hidden", "samples", "sample-shape", "classes", "optimizer", "lr",
+                                                        "momentum", "nesterov", "weight-decay", "betas", "eps",
+                                                        "lr-schedule", "warmup-steps", "threads"}));
+}
+
+TEST(Config, ResumeTakesTheRunsConfigurationAndKeepsTheCriticalOptions) {
+  const fs::path dir = fs::path(testing::TempDir()) / "culprit_resume_config";
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  TrainConfig orig;
+  bool help = false;
+  ASSERT_TRUE(parse_train_options({"--run-dir", dir.string(), "--seed", "77", "--steps", "10", "--inject",
+                                   "step=3,rank=0,phase=data"},
+                                  &orig, &help)
+                  .ok());
+  std::ofstream(dir / "run.json") << nlohmann::json{{"config", culprit::harness::to_ini(orig)}}.dump();
+  TrainConfig c;
+  ASSERT_TRUE(parse_train_options({"--run-dir", dir.string(), "--resume", "--steps", "20"}, &c, &help).ok());
+  EXPECT_EQ(c.seed, 77u);      // the run's
+  EXPECT_EQ(c.steps, 20);      // given now
+  EXPECT_TRUE(c.inject.empty());  // faults belong to the invocation that named them
+  EXPECT_TRUE(c.resume);
+  const Status st = parse_train_options({"--run-dir", dir.string(), "--resume", "--seed", "78"}, &c, &help);
+  EXPECT_EQ(st.message(), "option '--seed' is 78 but the run in '" + dir.string() + "' was trained with 77; a resumed "
+                          "run must keep it");
+  EXPECT_TRUE(parse_train_options({"--run-dir", dir.string(), "--resume", "--seed", "77"}, &c, &help).ok());
+  EXPECT_NE(parse_train_options({"--run-dir", (dir / "none").string(), "--resume"}, &c, &help).message().find(
+                "cannot resume: '" + (dir / "none").string() + "' holds no run (no run.json)"),
+            std::string::npos);
+  fs::remove_all(dir);
 }
 
 TEST(Config, ValidationNamesTheProblem) {
@@ -52,6 +245,26 @@ TEST(Config, ValidationNamesTheProblem) {
   EXPECT_NE(validate(c, 5).message().find("world size 5 exceeds --micro-shards 4"), std::string::npos);
   c.global_batch = 30;
   EXPECT_NE(validate(c, 1).message().find("not divisible"), std::string::npos);
+  c.global_batch = 32;
+  c.spot_check = 2;  // the option's own range, for a configuration built in code
+  EXPECT_EQ(validate(c, 1).message(), "option '--spot-check' must be in [0, 1]");
+  c.spot_check = 0;
+  c.trace = culprit::harness::TraceLevel::kOff;
+  c.on_detect = culprit::harness::OnDetect::kDiagnose;
+  EXPECT_NE(validate(c, 1).message().find("needs the trace"), std::string::npos);
+}
+
+TEST(Config, ModelAndDataSources) {
+  TrainConfig c;
+  bool help = false;
+  auto msg = [&](std::vector<std::string> a) { return parse_train_options(a, &c, &help).message(); };
+  EXPECT_EQ(msg({"--model", "resnet"}), "option '--model': unknown model 'resnet' (valid: mlp, cnn, gpt, torchscript:PATH)");
+  EXPECT_EQ(msg({"--model", "torchscript"}), "option '--model': unknown model 'torchscript' (valid: mlp, cnn, gpt, torchscript:PATH)");
+  EXPECT_EQ(msg({"--model", "torchscript:"}), "option '--model': torchscript: needs a path");
+  EXPECT_EQ(msg({"--data", "csv:x"}), "option '--data': unknown data source 'csv:x' (valid: synthetic, hdf5:PATH)");
+  EXPECT_EQ(msg({"--data", "hdf5:"}), "option '--data': hdf5: needs a path");
+  EXPECT_EQ(msg({"--sample-shape", "1,0"}), "option '--sample-shape': dimensions must be positive integers");
+  EXPECT_EQ(msg({"--trace", "deep"}), "option '--trace': unknown level 'deep' (valid: off, step, layer)");
 }
 
 TEST(LearningRate, WarmupThenCosine) {
@@ -59,7 +272,7 @@ TEST(LearningRate, WarmupThenCosine) {
   c.lr = 1.0;
   c.steps = 10;
   c.warmup_steps = 2;
-  c.lr_schedule = "cosine";
+  c.lr_schedule = culprit::harness::LrSchedule::kCosine;
   EXPECT_DOUBLE_EQ(culprit::harness::learning_rate(c, 1), 0.5);
   EXPECT_DOUBLE_EQ(culprit::harness::learning_rate(c, 2), 1.0);
   EXPECT_NEAR(culprit::harness::learning_rate(c, 6), 0.5, 1e-12);

@@ -7,10 +7,10 @@
 #include <filesystem>
 #include <fstream>
 #include <limits>
-#include <nlohmann/json.hpp>
 
-#include "culprit/inject.h"
-#include "detect.h"
+#include "culprit/fault_spec.h"
+#include "culprit/records.h"
+#include "replica_check.h"
 #include "detectors.h"
 #include "vote.h"
 
@@ -102,11 +102,12 @@ TEST(Replicas, OddRankAndFirstParameter) {
   const std::vector<std::string> names{"a", "b", "c"};
   // Three ranks; rank 1 differs in "b".
   const std::vector<Fingerprint> all{1, 2, 3, 1, 9, 3, 1, 2, 3};
-  const auto rc = h::compare_replicas(3, all, names);
+  const auto rc = h::compare_replicas(3, all, names.size());
   EXPECT_TRUE(rc.diverged);
   EXPECT_EQ(rc.odd_ranks, std::vector<int>{1});
-  EXPECT_EQ(rc.first_param, "b");
-  EXPECT_FALSE(h::compare_replicas(3, {1, 2, 3, 1, 2, 3, 1, 2, 3}, names).diverged);
+  ASSERT_EQ(rc.first_index, 1);
+  EXPECT_EQ(names[rc.first_index], "b");
+  EXPECT_FALSE(h::compare_replicas(3, {1, 2, 3, 1, 2, 3, 1, 2, 3}, names.size()).diverged);
 }
 
 TEST(Spikes, NeedHistoryAndBothThresholds) {
@@ -213,7 +214,7 @@ struct OneRank : ::testing::Test {
     std::filesystem::create_directories(dir);
     cfg.run_dir = dir.string();
     cfg.micro_shards = 4;
-    cfg.on_detect = "halt";
+    cfg.on_detect = h::OnDetect::kHalt;
     comm.host = "testhost";
   }
   void configure() {
@@ -238,10 +239,11 @@ struct OneRank : ::testing::Test {
     }
     return f;
   }
-  std::vector<nlohmann::json> incidents() const {
-    std::vector<nlohmann::json> out;
-    std::ifstream in(dir / "incidents.jsonl");
-    for (std::string line; std::getline(in, line);) out.push_back(nlohmann::json::parse(line));
+  // The records as read back by their one reader (every field structured; the message is for people).
+  std::vector<culprit::records::Incident> incidents() const {
+    std::vector<culprit::records::Incident> out;
+    const auto st = culprit::records::read_incidents(dir.string(), &out);
+    EXPECT_TRUE(st.ok()) << st.message();
     return out;
   }
   std::filesystem::path dir;
@@ -272,14 +274,18 @@ TEST_F(OneRank, NonFiniteMicroShardHaltsAsNumerical) {
   f.bad_shard = 3;
   det.vote(f);
   ASSERT_FALSE(det.halt().ok());
-  EXPECT_EQ(det.halt().code(), h::exit_code_for(h::IncidentClass::kNumerical));
+  EXPECT_EQ(det.halt().code(), culprit::status_code_for(culprit::IncidentClass::kNumerical));
   const auto inc = incidents();
   ASSERT_EQ(inc.size(), 1u);
-  EXPECT_EQ(inc[0]["detector"], "nonfinite");
-  EXPECT_EQ(inc[0]["step"], 2);
-  EXPECT_EQ(inc[0]["rank"], 0);
-  EXPECT_EQ(inc[0]["host"], "testhost");
-  EXPECT_NE(inc[0]["message"].get<std::string>().find("micro-shard 3"), std::string::npos);
+  EXPECT_EQ(inc[0].detector, culprit::Detector::kNonfinite);
+  EXPECT_EQ(inc[0].cls, culprit::IncidentClass::kNumerical);
+  EXPECT_EQ(inc[0].step, 2);
+  EXPECT_EQ(inc[0].rank, 0);
+  EXPECT_EQ(inc[0].ranks, std::vector<int>{0});
+  EXPECT_EQ(inc[0].micro_shard, 3);
+  EXPECT_EQ(inc[0].what, culprit::Subject::kGradient);
+  EXPECT_EQ(inc[0].host, "testhost");
+  EXPECT_NE(inc[0].message.find("micro-shard 3"), std::string::npos);
 }
 
 TEST_F(OneRank, NonFiniteParametersAndReducedGradient) {
@@ -292,13 +298,16 @@ TEST_F(OneRank, NonFiniteParametersAndReducedGradient) {
   det.vote(g);
   const auto inc = incidents();
   ASSERT_EQ(inc.size(), 2u);
-  EXPECT_NE(inc[0]["message"].get<std::string>().find("parameters of rank 0"), std::string::npos);
-  EXPECT_EQ(inc[1]["rank"], -1);  // the reduced gradient: no rank to blame
-  EXPECT_EQ(det.halt().code(), h::exit_code_for(h::IncidentClass::kNumerical));
+  EXPECT_EQ(inc[0].what, culprit::Subject::kParameter);
+  EXPECT_EQ(inc[0].rank, 0);
+  EXPECT_NE(inc[0].message.find("parameters of rank 0"), std::string::npos);
+  EXPECT_EQ(inc[1].rank, -1);  // the reduced gradient: no rank to blame
+  EXPECT_EQ(inc[1].what, culprit::Subject::kGradient);
+  EXPECT_EQ(det.halt().code(), culprit::status_code_for(culprit::IncidentClass::kNumerical));
 }
 
 TEST_F(OneRank, WarnDoesNotHalt) {
-  cfg.on_detect = "warn";
+  cfg.on_detect = h::OnDetect::kWarn;
   configure();
   auto f = facts(1);
   f.bad_shard = 0;
@@ -322,11 +331,14 @@ TEST_F(OneRank, InvariantsFromFacts) {
   det.vote(v);
   const auto inc = incidents();
   ASSERT_EQ(inc.size(), 3u);
-  for (const auto& i : inc) EXPECT_EQ(i["detector"], "invariant");
-  EXPECT_NE(inc[0]["message"].get<std::string>().find("micro-shard 2"), std::string::npos);
-  EXPECT_NE(inc[1]["message"].get<std::string>().find("micro-shard 1"), std::string::npos);
-  EXPECT_NE(inc[2]["message"].get<std::string>().find("learning rate is wrong"), std::string::npos);
-  EXPECT_EQ(det.halt().code(), h::exit_code_for(h::IncidentClass::kInvariant));
+  for (const auto& i : inc) EXPECT_EQ(i.detector, culprit::Detector::kInvariant);
+  EXPECT_EQ(inc[0].micro_shard, 2);
+  EXPECT_EQ(inc[1].micro_shard, 1);
+  EXPECT_EQ(inc[2].micro_shard, -1);
+  EXPECT_NE(inc[0].message.find("micro-shard 2"), std::string::npos);
+  EXPECT_NE(inc[1].message.find("micro-shard 1"), std::string::npos);
+  EXPECT_NE(inc[2].message.find("learning rate is wrong"), std::string::npos);
+  EXPECT_EQ(det.halt().code(), culprit::status_code_for(culprit::IncidentClass::kInvariant));
 }
 
 TEST_F(OneRank, RepeatedRngAcrossStepsIsCaught) {
@@ -339,7 +351,8 @@ TEST_F(OneRank, RepeatedRngAcrossStepsIsCaught) {
   det.vote(g);
   const auto inc = incidents();
   ASSERT_EQ(inc.size(), 1u);
-  EXPECT_NE(inc[0]["message"].get<std::string>().find("previous step"), std::string::npos);
+  EXPECT_EQ(inc[0].micro_shard, 3);
+  EXPECT_NE(inc[0].message.find("previous step"), std::string::npos);
 }
 
 TEST_F(OneRank, UpdateInvariant) {
@@ -362,7 +375,7 @@ TEST_F(OneRank, UpdateInvariant) {
 
 TEST_F(OneRank, SpikeHaltsOnlyWithHaltAction) {
   cfg.spike_window = 8;
-  cfg.spike_action = "warn";
+  cfg.spike_action = h::SpikeAction::kWarn;
   configure();
   for (int s = 1; s <= 8; ++s) {
     reduced[2] = 1.0f + 0.01f * s;
@@ -374,7 +387,8 @@ TEST_F(OneRank, SpikeHaltsOnlyWithHaltAction) {
   det.vote(f);
   const auto inc = incidents();
   ASSERT_EQ(inc.size(), 1u);
-  EXPECT_EQ(inc[0]["detector"], "spike");
+  EXPECT_EQ(inc[0].detector, culprit::Detector::kSpike);
+  EXPECT_EQ(inc[0].rank, -1);
   EXPECT_TRUE(det.halt().ok());  // --spike-action warn
 }
 

@@ -18,9 +18,9 @@ struct Plan : ::testing::Test {
     params = {{"fc1.weight", torch::zeros({3})}, {"fc1.bias", torch::zeros({2})}, {"fc2.weight", torch::zeros({4})}};
     offsets = {0, 3, 5};
   }
-  culprit::Status parse(std::vector<std::string> specs, int world = 2) {
+  culprit::Status parse(std::vector<std::string> specs, int world = 2, h::StepMode mode = h::StepMode::kTrain) {
     plan = h::FaultPlan();
-    return plan.parse(specs, {"fc1", "act", "fc2"}, params, offsets, world, /*seed=*/7);
+    return plan.parse(specs, {"fc1", "act", "fc2"}, params, offsets, world, /*seed=*/7, mode);
   }
   h::FireContext at(std::int64_t step, int rank, int first_shard = 0) {
     h::FireContext c;
@@ -49,6 +49,22 @@ TEST_F(Plan, ValidationNamesWhatIsWrong) {
   EXPECT_TRUE(plan.at_layer_outputs());
   EXPECT_TRUE(parse({"step=1,rank=1,phase=data,kind=stale"}).ok());
   EXPECT_FALSE(plan.at_layer_outputs());
+}
+
+TEST_F(Plan, AReplayLeavesOutTheFaultsOfRanksItLacks) {
+  // Trained on 4 ranks, replayed on 2: rank 3's device is not replaying; rank 1's is.
+  const std::vector<std::string> specs{"step=1,rank=3,layer=fc1,phase=grad,kind=nan,mode=persistent",
+                                       "step=1,rank=1,layer=fc1,phase=grad,kind=nan,mode=persistent"};
+  EXPECT_FALSE(parse(specs, 2, h::StepMode::kTrain).ok());
+  ASSERT_TRUE(parse(specs, 2, h::StepMode::kReplay).ok());
+  std::vector<float> leaf(10, 1.0f);
+  auto c = at(1, 1);
+  c.mode = h::StepMode::kReplay;
+  EXPECT_FALSE(plan.on_leaf(c, 0, leaf.data()));  // rank 1's NaN fires in the replay
+  std::fill(leaf.begin(), leaf.end(), 1.0f);
+  c.rank = 0;
+  EXPECT_TRUE(plan.on_leaf(c, 0, leaf.data()));  // no fault of rank 3 lands anywhere else
+  EXPECT_EQ(leaf, std::vector<float>(10, 1.0f));
 }
 
 TEST_F(Plan, EmptyPlanChangesNothing) {
@@ -141,7 +157,7 @@ TEST_F(Plan, FaultsAtRestAndLostUpdates) {
   ASSERT_EQ(lost.size(), 2u);  // both of fc1's parameters
   for (auto& p : params) p.tensor.fill_(3.0f);  // "the update"
   h::TrainConfig cfg;
-  cfg.optimizer = "sgd";
+  cfg.optimizer = h::OptimizerKind::kSgd;
   std::vector<at::Tensor> tensors;
   for (auto& p : params) tensors.push_back(p.tensor);
   h::OptimizerState opt(cfg, tensors);

@@ -1,11 +1,12 @@
 // `culprit bisect`: name the faulty step, layer, phase and rank of a run, with a verdict
-// (docs/bisect.md). The search is an explicit state machine (bisect/src/machine.h).
+// (docs/bisect.md). The search is an explicit state machine (bisect/src/machine.h); what it finds
+// is RUN/diagnosis.json (records::Diagnosis, docs/records.md) and RUN/diagnosis.html.
 #pragma once
-#include <cstdint>
 #include <string>
-#include <vector>
 
+#include "culprit/command.h"
 #include "culprit/mpi_util.h"
+#include "culprit/records.h"
 #include "culprit/status.h"
 
 namespace culprit::bisect {
@@ -15,24 +16,17 @@ struct Options {
   int reruns = 8;  // reruns of the faulty micro-shard on the blamed rank (transient or persistent)
 };
 
-// What diagnosis.json holds (docs/bisect.md). step, layer, phase and rank use --inject's names.
-struct Diagnosis {
-  std::string verdict = "none";  // hardware-transient | hardware-persistent | software-nondeterminism |
-                                 // numerical-instability | data | none
-  std::int64_t step = -1;
-  std::string layer, phase;
-  int rank = -1;
-  std::string host, device;
-  int reruns = 0, reproduced = 0;
-  std::vector<std::string> evidence;
-  std::int64_t steps_replayed = 0;
-  double seconds = 0;
-  double startup_seconds = 0;  // of `seconds`: reading the run and opening the replay engine
-};
+// Collective (any world size). Writes RUN/diagnosis.json and RUN/diagnosis.html on rank 0 and prints
+// a summary there; *out is the diagnosis on every rank. Its verdict's exit code:
+// verdict_exit_code (culprit/records.h).
+Status run(const Options& opt, const Comm& comm, records::Diagnosis* out);
 
-// Collective (any world size). Writes RUN/diagnosis.json on rank 0 and prints a summary there.
-Status run(const Options& opt, const Comm& comm, Diagnosis* out);
-// The exit code of a verdict (README's table).
-int exit_code(const std::string& verdict);
+// culprit train --on-detect diagnose, after a detection halted the run with exit code halt_code:
+// the bisection on the same ranks. Returns the verdict's exit code (the halt's own when the verdict
+// is none or the diagnosis fails); for a hardware verdict rank 0 names the host to exclude.
+int diagnose_after_halt(const Comm& comm, const std::string& run_dir, int halt_code);
+
+// `culprit bisect`, with its options (commands.cpp).
+cli::Command bisect_command();
 
 }  // namespace culprit::bisect

@@ -2,6 +2,7 @@
 // No libtorch here: tensors travel as raw bytes with dtype and shape.
 #pragma once
 #include <cstdint>
+#include <climits>
 #include <map>
 #include <string>
 #include <vector>
@@ -57,6 +58,17 @@ Status read_open(const h5::Handle& file, const std::string& name, std::uint64_t 
 std::string path_for(const std::string& run_dir, std::int64_t step);
 // Checkpoints of a run (complete names only), sorted by step.
 std::vector<std::pair<std::int64_t, std::string>> list(const std::string& run_dir);
+
+// Collective: the newest (or oldest) checkpoint of `run_dir` before step `before` whose fingerprints
+// verify, read and verified once on every rank into *out (replay, bisect and --resume hand it on
+// as it is). Damaged ones are named on rank 0's stderr and skipped. None: bad input when there is
+// no candidate, damaged when every candidate is. The same result on every rank.
+enum class Pick { kNewest, kOldest };
+constexpr std::int64_t kAnyStep = INT64_MAX;
+Status find_valid(const Comm& comm, const std::string& run_dir, std::int64_t before, Pick pick, Checkpoint* out,
+                  std::string* path);
+// The same for the files `candidates`, tried in order.
+Status first_valid(const Comm& comm, const std::vector<std::string>& candidates, Checkpoint* out, std::string* path);
 
 // Deletes checkpoints beyond retention: keeps the newest keep_last, every one whose step is a
 // multiple of keep_every (> 0), `keep_step` itself and everything newer than it.

@@ -1,6 +1,9 @@
 // `culprit inspect`, `verify` and `diff`: reading checkpoints and traces for people and scripts.
 #pragma once
 #include <string>
+#include <vector>
+
+#include "culprit/command.h"
 
 #include "culprit/status.h"
 
@@ -15,5 +18,9 @@ Status verify(const std::string& path, std::string* report, bool* clean);
 
 // Compares two checkpoints tensor by tensor. *identical is true when every tensor matches bitwise.
 Status diff(const std::string& a, const std::string& b, std::string* report, bool* identical);
+
+// The one-process commands over a run's files, with their options (commands.cpp): inspect, verify,
+// diff, and report and log over the JSON records (culprit/records.h).
+std::vector<cli::Command> commands();
 
 }  // namespace culprit::ckpt

@@ -2,6 +2,7 @@
 // Rows are written first and the committed counts last, so a reader can tell a torn tail.
 #pragma once
 #include <cstdint>
+#include <iterator>
 #include <map>
 #include <utility>
 #include <string>
@@ -9,15 +10,29 @@
 
 #include "culprit/fingerprint.h"
 #include "culprit/h5.h"
+#include "culprit/names.h"
 #include "culprit/status.h"
 
 namespace culprit::trace {
 
+// What a trace records per micro-shard: step (the leaf, loss and input) or layer (also every layer's
+// forward output and backward gradient and every parameter's gradient).
+enum class Level { kStep, kLayer };
+inline constexpr NameRow<Level> kLevelNames[] = {{Level::kStep, "step"}, {Level::kLayer, "layer"}};
+constexpr NameTable<Level> enum_names(Level) { return {kLevelNames, std::size(kLevelNames), "level"}; }
+// Whether the layers are the model's own (per-layer) or one opaque TorchScript forward (per-model).
+enum class ForwardDetail { kPerLayer, kPerModel };
+inline constexpr NameRow<ForwardDetail> kForwardDetailNames[] = {{ForwardDetail::kPerLayer, "per-layer"},
+                                                                  {ForwardDetail::kPerModel, "per-model"}};
+constexpr NameTable<ForwardDetail> enum_names(ForwardDetail) {
+  return {kForwardDetailNames, std::size(kForwardDetailNames), "forward detail"};
+}
+
 struct Header {
   int rank = 0;
   int world_size = 1;
-  std::string level = "step";  // "step" or "layer"
-  std::string forward_detail = "per-layer";  // or "per-model" (opaque TorchScript forward)
+  Level level = Level::kStep;
+  ForwardDetail forward_detail = ForwardDetail::kPerLayer;
   std::vector<std::string> params;  // parameter names, state-dict order
   std::vector<std::string> layers;  // layer names in execution order (level "layer")
   std::vector<std::string> faults;  // --inject specs of every run that wrote the file (kept on resume)

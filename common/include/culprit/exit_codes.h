@@ -1,5 +1,8 @@
-// Named exit codes of the culprit executable (documented in README.md).
+// Named exit codes of the culprit executable (documented in README.md), and the one place that maps
+// a Status's category to its exit code.
 #pragma once
+
+#include "culprit/status.h"
 
 namespace culprit {
 
@@ -8,8 +11,9 @@ enum ExitCode : int {
   kExitFailure = 1,     // an unexpected internal failure
   kExitUsage = 2,       // bad command line, configuration or input
   kExitMpi = 3,         // an MPI call failed
-  kExitDamaged = 4,     // verify: a checkpoint or trace is damaged
-  kExitDiffers = 5,     // diff: the checkpoints differ; replay: the replay differs from the trace
+  kExitDamaged = 4,     // a checkpoint, trace or run record is damaged (verify; any command reading it)
+  kExitDiffers = 5,     // diff: the checkpoints differ; replay, audit: the replay differs from the trace
+  kExitIo = 6,          // a file could not be read, written, synced or renamed (full disk, permissions)
   // train --on-detect halt: what the detectors suspect (docs/detection.md).
   kExitHardware = 10,   // hardware suspected: replicas diverged, corrupted communication
   kExitNumerical = 11,  // numerical: NaN/Inf in loss, gradients or parameters
@@ -22,5 +26,9 @@ enum ExitCode : int {
   kExitNumericalInstability = 23,
   kExitData = 24,
 };
+
+// The exit code of a Status's category (kExitOk for OK).
+int exit_code(StatusCode code);
+inline int exit_code(const Status& s) { return exit_code(s.code()); }
 
 }  // namespace culprit

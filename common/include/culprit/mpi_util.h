@@ -4,6 +4,7 @@
 #include <mpi.h>
 
 #include <string>
+#include <vector>
 
 #include "culprit/status.h"
 
@@ -36,7 +37,13 @@ struct Comm {
 // the world has more than one rank and not every rank failed with the same message).
 Status agree(const Comm& comm, const Status& local);
 
+// Collective: every rank gets `root`'s Status (a decision only the root could take).
+Status broadcast_status(const Comm& comm, const Status& st, int root = 0);
+
 // Collective: all ranks get `root`'s string.
 std::string broadcast_string(const Comm& comm, const std::string& s, int root = 0);
+
+// Collective: every rank's lines (none may hold '\n'), on rank 0 in rank order; empty elsewhere.
+std::vector<std::string> gather_lines(const Comm& comm, const std::vector<std::string>& mine);
 
 }  // namespace culprit

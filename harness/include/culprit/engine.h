@@ -10,6 +10,7 @@
 #include <utility>
 #include <vector>
 
+#include "culprit/checkpoint.h"
 #include "culprit/fingerprint.h"
 #include "culprit/harness.h"
 #include "culprit/mpi_util.h"
@@ -48,14 +49,15 @@ struct StepResult {
 
 class Engine {
  public:
-  // Collective. Restores `checkpoint` (verified) into a trainer for `cfg` (normally load_run_config's
-  // result; detectors, checkpoints and the trace are off). layer_trace: per-layer fingerprints.
+  // Collective. Restores `start`, a checkpoint every rank has read and verified (ckpt::find_valid),
+  // into a trainer for `cfg` (normally load_run_config's result; detectors, checkpoints and the
+  // trace are off); `path` names it in messages. layer_trace: per-layer fingerprints.
   // rotate: run_step gives rank r the micro-shards the usual layout gives rank (r - rotate) mod W,
   // so that with the original world every micro-shard is recomputed `rotate` ranks further on (the
   // result is the same: the tree order does not depend on who computes a leaf). Faults and the rank
   // in every result stay those of the process's own rank.
-  static Status open(const TrainConfig& cfg, const Comm& comm, const std::string& checkpoint, bool layer_trace,
-                     std::unique_ptr<Engine>* out, int rotate = 0);
+  static Status open(const TrainConfig& cfg, const Comm& comm, const ckpt::Checkpoint& start, const std::string& path,
+                     bool layer_trace, std::unique_ptr<Engine>* out, int rotate = 0);
   // The rank whose run_step computes micro-shard k (depends on the world size and `rotate` only).
   static int replay_rank(int k, int micro_shards, int world, int rotate);
   virtual ~Engine() = default;

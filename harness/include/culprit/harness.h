@@ -1,14 +1,71 @@
 // culprit harness: deterministic, world-size-invariant data-parallel training with libtorch.
-// The training contract is in docs/determinism.md; options in docs/cli.md.
+// The training contract is in docs/determinism.md; options in docs/cli.md. Every option is declared
+// once, in train_options() (harness/src/train_options.cpp).
 #pragma once
 #include <cstdint>
+#include <functional>
+#include <iterator>
 #include <string>
 #include <vector>
 
+#include "culprit/command.h"
 #include "culprit/mpi_util.h"
+#include "culprit/names.h"
+#include "culprit/options.h"
 #include "culprit/status.h"
 
 namespace culprit::harness {
+
+// ---- the vocabularies of `culprit train`'s options ----
+
+enum class TraceLevel { kOff, kStep, kLayer };
+inline constexpr NameRow<TraceLevel> kTraceLevelNames[] = {
+    {TraceLevel::kOff, "off"}, {TraceLevel::kStep, "step"}, {TraceLevel::kLayer, "layer"}};
+constexpr NameTable<TraceLevel> enum_names(TraceLevel) { return {kTraceLevelNames, std::size(kTraceLevelNames), "level"}; }
+
+enum class OnDetect { kHalt, kWarn, kDiagnose };
+inline constexpr NameRow<OnDetect> kOnDetectNames[] = {
+    {OnDetect::kHalt, "halt"}, {OnDetect::kWarn, "warn"}, {OnDetect::kDiagnose, "diagnose"}};
+constexpr NameTable<OnDetect> enum_names(OnDetect) { return {kOnDetectNames, std::size(kOnDetectNames), "action"}; }
+
+enum class SpikeAction { kWarn, kHalt };
+inline constexpr NameRow<SpikeAction> kSpikeActionNames[] = {{SpikeAction::kWarn, "warn"}, {SpikeAction::kHalt, "halt"}};
+constexpr NameTable<SpikeAction> enum_names(SpikeAction) {
+  return {kSpikeActionNames, std::size(kSpikeActionNames), "action"};
+}
+
+enum class OptimizerKind { kSgd, kAdamW };
+inline constexpr NameRow<OptimizerKind> kOptimizerNames[] = {{OptimizerKind::kSgd, "sgd"}, {OptimizerKind::kAdamW, "adamw"}};
+constexpr NameTable<OptimizerKind> enum_names(OptimizerKind) {
+  return {kOptimizerNames, std::size(kOptimizerNames), "optimizer"};
+}
+
+enum class LrSchedule { kConstant, kCosine };
+inline constexpr NameRow<LrSchedule> kLrScheduleNames[] = {{LrSchedule::kConstant, "constant"}, {LrSchedule::kCosine, "cosine"}};
+constexpr NameTable<LrSchedule> enum_names(LrSchedule) { return {kLrScheduleNames, std::size(kLrScheduleNames), "schedule"}; }
+
+enum class DeviceKind { kCpu, kCuda };
+inline constexpr NameRow<DeviceKind> kDeviceNames[] = {{DeviceKind::kCpu, "cpu"}, {DeviceKind::kCuda, "cuda"}};
+constexpr NameTable<DeviceKind> enum_names(DeviceKind) { return {kDeviceNames, std::size(kDeviceNames), "device"}; }
+
+// --model mlp | cnn | gpt | torchscript:PATH
+enum class ModelKind { kMlp, kCnn, kGpt, kTorchScript };
+inline constexpr NameRow<ModelKind> kModelNames[] = {
+    {ModelKind::kMlp, "mlp"}, {ModelKind::kCnn, "cnn"}, {ModelKind::kGpt, "gpt"}, {ModelKind::kTorchScript, "torchscript"}};
+constexpr NameTable<ModelKind> enum_names(ModelKind) { return {kModelNames, std::size(kModelNames), "model"}; }
+struct ModelSpec {
+  ModelKind kind = ModelKind::kMlp;
+  std::string path;  // torchscript
+  std::string text() const { return kind == ModelKind::kTorchScript ? "torchscript:" + path : name_of(kind); }
+};
+
+// --data synthetic | hdf5:PATH
+enum class DataKind { kSynthetic, kHdf5 };
+struct DataSpec {
+  DataKind kind = DataKind::kSynthetic;
+  std::string path;  // hdf5
+  std::string text() const { return kind == DataKind::kHdf5 ? "hdf5:" + path : "synthetic"; }
+};
 
 struct TrainConfig {
   std::string run_dir;
@@ -19,14 +76,14 @@ struct TrainConfig {
   std::int64_t keep_every = 0;
   int checkpoint_writers_per_host = 1;  // 0: every rank writes its slice
   bool async_checkpoint = true;
-  std::string trace = "step";      // off | step | layer
-  std::vector<std::string> inject;  // fault specs (culprit/inject.h)
-  std::string on_detect = "halt";  // halt | warn
+  TraceLevel trace = TraceLevel::kStep;
+  std::vector<std::string> inject;  // fault specs (culprit/fault_spec.h)
+  OnDetect on_detect = OnDetect::kHalt;
   bool detect_nonfinite = true;
   bool comm_check = true;          // fingerprint every reduction message at both ends
   int spike_window = 20;           // 0: no spike detection
   double spike_z = 8.0, spike_ratio = 3.0;
-  std::string spike_action = "warn";  // warn | halt
+  SpikeAction spike_action = SpikeAction::kWarn;
   std::int64_t replica_check_every = 1;  // 0: off
   double spot_check = 0.0;         // fraction of micro-shards recomputed by another rank each step
   bool check_invariants = true;    // training invariants (docs/detection.md)
@@ -35,40 +92,43 @@ struct TrainConfig {
   std::int64_t global_batch = 32;
   int micro_shards = 8;
   std::uint64_t seed = 1234;
-  std::string model = "mlp";       // mlp | cnn | gpt | torchscript:PATH
-  std::string data = "synthetic";  // synthetic | hdf5:PATH
+  ModelSpec model;
+  DataSpec data;
   std::int64_t samples = 2048;     // synthetic data set size
   std::int64_t hidden = 64;        // mlp: hidden width
   std::vector<std::int64_t> sample_shape;  // synthetic sample shape; empty: the model's default
   int classes = 0;                 // synthetic classes (vocabulary for gpt); 0: model's default
-  std::string optimizer = "sgd";   // sgd | adamw
+  OptimizerKind optimizer = OptimizerKind::kSgd;
   double lr = 0.1;
   double momentum = 0.9;
   bool nesterov = false;
   double weight_decay = 0.0;
   double beta1 = 0.9, beta2 = 0.999;
   double eps = 1e-8;
-  std::string lr_schedule = "constant";  // constant | cosine
+  LrSchedule lr_schedule = LrSchedule::kConstant;
   std::int64_t warmup_steps = 0;
   int threads = 1;
-  std::string device = "cpu";  // cpu | cuda (one GPU per rank, by local rank)
+  DeviceKind device = DeviceKind::kCpu;  // cuda: one GPU per rank, by local rank
   bool quiet = false;
-  std::string config_file;
+  // Whether a detection halts the run: --on-detect halt or diagnose.
+  bool halts() const { return on_detect != OnDetect::kWarn; }
+  bool tracing() const { return trace != TraceLevel::kOff; }
 };
 
-// Parses the arguments that follow `culprit train` (and --config FILE; the command line wins).
-// Sets *help when --help was given. Errors name the option and the problem.
+// Every `culprit train` option, once: parsing, help, INI text, checks, the determinism-critical list.
+const opts::Table<TrainConfig>& train_options();
+
+// Parses the arguments that follow `culprit train` (and --config FILE; the command line wins; with
+// --resume the run's own configuration fills the rest). Sets *help when --help was given. Errors
+// name the option and the problem.
 Status parse_train_options(const std::vector<std::string>& args, TrainConfig* cfg, bool* help);
 // The configuration a run recorded in RUN/run.json, injected faults included (replays simulate the
 // same faulty devices).
 Status load_run_config(const std::string& run_dir, TrainConfig* cfg);
-// Every `culprit train` option with its default.
-std::string train_options_help();
 // The fully resolved configuration as INI text (key = value per line), loadable with --config.
-std::string to_ini(const TrainConfig& cfg);
-// Options that fix a run's results: a resumed run must keep them.
-std::vector<std::string> determinism_critical_options();
-// Checks the configuration against the world size; no I/O.
+inline std::string to_ini(const TrainConfig& cfg) { return train_options().to_ini(cfg); }
+// Checks the configuration (every option's own checks, then how they combine, and the world size);
+// no I/O.
 Status validate(const TrainConfig& cfg, int world_size);
 
 // The learning rate of 1-based step `step` (docs/determinism.md, "Learning rate").
@@ -76,5 +136,11 @@ double learning_rate(const TrainConfig& cfg, std::int64_t step);
 
 // Trains. Collective over comm: every rank returns the same Status.
 Status train(const TrainConfig& cfg, const Comm& comm);
+
+// `culprit train`. after_halt: what --on-detect diagnose runs once a detection halted the run (on
+// the same ranks); it gets the halt's exit code and returns the one to exit with. culprit_bisect
+// provides it (bisect::diagnose_after_halt); the executable wires the two together.
+using AfterHalt = std::function<int(const Comm& comm, const std::string& run_dir, int halt_code)>;
+cli::Command train_command(AfterHalt after_halt);
 
 }  // namespace culprit::harness

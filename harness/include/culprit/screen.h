@@ -6,6 +6,8 @@
 #include <string>
 #include <vector>
 
+#include "culprit/command.h"
+#include "culprit/harness.h"
 #include "culprit/mpi_util.h"
 #include "culprit/status.h"
 
@@ -14,7 +16,7 @@ namespace culprit::harness {
 struct ScreenOptions {
   double seconds = 10;           // how long to repeat (at least one repetition)
   int size = 256;                // matrices are size x size float32
-  std::string device = "cpu";    // cpu | cuda (the GPU of the rank's local index; docs/screen.md)
+  DeviceKind device = DeviceKind::kCpu;  // cuda: the GPU of the rank's local index (docs/screen.md)
   std::vector<std::string> inject;  // --inject SPECs: layer = a test's name, step = a repetition
   std::string report;            // JSON report path ("" = none)
   int threads = 1;
@@ -24,8 +26,12 @@ struct ScreenOptions {
 std::vector<std::string> screen_tests();
 
 // Collective. Rank 0 prints a verdict per device (rank, host, device) and the `--exclude` list of the
-// hosts with a failed device, and writes the JSON report. OK when every device passed; otherwise an
-// error with kExitHardware naming the failed devices.
+// hosts with a failed device, and writes the JSON report (records::ScreenReport). OK when every
+// device passed; otherwise a kHardware error naming the failed devices.
 Status screen(const ScreenOptions& opt, const Comm& comm);
+
+// Its options, declared once (screen_command.cpp), and `culprit screen`.
+const opts::Table<ScreenOptions>& screen_options();
+cli::Command screen_command();
 
 }  // namespace culprit::harness

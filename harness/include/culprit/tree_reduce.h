@@ -64,11 +64,8 @@ struct TreeWorkspace {
   std::vector<float> packed;
 };
 
-// Collective over comm: combines every rank's accumulated blocks (acc holds leaves
-// shard_range(comm.rank, comm.size, micro_shards)) into the root; every rank gets the same n
-// values in `out`.
-// `corrupt`, when given, is applied to element `corrupt_offset` of every block this rank sends
-// (after it leaves the rank's hands: fault injection of a faulty link).
+// A faulty link (fault injection): apply(ctx, v) replaces element `offset` of every block slice a
+// rank sends in the reduction, after the sender fingerprinted what it meant to send.
 struct SendFault {
   std::size_t offset = 0;
   float (*apply)(const void* ctx, float) = nullptr;
@@ -86,6 +83,9 @@ struct CommCheck {
 };
 // (sender, receiver) pairs whose message arrived unlike it was sent; all[r] is rank r's CommCheck.
 std::vector<std::pair<int, int>> comm_mismatches(const std::vector<CommCheck>& all);
+// Collective over comm: combines every rank's accumulated blocks (acc holds leaves
+// shard_range(comm.rank, comm.size, micro_shards)) into the root; every rank gets the same n
+// values in `out`. `fault`: this rank's link is faulty (SendFault); `check`: the comm check.
 void tree_allreduce(const Comm& comm, int micro_shards, const TreeAccumulator& acc, float* out,
                     TreeWorkspace* ws = nullptr, const SendFault* fault = nullptr, CommCheck* check = nullptr);
 

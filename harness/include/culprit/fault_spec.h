@@ -1,28 +1,39 @@
-// Fault injection: --inject SPEC makes one rank behave like a faulty GPU, link or memory.
-// SPEC is a comma list of key=value (docs/fault-injection.md):
+// Fault injection's vocabulary: --inject SPEC makes one rank behave like a faulty GPU, link or
+// memory. SPEC is a comma list of key=value (docs/detection.md, "Injecting a fault"):
 //   step=S rank=R|all layer=NAME index=I
 //   phase=forward|backward|grad|comm|param|optimizer|data|lr|rng
 //   kind=bitflip|nan|scale|noise|stale|hang bit=0..31 factor=F seconds=T
 //   mode=transient|persistent|intermittent p=P
+// Parsing and the firing decision live here; where each phase's fault lands is FaultPlan's
+// (harness/src/fault_plan.h).
 #pragma once
 #include <cstdint>
+#include <iterator>
 #include <string>
 #include <vector>
 
+#include "culprit/names.h"
+#include "culprit/records.h"  // Phase: a fault's phase is also where a diagnosis places it
 #include "culprit/status.h"
 
 namespace culprit::harness {
 
-enum class Phase { kForward, kBackward, kGrad, kComm, kParam, kOptimizer, kData, kLr, kRng };
+using culprit::Phase;
+
 // stale: a value that should have been replaced is not (a gradient not zeroed, an update that did not
 // land, the previous samples, the previous learning rate or dropout seed). hang: the rank stops
 // responding for `seconds` (a stuck device).
 enum class FaultKind { kBitflip, kNan, kScale, kNoise, kStale, kHang };
-enum class FaultMode { kTransient, kPersistent, kIntermittent };
+inline constexpr NameRow<FaultKind> kFaultKindNames[] = {{FaultKind::kBitflip, "bitflip"}, {FaultKind::kNan, "nan"},
+                                                          {FaultKind::kScale, "scale"},     {FaultKind::kNoise, "noise"},
+                                                          {FaultKind::kStale, "stale"},     {FaultKind::kHang, "hang"}};
+constexpr NameTable<FaultKind> enum_names(FaultKind) { return {kFaultKindNames, std::size(kFaultKindNames), "kind"}; }
 
-const char* phase_name(Phase p);
-const char* kind_name(FaultKind k);
-const char* mode_name(FaultMode m);
+enum class FaultMode { kTransient, kPersistent, kIntermittent };
+inline constexpr NameRow<FaultMode> kFaultModeNames[] = {{FaultMode::kTransient, "transient"},
+                                                          {FaultMode::kPersistent, "persistent"},
+                                                          {FaultMode::kIntermittent, "intermittent"}};
+constexpr NameTable<FaultMode> enum_names(FaultMode) { return {kFaultModeNames, std::size(kFaultModeNames), "mode"}; }
 
 struct FaultSpec {
   std::int64_t step = 1;

@@ -1,62 +1,21 @@
-#include "culprit/inject.h"
+#include "culprit/fault_spec.h"
 
 #include <atomic>
 #include <chrono>
 #include <cmath>
 #include <cstring>
 #include <limits>
-#include <map>
 #include <sstream>
 
 #include "rng.h"
 
 namespace culprit::harness {
 
-const char* phase_name(Phase p) {
-  switch (p) {
-    case Phase::kForward: return "forward";
-    case Phase::kBackward: return "backward";
-    case Phase::kGrad: return "grad";
-    case Phase::kComm: return "comm";
-    case Phase::kParam: return "param";
-    case Phase::kOptimizer: return "optimizer";
-    case Phase::kData: return "data";
-    case Phase::kLr: return "lr";
-    case Phase::kRng: return "rng";
-  }
-  return "?";
-}
-const char* kind_name(FaultKind k) {
-  switch (k) {
-    case FaultKind::kBitflip: return "bitflip";
-    case FaultKind::kNan: return "nan";
-    case FaultKind::kScale: return "scale";
-    case FaultKind::kNoise: return "noise";
-    case FaultKind::kStale: return "stale";
-    case FaultKind::kHang: return "hang";
-  }
-  return "?";
-}
-const char* mode_name(FaultMode m) {
-  switch (m) {
-    case FaultMode::kTransient: return "transient";
-    case FaultMode::kPersistent: return "persistent";
-    case FaultMode::kIntermittent: return "intermittent";
-  }
-  return "?";
-}
-
 namespace {
 template <class E>
-Status lookup(const std::string& key, const std::string& value, const std::map<std::string, E>& table, E* out) {
-  auto it = table.find(value);
-  if (it != table.end()) {
-    *out = it->second;
-    return Status::OK();
-  }
-  std::string valid;
-  for (const auto& [k, v] : table) valid += (valid.empty() ? "" : ", ") + k;
-  return Status::Error("--inject: unknown " + key + " '" + value + "' (valid: " + valid + ")");
+Status lookup(const std::string& key, const std::string& value, E* out) {
+  if (parse_name(value, out)) return Status::OK();
+  return Status::BadInput("--inject: unknown " + key + " '" + value + "' (valid: " + names_list<E>() + ")");
 }
 
 Status number(const std::string& key, const std::string& value, double* out) {
@@ -66,7 +25,7 @@ Status number(const std::string& key, const std::string& value, double* out) {
     if (used == value.size()) return Status::OK();
   } catch (const std::exception&) {
   }
-  return Status::Error("--inject: " + key + "=" + value + " is not a number");
+  return Status::BadInput("--inject: " + key + "=" + value + " is not a number");
 }
 }  // namespace
 
@@ -78,67 +37,54 @@ Status parse_fault(const std::string& text, const std::vector<std::string>& laye
   std::string item;
   while (std::getline(ss, item, ',')) {
     const auto eq = item.find('=');
-    if (eq == std::string::npos) return Status::Error("--inject: '" + item + "' is not key=value");
+    if (eq == std::string::npos) return Status::BadInput("--inject: '" + item + "' is not key=value");
     const std::string key = item.substr(0, eq), value = item.substr(eq + 1);
     double v = 0;
     if (key == "rank" && value == "all") {
       out->rank = -1;
     } else if (key == "step" || key == "rank" || key == "index" || key == "bit") {
       CULPRIT_RETURN_IF_ERROR(number(key, value, &v));
-      if (v < 0 || v != std::floor(v)) return Status::Error("--inject: " + key + " must be a non-negative integer");
+      if (v < 0 || v != std::floor(v)) return Status::BadInput("--inject: " + key + " must be a non-negative integer");
       if (key == "step") out->step = static_cast<std::int64_t>(v);
       if (key == "rank") out->rank = static_cast<int>(v);
       if (key == "index") out->index = static_cast<std::int64_t>(v);
       if (key == "bit") {
-        if (v > 31) return Status::Error("--inject: bit must be 0..31");
+        if (v > 31) return Status::BadInput("--inject: bit must be 0..31");
         out->bit = static_cast<int>(v);
       }
     } else if (key == "factor") {
       CULPRIT_RETURN_IF_ERROR(number(key, value, &out->factor));
     } else if (key == "seconds") {
       CULPRIT_RETURN_IF_ERROR(number(key, value, &out->seconds));
-      if (!(out->seconds >= 0)) return Status::Error("--inject: seconds must be >= 0");
+      if (!(out->seconds >= 0)) return Status::BadInput("--inject: seconds must be >= 0");
     } else if (key == "p") {
       CULPRIT_RETURN_IF_ERROR(number(key, value, &out->p));
-      if (!(out->p >= 0 && out->p <= 1)) return Status::Error("--inject: p must be in [0, 1]");
+      if (!(out->p >= 0 && out->p <= 1)) return Status::BadInput("--inject: p must be in [0, 1]");
     } else if (key == "layer") {
       out->layer = value;
       have_layer = true;
     } else if (key == "phase") {
-      CULPRIT_RETURN_IF_ERROR(lookup<Phase>(key, value,
-                                            {{"forward", Phase::kForward}, {"backward", Phase::kBackward},
-                                             {"grad", Phase::kGrad}, {"comm", Phase::kComm},
-                                             {"param", Phase::kParam}, {"optimizer", Phase::kOptimizer},
-                                             {"data", Phase::kData}, {"lr", Phase::kLr}, {"rng", Phase::kRng}},
-                                            &out->phase));
+      CULPRIT_RETURN_IF_ERROR(lookup(key, value, &out->phase));
       have_phase = true;
     } else if (key == "kind") {
-      CULPRIT_RETURN_IF_ERROR(lookup<FaultKind>(
-          key, value,
-          {{"bitflip", FaultKind::kBitflip}, {"nan", FaultKind::kNan}, {"scale", FaultKind::kScale},
-           {"noise", FaultKind::kNoise}, {"stale", FaultKind::kStale}, {"hang", FaultKind::kHang}},
-          &out->kind));
+      CULPRIT_RETURN_IF_ERROR(lookup(key, value, &out->kind));
     } else if (key == "mode") {
-      CULPRIT_RETURN_IF_ERROR(lookup<FaultMode>(
-          key, value,
-          {{"transient", FaultMode::kTransient}, {"persistent", FaultMode::kPersistent},
-           {"intermittent", FaultMode::kIntermittent}},
-          &out->mode));
+      CULPRIT_RETURN_IF_ERROR(lookup(key, value, &out->mode));
     } else {
-      return Status::Error("--inject: unknown key '" + key +
+      return Status::BadInput("--inject: unknown key '" + key +
                            "' (valid: step, rank, layer, index, phase, kind, bit, factor, seconds, mode, p)");
     }
   }
-  if (!have_phase) return Status::Error("--inject: '" + text + "' needs phase=");
-  if (out->step < 1) return Status::Error("--inject: step must be at least 1");
+  if (!have_phase) return Status::BadInput("--inject: '" + text + "' needs phase=");
+  if (out->step < 1) return Status::BadInput("--inject: step must be at least 1");
   const Phase ph = out->phase;
   if (out->kind == FaultKind::kStale && ph != Phase::kGrad && ph != Phase::kParam && ph != Phase::kData &&
       ph != Phase::kLr && ph != Phase::kRng)
-    return Status::Error("--inject: kind stale applies to phases grad, param, data, lr and rng, not " +
-                         std::string(phase_name(ph)));
+    return Status::BadInput("--inject: kind stale applies to phases grad, param, data, lr and rng, not " +
+                         std::string(name_of(ph)));
   if (ph == Phase::kRng && out->kind != FaultKind::kStale && out->kind != FaultKind::kBitflip &&
       out->kind != FaultKind::kHang)
-    return Status::Error("--inject: phase rng (the dropout seed) takes kind stale, bitflip or hang");
+    return Status::BadInput("--inject: phase rng (the dropout seed) takes kind stale, bitflip or hang");
   if (ph != Phase::kData && ph != Phase::kLr && ph != Phase::kRng) {
     std::string valid;
     bool found = false;
@@ -146,9 +92,9 @@ Status parse_fault(const std::string& text, const std::vector<std::string>& laye
       valid += (valid.empty() ? "" : ", ") + l;
       found = found || l == out->layer;
     }
-    if (!have_layer) return Status::Error("--inject: phase " + std::string(phase_name(out->phase)) +
+    if (!have_layer) return Status::BadInput("--inject: phase " + std::string(name_of(out->phase)) +
                                           " needs layer= (valid: " + valid + ")");
-    if (!found) return Status::Error("--inject: unknown layer '" + out->layer + "' (valid: " + valid + ")");
+    if (!found) return Status::BadInput("--inject: unknown layer '" + out->layer + "' (valid: " + valid + ")");
   }
   return Status::OK();
 }

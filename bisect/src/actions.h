@@ -1,0 +1,86 @@
+// The bisection's actions: one function per state of machine.h, each filling the Finding and the
+// state's Evidence (the same on every rank: every decision is taken from agreed data). Private to
+// culprit_bisect.
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "culprit/bisect.h"
+#include "culprit/compare.h"
+#include "culprit/engine.h"
+#include "culprit/records.h"
+#include "machine.h"
+
+namespace culprit::bisect {
+
+using harness::ShardResult;
+using harness::StepResult;
+using replay::Schema;
+
+// The report's step x layer map of the replay: rows input, each layer (forward or backward), the
+// gradient leaf, the update; a cell is 1 where the replay differs from the record.
+struct LayerMap {
+  std::vector<std::string> rows;
+  std::vector<std::int64_t> steps;
+  std::vector<std::vector<int>> cells;
+};
+
+// What the bisection works with: the run, its first fault-showing incident, the replay engine.
+struct Context {
+  Context(const Options& o, const Comm& c, records::Diagnosis* diag) : opt(o), comm(c), d(diag) {}
+  const Options& opt;
+  const Comm& comm;
+  records::Diagnosis* d;  // evidence, counts and timings, as they are found
+  replay::RunRecord run;
+  std::vector<records::Incident> incidents;
+  const records::Incident* first = nullptr;  // into `incidents`; null: no incident
+  std::int64_t end = 0;  // the last step the search replays
+  bool layer = false;    // the trace holds per-layer fingerprints
+  int W = 1, M = 1;      // this world; the run's micro-shards
+  std::unique_ptr<harness::Engine> engine;
+  Schema schema;
+  LayerMap map;
+  std::string checkpoint;  // where the replay started
+
+  void note(const std::string& line);  // evidence, and a progress line on rank 0
+  // The first incident names a rank of this world at step s.
+  bool incident_names(std::int64_t s) const;
+  // Where rank r ran in the original run (its first micro-shard's record).
+  void placement(int r, std::string* host, std::string* device) const;
+};
+
+// Where the search stands.
+struct Finding {
+  std::int64_t step = -1;       // the faulty step
+  int bad_shard = -1;           // its first differing micro-shard; -1: the update differs
+  struct Update {               // the update's first difference from any rank's record
+    bool reduced = false;       // the reduced gradient differs
+    std::string param;          // the first differing parameter ("" none)
+    int param_rank = -1;        // whose record holds it
+    std::string describe() const;
+  } update;
+  int blamed = -1;              // the blamed rank
+  std::optional<Phase> phase;   // --inject's phase
+  std::string layer;            // and layer
+  ShardResult reference;        // the faulty computation as recorded (kRerun compares with it)
+};
+
+// Reads the run, picks the start, opens the rotated engine (bisect.cpp).
+Status open_context(Context* ctx);
+
+// kFindStep (find_step.cpp): replays forward, each micro-shard on another rank than recorded it.
+Status find_step(Context& ctx, Finding* f, Evidence* ev);
+// kLocalize (localize.cpp): the differing micro-shard on every rank, or the update's fault.
+Status localize(Context& ctx, Finding* f, Evidence* ev);
+// kRerun (localize.cpp): the blamed rank recomputes the micro-shard --reruns times.
+Status rerun(Context& ctx, Finding* f, Evidence* ev);
+
+// report.cpp: the diagnosis a verdict makes of a finding; RUN/diagnosis.html; the printed summary.
+void conclude(const Context& ctx, const Finding& f, Verdict v, records::Diagnosis* d);
+Status write_html(const Context& ctx, const records::Diagnosis& d);
+void print_summary(const records::Diagnosis& d, const std::string& run_dir);
+
+}  // namespace culprit::bisect

@@ -1,0 +1,57 @@
+// `culprit bisect` and --on-detect diagnose's hand-over: the options, declared once.
+#include <cstdio>
+
+#include "culprit/bisect.h"
+
+namespace culprit::bisect {
+
+namespace {
+
+const opts::Table<Options>& bisect_options() {
+  static const opts::Table<Options> table("culprit bisect options", {
+      opts::text<Options>("run-dir", &Options::run_dir, "the run to diagnose (required)"),
+      opts::number<Options>("reruns", &Options::reruns,
+                            "reruns of the faulty micro-shard on the blamed rank (persistent or transient)",
+                            opts::Range<int>::at_least(1)),
+  });
+  return table;
+}
+
+}  // namespace
+
+int diagnose_after_halt(const Comm& comm, const std::string& run_dir, int halt_code) {
+  if (comm.rank == 0) std::fprintf(stderr, "culprit: diagnosing (culprit bisect --run-dir %s)\n", run_dir.c_str());
+  Options opt;
+  opt.run_dir = run_dir;
+  records::Diagnosis d;
+  const Status st = run(opt, comm, &d);
+  if (!st.ok()) {
+    if (comm.rank == 0) cli::error_line("diagnosis failed: " + st.message());
+    return halt_code;
+  }
+  if (comm.rank == 0 && d.rank >= 0 && is_hardware(d.verdict))
+    std::fprintf(stderr, "culprit: exclude host %s (rank %d, device %s) before requeueing: %s\n", d.host.c_str(), d.rank,
+                 d.device.c_str(), name_of(d.verdict));
+  // "none": the diagnosis found nothing to blame; the halt's own code stands.
+  return d.verdict == Verdict::kNone ? halt_code : verdict_exit_code(d.verdict);
+}
+
+cli::Command bisect_command() {
+  return {"bisect", "name the faulty step, layer, phase and rank of a run, with a verdict",
+          [] { return bisect_options().help(); },
+          [](const std::vector<std::string>& args) {
+            return cli::run_mpi<Options>(
+                args, bisect_options(), "mpirun -np W culprit bisect --run-dir RUN [options]",
+                [](Options* o) {
+                  return o->run_dir.empty() ? Status::BadInput("option '--run-dir' is required") : Status::OK();
+                },
+                [](const Options& o, const Comm& comm, int* code) {
+                  records::Diagnosis d;
+                  Status st = run(o, comm, &d);
+                  *code = verdict_exit_code(d.verdict);
+                  return st;
+                });
+          }};
+}
+
+}  // namespace culprit::bisect

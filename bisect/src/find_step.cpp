@@ -1,0 +1,151 @@
+// kFindStep: the first step whose replay disagrees with the record. Each step's micro-shards are
+// recomputed on a rank other than the one that recorded them (a persistent fault would otherwise
+// reproduce itself), then its update as the run did it. The rotated engine does both in one
+// run_step; only where this world puts a micro-shard back on its recording rank is it computed once
+// more, on the next rank.
+#include <cmath>
+
+#include "actions.h"
+
+namespace culprit::bisect {
+
+namespace {
+
+// One replayed step against the record, on this rank: the first differing micro-shard and the map's
+// rows (input, layers, leaf).
+struct StepCheck {
+  int first_bad;
+  std::vector<int> rows;
+};
+
+void compare_shard(const Context& ctx, const ShardResult& r, const trace::ShardRow& row, StepCheck* c) {
+  const ShardResult want = harness::shard_result(row);
+  if (replay::first_difference(r, want, ctx.schema.layers, ctx.schema.params, ctx.layer))
+    c->first_bad = std::min(c->first_bad, r.shard);
+  c->rows[0] |= r.input_fp != want.input_fp;
+  for (std::size_t i = 0; ctx.layer && i < ctx.schema.layers.size() && i < r.fwd.size() && i < want.fwd.size(); ++i)
+    c->rows[1 + i] |= r.fwd[i] != want.fwd[i] || r.bwd[i] != want.bwd[i];
+  c->rows[c->rows.size() - 2] |= r.grad_fp != want.grad_fp || !replay::same_bits(r.loss, want.loss);
+}
+
+// Local: the micro-shards of step t that this world's layout puts back on their recording rank,
+// computed here when this rank is the next one.
+Status replay_returned_shards(Context& ctx, std::int64_t t, StepCheck* c) {
+  const auto& shards = ctx.run.trace.shards;
+  for (int k = 0; k < ctx.M; ++k) {
+    auto it = shards.find({t, k});
+    if (it == shards.end()) continue;
+    const int rr = it->second.rank;
+    if (harness::Engine::replay_rank(k, ctx.M, ctx.W, 1) != rr || (rr + 1) % ctx.W != ctx.comm.rank) continue;
+    ShardResult r;
+    CULPRIT_RETURN_IF_ERROR(ctx.engine->compute_shard(k, 0, &r));
+    compare_shard(ctx, r, it->second, c);
+  }
+  return Status::OK();
+}
+
+// Collective: step t's micro-shards, each on a rank that did not record it; *sr: the update.
+Status replay_shards(Context& ctx, std::int64_t t, StepCheck* c, StepResult* sr) {
+  const auto& shards = ctx.run.trace.shards;
+  CULPRIT_RETURN_IF_ERROR(agree(ctx.comm, replay_returned_shards(ctx, t, c)));
+  CULPRIT_RETURN_IF_ERROR(ctx.engine->run_step(sr));
+  for (const auto& r : sr->shards) {
+    auto it = shards.find({t, r.shard});
+    if (it != shards.end() && it->second.rank != ctx.comm.rank) compare_shard(ctx, r, it->second, c);
+  }
+  return Status::OK();
+}
+
+// Collective: the replayed update against every rank's record of step t, agreed (a rank's own replay
+// can differ from the others': a fault at rest reappearing there; every rank then takes the lowest
+// differing rank's account).
+Finding::Update compare_update(const Context& ctx, std::int64_t t, const StepResult& sr) {
+  Finding::Update u;
+  const auto& params = ctx.schema.params;
+  for (int r : ctx.run.trace.ranks) {
+    auto it = ctx.run.trace.steps.find({r, t});
+    if (it == ctx.run.trace.steps.end()) continue;
+    if (it->second.grad_fp != sr.grad_fp) u.reduced = true;
+    if (!u.param.empty()) continue;
+    for (std::size_t i = 0; i < params.size() && i < it->second.param_fps.size(); ++i)
+      if (it->second.param_fps[i] != sr.param_fps[i]) {
+        u.param = params[i];
+        u.param_rank = r;
+        break;
+      }
+  }
+  int differs = u.reduced || !u.param.empty();
+  CULPRIT_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &differs, 1, MPI_INT, MPI_MAX, ctx.comm.comm));
+  if (!differs) return Finding::Update();
+  int from = (u.reduced || !u.param.empty()) ? ctx.comm.rank : ctx.W;
+  CULPRIT_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &from, 1, MPI_INT, MPI_MIN, ctx.comm.comm));
+  int reduced = u.reduced, param_rank = u.param_rank;
+  CULPRIT_MPI_CHECK(MPI_Bcast(&reduced, 1, MPI_INT, from, ctx.comm.comm));
+  CULPRIT_MPI_CHECK(MPI_Bcast(&param_rank, 1, MPI_INT, from, ctx.comm.comm));
+  u.reduced = reduced != 0;
+  u.param_rank = param_rank;
+  u.param = broadcast_string(ctx.comm, u.param, from);
+  return u;
+}
+
+// Nothing differed: a recorded NaN/Inf or spike that reproduced bitwise is the model's own.
+void nothing_differs(Context& ctx, Finding* f, Evidence* ev) {
+  std::int64_t bad = -1;
+  for (const auto& [key, row] : ctx.run.trace.steps)
+    if (key.second <= ctx.end && !std::isfinite(row.loss) && (bad < 0 || key.second < bad)) bad = key.second;
+  const auto* first = ctx.first;
+  if (bad < 0 && first && (first->detector == Detector::kNonfinite || first->detector == Detector::kSpike))
+    bad = first->step;
+  if (bad > 0) {
+    ev->nonfinite_reproduced = true;
+    f->step = bad;
+    ctx.note("every replayed step reproduced the record bitwise, including the " +
+             std::string(first ? name_of(first->detector) : "nonfinite") + " at step " + std::to_string(bad));
+  } else {
+    ctx.note("every replayed step reproduced the record bitwise (" + std::to_string(ctx.d->steps_replayed) + " steps)" +
+             (first ? "; the " + std::string(name_of(first->detector)) + " incident of step " +
+                          std::to_string(first->step) + " left no trace in the results"
+                    : ""));
+  }
+}
+
+}  // namespace
+
+std::string Finding::Update::describe() const {
+  std::string out = reduced ? "reduced gradient" : "";
+  if (!param.empty()) out += (out.empty() ? "" : ", ") + std::string("parameter ") + param + " of rank " + std::to_string(param_rank);
+  return out;
+}
+
+Status find_step(Context& ctx, Finding* f, Evidence* ev) {
+  while (ctx.engine->step() < ctx.end) {
+    const std::int64_t t = ctx.engine->step() + 1;
+    CULPRIT_RETURN_IF_ERROR(agree(ctx.comm, ctx.engine->mark()));
+    StepCheck c{ctx.M, std::vector<int>(ctx.map.rows.size(), 0)};
+    StepResult sr;
+    CULPRIT_RETURN_IF_ERROR(replay_shards(ctx, t, &c, &sr));
+    int fb = ctx.M;
+    CULPRIT_MPI_CHECK(MPI_Allreduce(&c.first_bad, &fb, 1, MPI_INT, MPI_MIN, ctx.comm.comm));
+    ++ctx.d->steps_replayed;
+    const Finding::Update u = compare_update(ctx, t, sr);
+    const bool update_differs = u.reduced || !u.param.empty();
+    c.rows.back() = update_differs;
+    CULPRIT_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, c.rows.data(), static_cast<int>(c.rows.size()), MPI_INT, MPI_MAX,
+                                    ctx.comm.comm));
+    ctx.map.steps.push_back(t);
+    ctx.map.cells.push_back(c.rows);
+    if (fb < ctx.M || update_differs) {
+      f->step = t;
+      f->bad_shard = fb < ctx.M ? fb : -1;
+      f->update = u;
+      ev->step_found = true;
+      ctx.note("step " + std::to_string(t) + " does not reproduce: " +
+               (fb < ctx.M ? "micro-shard " + std::to_string(fb) + " differs" : "its update differs (" + u.describe() + ")"));
+      return agree(ctx.comm, ctx.engine->rewind());
+    }
+  }
+  nothing_differs(ctx, f, ev);
+  return Status::OK();
+}
+
+}  // namespace culprit::bisect

@@ -1,0 +1,166 @@
+// The bisection's outputs: the diagnosis a verdict makes of the finding, RUN/diagnosis.html (one
+// self-contained page: inline SVG, no scripts, no external files) and the summary rank 0 prints.
+// RUN/diagnosis.json itself is records::write_diagnosis's.
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <sstream>
+
+#include "actions.h"
+
+namespace culprit::bisect {
+
+namespace fs = std::filesystem;
+using records::Diagnosis;
+
+namespace {
+
+std::string esc(const std::string& in) {
+  std::string out;
+  for (char c : in) {
+    if (c == '<') out += "&lt;";
+    else if (c == '>') out += "&gt;";
+    else if (c == '&') out += "&amp;";
+    else if (c == '"') out += "&quot;";
+    else out += c;
+  }
+  return out;
+}
+
+std::string num(double v) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.2f", v);
+  return buf;
+}
+
+// RUN/diagnosis.html: one self-contained page (inline SVG, no scripts, no external files): the
+// verdict, the loss each rank recorded per step with the faulty step marked, and the step x layer
+// map of the replay (match / differ), and the evidence.
+Status write_page(const std::string& run_dir, const Diagnosis& d, const trace::RunTrace& rec, const LayerMap& map) {
+  const auto& rows = map.rows;
+  const auto& steps = map.steps;
+  const auto& cells = map.cells;
+  const std::string verdict = name_of(d.verdict);
+  const std::string phase = d.phase ? name_of(*d.phase) : "";
+  std::ostringstream h;
+  h << "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\"><title>culprit diagnosis: " << esc(verdict)
+    << "</title>\n<style>body{font-family:sans-serif;margin:2em;max-width:72em}table{border-collapse:collapse}"
+       "td,th{border:1px solid #ccc;padding:.2em .6em;text-align:left}.differ{fill:#d62728}.match{fill:#2ca02c}"
+       "svg{border:1px solid #ddd;margin:.5em 0}</style></head><body>\n";
+  h << "<h1>culprit diagnosis</h1>\n<table id=\"summary\">";
+  const std::vector<std::pair<std::string, std::string>> fields = {
+      {"verdict", verdict}, {"step", d.step >= 0 ? std::to_string(d.step) : "-"}, {"phase", phase.empty() ? "-" : phase},
+      {"layer", d.layer.empty() ? "-" : d.layer}, {"rank", d.rank >= 0 ? std::to_string(d.rank) : "-"},
+      {"host", d.host.empty() ? "-" : d.host}, {"device", d.device.empty() ? "-" : d.device},
+      {"reruns", std::to_string(d.reproduced) + " of " + std::to_string(d.reruns) + " reproduced"},
+      {"replayed", std::to_string(d.steps_replayed) + " step(s) in " + num(d.seconds) + " s"}};
+  for (const auto& [k, v] : fields) h << "<tr><th>" << k << "</th><td id=\"" << k << "\">" << esc(v) << "</td></tr>";
+  h << "</table>\n";
+  // Loss per rank: the mean loss of the micro-shards each rank recorded, per step.
+  std::map<int, std::map<std::int64_t, std::pair<double, int>>> per_rank;
+  for (const auto& [key, row] : rec.shards) {
+    auto& acc = per_rank[row.rank][row.step];
+    if (std::isfinite(row.loss)) acc.first += row.loss, acc.second += 1;
+  }
+  double lo = 1e300, hi = -1e300;
+  std::int64_t s0 = 1, s1 = std::max<std::int64_t>(2, rec.last_step);
+  for (const auto& [r, series] : per_rank)
+    for (const auto& [st, acc] : series)
+      if (acc.second) lo = std::min(lo, acc.first / acc.second), hi = std::max(hi, acc.first / acc.second);
+  if (!(hi > lo)) lo = 0, hi = std::max(1.0, hi);
+  const double Wd = 720, Ht = 240, L = 50, R = 110, T = 20, B = 30;
+  auto X = [&](double st) { return L + (st - s0) / static_cast<double>(s1 - s0) * (Wd - L - R); };
+  auto Y = [&](double v) { return T + (hi - v) / (hi - lo) * (Ht - T - B); };
+  static const char* colors[] = {"#1f77b4", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22", "#17becf"};
+  h << "<h2>Loss per rank</h2>\n<svg id=\"loss-plot\" xmlns=\"http://www.w3.org/2000/svg\" width=\"" << Wd
+    << "\" height=\"" << Ht << "\" role=\"img\" aria-label=\"loss per rank\">";
+  h << "<line x1=\"" << L << "\" y1=\"" << Ht - B << "\" x2=\"" << Wd - R << "\" y2=\"" << Ht - B << "\" stroke=\"#000\"/>";
+  h << "<line x1=\"" << L << "\" y1=\"" << T << "\" x2=\"" << L << "\" y2=\"" << Ht - B << "\" stroke=\"#000\"/>";
+  h << "<text x=\"" << L << "\" y=\"" << Ht - 8 << "\" font-size=\"11\">step " << s0 << "</text><text x=\"" << Wd - R - 40
+    << "\" y=\"" << Ht - 8 << "\" font-size=\"11\">step " << s1 << "</text>";
+  h << "<text x=\"2\" y=\"" << T + 10 << "\" font-size=\"11\">" << num(hi) << "</text><text x=\"2\" y=\"" << Ht - B
+    << "\" font-size=\"11\">" << num(lo) << "</text>";
+  int ci = 0;
+  for (const auto& [r, series] : per_rank) {
+    std::string pts;
+    for (const auto& [st, acc] : series)
+      if (acc.second) pts += num(X(static_cast<double>(st))) + "," + num(Y(acc.first / acc.second)) + " ";
+    const char* c = colors[ci++ % 8];
+    h << "<polyline class=\"rank\" data-rank=\"" << r << "\" fill=\"none\" stroke=\"" << c << "\" points=\"" << pts
+      << "\"/><text x=\"" << Wd - R + 8 << "\" y=\"" << T + 14 * ci << "\" font-size=\"11\" fill=\"" << c << "\">rank "
+      << r << "</text>";
+  }
+  if (d.step > 0)
+    h << "<line id=\"faulty-step-marker\" data-step=\"" << d.step << "\" x1=\"" << num(X(static_cast<double>(d.step)))
+      << "\" y1=\"" << T << "\" x2=\"" << num(X(static_cast<double>(d.step))) << "\" y2=\"" << Ht - B
+      << "\" stroke=\"#d62728\" stroke-dasharray=\"4 3\"/><text x=\"" << num(X(static_cast<double>(d.step)) + 3) << "\" y=\""
+      << T + 10 << "\" font-size=\"11\" fill=\"#d62728\">faulty step " << d.step << "</text>";
+  h << "</svg>\n";
+  // The replay's step x layer map.
+  const double cw = 26, rh = 16, lw = 170;
+  const double mw = lw + cw * std::max<std::size_t>(1, steps.size()) + 10, mh = 24 + rh * rows.size() + 10;
+  h << "<h2>Replay: step &times; layer</h2>\n<svg id=\"layer-map\" xmlns=\"http://www.w3.org/2000/svg\" width=\"" << mw
+    << "\" height=\"" << mh << "\" role=\"img\" aria-label=\"step by layer map\">";
+  for (std::size_t j = 0; j < rows.size(); ++j)
+    h << "<text x=\"4\" y=\"" << 24 + rh * j + 12 << "\" font-size=\"11\">" << esc(rows[j]) << "</text>";
+  for (std::size_t i = 0; i < steps.size(); ++i) {
+    const double x = lw + cw * i;
+    h << "<text x=\"" << x + 2 << "\" y=\"14\" font-size=\"10\">" << steps[i] << "</text>";
+    if (steps[i] == d.step)
+      h << "<rect id=\"faulty-step-column\" data-step=\"" << d.step << "\" x=\"" << x - 1 << "\" y=\"18\" width=\"" << cw
+        << "\" height=\"" << rh * rows.size() + 8 << "\" fill=\"none\" stroke=\"#000\" stroke-width=\"2\"/>";
+    for (std::size_t j = 0; j < rows.size() && j < cells[i].size(); ++j)
+      h << "<rect class=\"" << (cells[i][j] ? "differ" : "match") << "\" data-step=\"" << steps[i] << "\" data-row=\""
+        << esc(rows[j]) << "\" x=\"" << x + 2 << "\" y=\"" << 24 + rh * j << "\" width=\"" << cw - 4 << "\" height=\"" << rh - 3
+        << "\"/>";
+  }
+  h << "</svg>\n<p>Green: the replay matches the record; red: it differs. Rows: the micro-shards' input, each layer "
+       "(forward output or backward gradient), the gradient leaf and loss, the step's update.</p>\n";
+  h << "<h2>Evidence</h2>\n<ol id=\"evidence\">";
+  for (const auto& e : d.evidence) h << "<li>" << esc(e) << "</li>";
+  h << "</ol>\n</body></html>\n";
+  const auto path = fs::path(run_dir) / "diagnosis.html";
+  std::ofstream out(path);
+  out << h.str();
+  out.flush();
+  if (!out) return Status::IoError("cannot write '" + path.string() + "'");
+  return Status::OK();
+}
+
+}  // namespace
+
+void conclude(const Context& ctx, const Finding& f, Verdict v, Diagnosis* d) {
+  d->verdict = v;
+  if (v != Verdict::kNone) d->step = f.step;
+  if (is_hardware(v) || v == Verdict::kData) {
+    d->rank = f.blamed;
+    d->phase = f.phase;
+    d->layer = f.layer;
+  } else if (v == Verdict::kSoftwareNondeterminism) {
+    d->phase = f.phase;
+    d->layer = f.layer;
+  }
+  if (v == Verdict::kData) d->phase = Phase::kData;
+  if (f.blamed >= 0) ctx.placement(f.blamed, &d->host, &d->device);
+}
+
+Status write_html(const Context& ctx, const Diagnosis& d) {
+  return write_page(ctx.opt.run_dir, d, ctx.run.trace, ctx.map);
+}
+
+void print_summary(const Diagnosis& d, const std::string& run_dir) {
+  std::printf("verdict: %s\n", name_of(d.verdict));
+  if (d.step >= 0) std::printf("step:    %lld\n", static_cast<long long>(d.step));
+  if (d.phase) std::printf("phase:   %s\n", name_of(*d.phase));
+  if (!d.layer.empty()) std::printf("layer:   %s\n", d.layer.c_str());
+  if (d.rank >= 0) std::printf("rank:    %d (host %s, device %s)\n", d.rank, d.host.c_str(), d.device.c_str());
+  if (d.reruns) std::printf("reruns:  %d, the fault reproduced %d time(s)\n", d.reruns, d.reproduced);
+  std::printf("replayed %lld step(s) in %.2f s; %s\n", static_cast<long long>(d.steps_replayed), d.seconds,
+              records::diagnosis_path(run_dir).c_str());
+  std::fflush(stdout);
+}
+
+}  // namespace culprit::bisect

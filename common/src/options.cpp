@@ -1,0 +1,195 @@
+// The option table's core: Boost.Program_options over rows of text (culprit/options.h).
+#include "culprit/options.h"
+
+#include <boost/program_options.hpp>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+namespace po = boost::program_options;
+
+namespace culprit::opts {
+
+namespace {
+
+// INI files are small: anything larger is not one (and /dev/zero never ends).
+constexpr std::size_t kMaxConfigBytes = 1 << 20;
+
+po::options_description describe(const std::vector<Row>& rows, bool config, bool with_defaults, const std::string& title) {
+  po::options_description d(title);
+  bool positional = false;
+  for (const auto& r : rows) positional = positional || (r.flags & kPositional);
+  d.add_options()("help,h", "print this help");
+  if (config) d.add_options()("config", po::value<std::string>(), "INI file with any of these options as key = value (the command line wins)");
+  for (const auto& r : rows) {
+    po::typed_value<std::string>* one = nullptr;
+    po::typed_value<std::vector<std::string>>* many = nullptr;
+    if (r.flags & kRepeatable) {
+      if (with_defaults && (r.flags & kPositional)) continue;  // the usage line shows them
+      many = po::value<std::vector<std::string>>()->composing();
+      if (r.flags & kMultitoken) many->multitoken();
+      d.add_options()(r.name.c_str(), many, r.help.c_str());
+      continue;
+    }
+    one = po::value<std::string>();
+    if (r.flags & kSwitch) one->implicit_value("true");
+    // Beside arguments without a name, `--json FILE` must not read FILE as the switch's value.
+    if ((r.flags & kSwitch) && positional) one->zero_tokens();
+    if (with_defaults && !r.default_text.empty()) one->default_value(r.default_text, r.default_text);
+    d.add_options()(r.name.c_str(), one, r.help.c_str());
+  }
+  return d;
+}
+
+void collect(const std::vector<Row>& rows, const po::variables_map& vm,
+             std::vector<std::pair<std::string, std::vector<std::string>>>* values) {
+  values->clear();
+  for (const auto& r : rows) {
+    if (!vm.count(r.name)) continue;
+    if (r.flags & kRepeatable) values->push_back({r.name, vm[r.name].as<std::vector<std::string>>()});
+    else values->push_back({r.name, {vm[r.name].as<std::string>()}});
+  }
+}
+
+Status read_config(const std::string& path, std::string* text) {
+  std::error_code ec;
+  if (!std::filesystem::exists(path, ec)) return Status::BadInput("config file '" + path + "' does not exist");
+  if (!std::filesystem::is_regular_file(path, ec))
+    return Status::BadInput("config file '" + path + "' is not a regular file");
+  std::ifstream in(path);
+  if (!in) return Status::IoError("config file '" + path + "' cannot be read");
+  std::string buf(kMaxConfigBytes + 1, '\0');
+  in.read(buf.data(), static_cast<std::streamsize>(buf.size()));
+  if (in.bad()) return Status::IoError("config file '" + path + "' cannot be read");
+  buf.resize(static_cast<std::size_t>(in.gcount()));
+  if (buf.size() > kMaxConfigBytes)
+    return Status::BadInput("config file '" + path + "' is larger than " + std::to_string(kMaxConfigBytes) +
+                            " bytes: not an INI file of options");
+  *text = buf;
+  return Status::OK();
+}
+
+}  // namespace
+
+Status parse_rows(const std::vector<Row>& rows, const std::vector<std::string>& args, bool config,
+                  std::vector<std::pair<std::string, std::vector<std::string>>>* values, bool* help) {
+  const auto desc = describe(rows, config, /*with_defaults=*/false, "");
+  po::positional_options_description positional;
+  for (const auto& r : rows)
+    if (r.flags & kPositional) positional.add(r.name.c_str(), -1);
+  po::variables_map vm;
+  try {
+    po::store(po::command_line_parser(args).options(desc).positional(positional).run(), vm);
+    *help = vm.count("help") > 0;
+    if (*help) return Status::OK();
+    if (config && vm.count("config")) {
+      std::string text;
+      CULPRIT_RETURN_IF_ERROR(read_config(vm["config"].as<std::string>(), &text));
+      std::istringstream in(text);
+      // Values given on the command line are kept: store() never overwrites.
+      po::store(po::parse_config_file(in, desc, /*allow_unregistered=*/false), vm);
+    }
+    po::notify(vm);
+  } catch (const po::error& e) {
+    return Status::BadInput(e.what());
+  }
+  collect(rows, vm, values);
+  return Status::OK();
+}
+
+Status parse_ini_rows(const std::vector<Row>& rows, const std::string& ini, bool allow_unknown,
+                      std::vector<std::pair<std::string, std::vector<std::string>>>* values) {
+  const auto desc = describe(rows, /*config=*/false, /*with_defaults=*/false, "");
+  po::variables_map vm;
+  try {
+    std::istringstream in(ini);
+    po::store(po::parse_config_file(in, desc, allow_unknown), vm);
+    po::notify(vm);
+  } catch (const po::error& e) {
+    return Status::BadInput(e.what());
+  }
+  collect(rows, vm, values);
+  return Status::OK();
+}
+
+std::string help_text(const std::string& title, const std::vector<Row>& rows, bool config) {
+  std::ostringstream os;
+  os << describe(rows, config, /*with_defaults=*/true, title);
+  return os.str();
+}
+
+// ---- values ----
+
+Status parse_number(const std::string& option, const std::string& text, std::int64_t* out) {
+  try {
+    std::size_t used = 0;
+    const long long v = std::stoll(text, &used);
+    if (used == text.size()) {
+      *out = v;
+      return Status::OK();
+    }
+  } catch (const std::out_of_range&) {
+    return Status::BadInput("option '--" + option + "': " + text + " is out of range");
+  } catch (const std::exception&) {
+  }
+  return Status::BadInput("option '--" + option + "': '" + text + "' is not an integer");
+}
+
+Status parse_number(const std::string& option, const std::string& text, std::uint64_t* out) {
+  if (!text.empty() && text[0] == '-') return Status::BadInput("option '--" + option + "' must not be negative");
+  try {
+    std::size_t used = 0;
+    const unsigned long long v = std::stoull(text, &used);
+    if (used == text.size()) {
+      *out = v;
+      return Status::OK();
+    }
+  } catch (const std::out_of_range&) {
+    return Status::BadInput("option '--" + option + "': " + text + " is out of range");
+  } catch (const std::exception&) {
+  }
+  return Status::BadInput("option '--" + option + "': '" + text + "' is not an integer");
+}
+
+Status parse_number(const std::string& option, const std::string& text, double* out) {
+  try {
+    std::size_t used = 0;
+    const double v = std::stod(text, &used);
+    if (used == text.size()) {
+      *out = v;
+      return Status::OK();
+    }
+  } catch (const std::out_of_range&) {
+    return Status::BadInput("option '--" + option + "': " + text + " is out of range");
+  } catch (const std::exception&) {
+  }
+  return Status::BadInput("option '--" + option + "': '" + text + "' is not a number");
+}
+
+Status parse_bool(const std::string& option, const std::string& text, bool* out) {
+  // What Boost.Program_options accepts for a bool.
+  for (const char* t : {"true", "1", "yes", "on"})
+    if (text == t) return *out = true, Status::OK();
+  for (const char* f : {"false", "0", "no", "off"})
+    if (text == f) return *out = false, Status::OK();
+  return Status::BadInput("option '--" + option + "': '" + text + "' is not true or false");
+}
+
+std::string format_number(double v) {
+  // The shortest of %.1g .. %.17g that reads back bitwise (INI text must resume the same run).
+  char buf[40];
+  if (std::isfinite(v) && v == std::floor(v) && std::fabs(v) < 1e15) {
+    std::snprintf(buf, sizeof buf, "%.0f", v);
+    return buf;
+  }
+  for (int p = 1; p <= 17; ++p) {
+    std::snprintf(buf, sizeof buf, "%.*g", p, v);
+    if (std::strtod(buf, nullptr) == v) break;
+  }
+  return buf;
+}
+
+}  // namespace culprit::opts

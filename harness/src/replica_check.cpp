@@ -1,0 +1,66 @@
+#include "replica_check.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <map>
+
+namespace culprit::harness {
+
+ReplicaCheck compare_replicas(int world, const std::vector<Fingerprint>& all, std::size_t n) {
+  ReplicaCheck out;
+  if (world == 1) return out;
+  // Each rank's set, compared as a whole; the majority set wins (ties: rank 0's).
+  std::map<std::vector<Fingerprint>, int> votes;
+  std::vector<std::vector<Fingerprint>> sets(world);
+  for (int r = 0; r < world; ++r) {
+    sets[r].assign(all.begin() + static_cast<std::ptrdiff_t>(r) * n, all.begin() + static_cast<std::ptrdiff_t>(r + 1) * n);
+    votes[sets[r]]++;
+  }
+  const std::vector<Fingerprint>* majority = &sets[0];
+  for (const auto& [set, count] : votes)
+    if (count > votes[*majority]) majority = &set;
+  for (int r = 0; r < world; ++r) {
+    if (sets[r] == *majority) continue;
+    out.diverged = true;
+    out.odd_ranks.push_back(r);
+    if (out.first_index < 0)
+      for (std::size_t i = 0; i < n; ++i)
+        if (sets[r][i] != (*majority)[i]) {
+          out.first_index = static_cast<int>(i);
+          break;
+        }
+  }
+  return out;
+}
+
+bool SpikeDetector::observe(double v, std::string* why) {
+  if (!std::isfinite(v) || window_ <= 0) return false;
+  bool spike = false;
+  if (static_cast<int>(recent_.size()) >= std::max(4, window_ / 2)) {
+    std::vector<double> sorted = recent_;
+    std::sort(sorted.begin(), sorted.end());
+    const double median = sorted[sorted.size() / 2];
+    std::vector<double> dev;
+    for (double x : recent_) dev.push_back(std::fabs(x - median));
+    std::sort(dev.begin(), dev.end());
+    const double mad = dev[dev.size() / 2];
+    const double z = (v - median) / (1.4826 * mad + 1e-12 * std::max(1.0, std::fabs(median)));
+    const double top = sorted.back();
+    if (z > z_ && v > ratio_ * top) {
+      spike = true;
+      char buf[200];
+      std::snprintf(buf, sizeof buf, "%.6g against a median of %.6g (robust z %.1f, %.1fx the recent maximum %.6g)", v,
+                    median, z, v / top, top);
+      *why = buf;
+    }
+  }
+  // A spike does not become the new normal.
+  if (!spike) {
+    recent_.push_back(v);
+    if (static_cast<int>(recent_.size()) > window_) recent_.erase(recent_.begin());
+  }
+  return spike;
+}
+
+}  // namespace culprit::harness

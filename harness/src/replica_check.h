@@ -1,0 +1,38 @@
+// Pure checks of the detectors (detectors.h), kept apart so unit tests reach them without a run:
+// the replica comparison and the spike detector. No libtorch, no MPI.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "culprit/fingerprint.h"
+
+namespace culprit::harness {
+
+// Compares every rank's fingerprint set (all: `world` sets of `n` fingerprints, rank by rank). The
+// majority set wins (ties: the lowest rank's). On disagreement, the ranks whose set differs from the
+// majority are "odd" and first_index is the first position (in the set's order) where an odd rank
+// differs.
+struct ReplicaCheck {
+  bool diverged = false;
+  std::vector<int> odd_ranks;
+  int first_index = -1;
+};
+ReplicaCheck compare_replicas(int world, const std::vector<Fingerprint>& all, std::size_t n);
+
+// Spikes in a series (loss, gradient norm): a robust z-score over the last `window` values
+// (median and MAD) above `z`, guarded by a ratio: the value must also exceed `ratio` times the
+// largest of those values. Needs half a window of history. Non-finite values are the nonfinite
+// detector's and are not added.
+class SpikeDetector {
+ public:
+  void configure(int window, double z, double ratio) { window_ = window, z_ = z, ratio_ = ratio; }
+  bool observe(double v, std::string* why);
+
+ private:
+  int window_ = 0;
+  double z_ = 8, ratio_ = 3;
+  std::vector<double> recent_;
+};
+
+}  // namespace culprit::harness

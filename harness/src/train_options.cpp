@@ -1,0 +1,245 @@
+// `culprit train`'s options, declared once (culprit/options.h): the table gives the parser (command
+// line, --config INI, the run's own configuration on --resume), the help, the INI text in run.json
+// and every checkpoint, each option's checks and the determinism-critical list. How options combine
+// is checked in validate(); the learning-rate schedule they describe is learning_rate().
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "culprit/harness.h"
+
+namespace culprit::harness {
+
+namespace {
+
+using opts::kCritical;
+using opts::kNotRecorded;
+using opts::Range;
+using C = TrainConfig;
+
+Status parse_list(const std::string& opt, const std::string& text, std::vector<double>* out) {
+  out->clear();
+  std::stringstream ss(text);
+  std::string item;
+  while (std::getline(ss, item, ',')) {
+    double v = 0;
+    if (!opts::parse_number(opt, item, &v).ok())
+      return Status::BadInput("option '--" + opt + "': '" + text + "' is not a comma-separated list of numbers");
+    out->push_back(v);
+  }
+  return Status::OK();
+}
+
+Status set_model(C* c, const std::string& t) {
+  const std::string ts = "torchscript:";
+  if (t.rfind(ts, 0) == 0) {
+    if (t.size() == ts.size()) return Status::BadInput("option '--model': torchscript: needs a path");
+    c->model = {ModelKind::kTorchScript, t.substr(ts.size())};
+    return Status::OK();
+  }
+  ModelKind k{};
+  if (!parse_name(t, &k) || k == ModelKind::kTorchScript)
+    return Status::BadInput("option '--model': unknown model '" + t + "' (valid: mlp, cnn, gpt, torchscript:PATH)");
+  c->model = {k, ""};
+  return Status::OK();
+}
+
+Status set_data(C* c, const std::string& t) {
+  if (t == "synthetic") {
+    c->data = {DataKind::kSynthetic, ""};
+    return Status::OK();
+  }
+  if (t.rfind("hdf5:", 0) != 0)
+    return Status::BadInput("option '--data': unknown data source '" + t + "' (valid: synthetic, hdf5:PATH)");
+  if (t.size() == 5) return Status::BadInput("option '--data': hdf5: needs a path");
+  c->data = {DataKind::kHdf5, t.substr(5)};
+  return Status::OK();
+}
+
+Status set_betas(C* c, const std::string& t) {
+  std::vector<double> v;
+  CULPRIT_RETURN_IF_ERROR(parse_list("betas", t, &v));
+  if (v.size() != 2) return Status::BadInput("option '--betas' needs two numbers, beta1,beta2");
+  c->beta1 = v[0];
+  c->beta2 = v[1];
+  return Status::OK();
+}
+
+Status set_sample_shape(C* c, const std::string& t) {
+  std::vector<double> v;
+  CULPRIT_RETURN_IF_ERROR(parse_list("sample-shape", t, &v));
+  c->sample_shape.clear();
+  for (double d : v) {
+    if (d < 1 || d != std::floor(d) || d > 1e12)
+      return Status::BadInput("option '--sample-shape': dimensions must be positive integers");
+    c->sample_shape.push_back(static_cast<std::int64_t>(d));
+  }
+  return Status::OK();
+}
+
+std::string join(const std::vector<std::int64_t>& v) {
+  std::string s;
+  for (std::size_t i = 0; i < v.size(); ++i) s += (i ? "," : "") + std::to_string(v[i]);
+  return s;
+}
+
+opts::Table<C> make_table() {
+  using opts::choice;
+  using opts::custom;
+  using opts::flag;
+  using opts::number;
+  using opts::text;
+  const auto nonneg_i64 = Range<std::int64_t>::at_least(0);
+  const auto nonneg_int = Range<int>::at_least(0);
+  const auto nonneg = Range<double>::at_least(0);
+  // clang-format off
+  return opts::Table<C>("culprit train options", {
+    text<C>("run-dir", &C::run_dir, "run directory (required; created)"),
+    flag<C>("resume", &C::resume, "continue the run in --run-dir from its newest valid checkpoint (its configuration is the default)", kNotRecorded),
+    text<C>("resume-from", &C::resume_from, "continue the run in --run-dir from this checkpoint file", kNotRecorded),
+    number<C>("checkpoint-every", &C::checkpoint_every, "checkpoint every K steps (0: only after the last step, which is always checkpointed)", nonneg_i64),
+    number<C>("keep-last", &C::keep_last, "keep the newest N checkpoints", Range<int>::at_least(1)),
+    number<C>("keep-every", &C::keep_every, "also keep every checkpoint whose step is a multiple of E (0: none)", nonneg_i64),
+    number<C>("checkpoint-writers-per-host", &C::checkpoint_writers_per_host, "ranks per host that write checkpoint data, each a slice of every large tensor (0: every rank); the ranks of a host share its I/O path", nonneg_int),
+    flag<C>("async-checkpoint", &C::async_checkpoint, "write checkpoints in a background thread, which also copies the state to host memory while the next step's forward and backward passes run (training waits at most for what is left of that copy)"),
+    opts::texts<C>("inject", &C::inject, "inject a fault (repeatable): step=S,rank=R,layer=NAME,phase=P,kind=K[,index=I,bit=B,factor=F,mode=M,p=P] (docs/detection.md)"),
+    choice<C>("on-detect", &C::on_detect, "halt | warn | diagnose: what a detection does (halt: every rank exits with the class's code; diagnose: culprit bisect runs in the job and its verdict is the exit code)"),
+    flag<C>("detect-nonfinite", &C::detect_nonfinite, "detect NaN/Inf in micro-shard losses and gradients and in the parameters"),
+    number<C>("spike-window", &C::spike_window, "loss and gradient-norm spike detection over the last N steps (0: off)", nonneg_int),
+    number<C>("spike-z", &C::spike_z, "spike: robust z-score (median/MAD) above this ..."),
+    number<C>("spike-ratio", &C::spike_ratio, "... and more than this times the window's maximum"),
+    choice<C>("spike-action", &C::spike_action, "warn | halt: a spike is logged as a warning unless halt"),
+    flag<C>("comm-check", &C::comm_check, "fingerprint every reduction message as sent and as received; a mismatch names sender and receiver"),
+    number<C>("replica-check-every", &C::replica_check_every, "compare parameter and optimizer-state fingerprints across ranks every N steps (0: off)", nonneg_i64),
+    number<C>("spot-check", &C::spot_check, "recompute this fraction of micro-shards per step on another rank and compare bitwise (redundant computation; 0: off, 1: every micro-shard)", Range<double>{0, 1}),
+    flag<C>("check-invariants", &C::check_invariants, "check training invariants: parameters change, gradients start at zero, each sample once per epoch, learning rate as scheduled, dropout masks differ"),
+    number<C>("collective-timeout", &C::collective_timeout, "seconds a rank waits in a collective (or for its checkpoint writer) before it names the silent rank(s) and ends the job (0: wait forever)", nonneg),
+    choice<C>("trace", &C::trace, "off | step | layer: per-step fingerprint trace in RUN/trace/ (layer: also every layer's forward output and backward gradient)", kCritical),
+    number<C>("steps", &C::steps, "optimizer steps to run", Range<std::int64_t>::at_least(1)),
+    number<C>("global-batch", &C::global_batch, "samples per step (B)", Range<std::int64_t>::at_least(1), kCritical),
+    number<C>("micro-shards", &C::micro_shards, "micro-shards per step (M: a power of two, B divisible by M, world size <= M)", Range<int>::at_least(1), kCritical),
+    number<C>("seed", &C::seed, "seed of data order, initialisation, dropout and synthetic data", {}, kCritical),
+    custom<C>("model", "mlp | cnn | gpt | torchscript:PATH", set_model, [](const C& c) { return c.model.text(); }, kCritical),
+    custom<C>("data", "synthetic | hdf5:PATH (datasets x and y)", set_data, [](const C& c) { return c.data.text(); }, kCritical),
+    number<C>("hidden", &C::hidden, "mlp: hidden units per layer", Range<std::int64_t>::at_least(1), kCritical),
+    number<C>("samples", &C::samples, "synthetic data: number of samples", Range<std::int64_t>::at_least(1), kCritical),
+    custom<C>("sample-shape", "synthetic data: sample shape, e.g. 1,16,16 (empty: the model's default)", set_sample_shape, [](const C& c) { return join(c.sample_shape); }, kCritical),
+    number<C>("classes", &C::classes, "synthetic data: classes (gpt: vocabulary); 0: the model's default", nonneg_int, kCritical),
+    choice<C>("optimizer", &C::optimizer, "sgd | adamw", kCritical),
+    number<C>("lr", &C::lr, "peak learning rate", nonneg, kCritical),
+    number<C>("momentum", &C::momentum, "sgd: momentum", nonneg, kCritical),
+    flag<C>("nesterov", &C::nesterov, "sgd: Nesterov momentum", kCritical),
+    number<C>("weight-decay", &C::weight_decay, "weight decay (adamw: decoupled)", nonneg, kCritical),
+    custom<C>("betas", "adamw: beta1,beta2", set_betas, [](const C& c) { return opts::format_number(c.beta1) + "," + opts::format_number(c.beta2); }, kCritical),
+    number<C>("eps", &C::eps, "adamw: epsilon", {}, kCritical),
+    choice<C>("lr-schedule", &C::lr_schedule, "constant | cosine (over --steps)", kCritical),
+    number<C>("warmup-steps", &C::warmup_steps, "linear warm-up steps", nonneg_i64, kCritical),
+    number<C>("threads", &C::threads, "intra-op threads per rank", Range<int>::at_least(1), kCritical),
+    choice<C>("device", &C::device, "cpu | cuda: where each rank computes (cuda: the GPU of index local rank mod GPUs on the host; needs culprit built against a CUDA-enabled libtorch, docs/cuda.md)"),
+    flag<C>("quiet", &C::quiet, "no per-step line on stdout", kNotRecorded),
+  });
+  // clang-format on
+}
+
+// The resolved configuration a run recorded in RUN/run.json.
+Status stored_config(const std::string& run_dir, std::string* ini) {
+  const auto path = std::filesystem::path(run_dir) / "run.json";
+  std::ifstream in(path);
+  if (!in) return Status::BadInput("'" + run_dir + "' holds no run (no run.json)");
+  try {
+    auto j = nlohmann::json::parse(in);
+    *ini = j.at("config").get<std::string>();
+  } catch (const std::exception& e) {
+    return Status::Damaged("'" + path.string() + "' is not a culprit run.json");
+  }
+  return Status::OK();
+}
+
+// The stored configuration without its injected faults: they belong to the invocation that named
+// them, and a resumed run does not repeat them.
+std::string without_faults(const std::string& ini) {
+  std::istringstream lines(ini);
+  std::string line, kept;
+  while (std::getline(lines, line))
+    if (line.rfind("inject", 0) != 0) kept += line + "\n";
+  return kept;
+}
+
+}  // namespace
+
+const opts::Table<TrainConfig>& train_options() {
+  static const opts::Table<TrainConfig> table = make_table();
+  return table;
+}
+
+Status parse_train_options(const std::vector<std::string>& args, TrainConfig* cfg, bool* help) {
+  const auto& table = train_options();
+  opts::Parsed p;
+  CULPRIT_RETURN_IF_ERROR(table.parse(args, cfg, &p));
+  *help = p.help;
+  if (p.help || (!cfg->resume && cfg->resume_from.empty())) return Status::OK();
+  // Resuming: the run's own configuration fills every option not given here, and the options that
+  // fix its results must keep their values.
+  if (cfg->run_dir.empty()) return Status::BadInput("option '--run-dir' is required");
+  std::string stored;
+  CULPRIT_RETURN_IF_ERROR(stored_config(cfg->run_dir, &stored).prefixed("cannot resume"));
+  TrainConfig orig;
+  CULPRIT_RETURN_IF_ERROR(table.parse_ini(without_faults(stored), &orig, /*allow_unknown=*/true)
+                              .prefixed("'" + cfg->run_dir + "/run.json'"));
+  TrainConfig resumed = orig;
+  CULPRIT_RETURN_IF_ERROR(table.parse(args, &resumed, &p, &orig));
+  for (const auto& key : table.critical()) {
+    if (std::find(p.given.begin(), p.given.end(), key) == p.given.end()) continue;
+    const std::string now = table.value_text(resumed, key), then = table.value_text(orig, key);
+    if (now != then)
+      return Status::BadInput("option '--" + key + "' is " + now + " but the run in '" + cfg->run_dir +
+                              "' was trained with " + then + "; a resumed run must keep it");
+  }
+  *cfg = resumed;
+  return Status::OK();
+}
+
+Status load_run_config(const std::string& run_dir, TrainConfig* cfg) {
+  *cfg = TrainConfig();
+  std::string stored;
+  CULPRIT_RETURN_IF_ERROR(stored_config(run_dir, &stored));
+  CULPRIT_RETURN_IF_ERROR(train_options().parse_ini(stored, cfg, /*allow_unknown=*/true).prefixed("'" + run_dir + "/run.json'"));
+  cfg->run_dir = run_dir;
+  return Status::OK();
+}
+
+Status validate(const TrainConfig& c, int world) {
+  if (c.run_dir.empty()) return Status::BadInput("option '--run-dir' is required");
+  CULPRIT_RETURN_IF_ERROR(train_options().validate(c));
+  const int m = c.micro_shards;
+  if (m < 1 || (m & (m - 1)) != 0)
+    return Status::BadInput("option '--micro-shards' must be a power of two, got " + std::to_string(m));
+  if (c.global_batch % m != 0)
+    return Status::BadInput("--global-batch " + std::to_string(c.global_batch) + " is not divisible by --micro-shards " +
+                            std::to_string(m));
+  if (world > m)
+    return Status::BadInput("world size " + std::to_string(world) + " exceeds --micro-shards " + std::to_string(m) +
+                            ": every rank needs at least one micro-shard");
+  if (c.nesterov && c.momentum <= 0) return Status::BadInput("option '--nesterov' needs --momentum > 0");
+  if (!(c.beta1 >= 0 && c.beta1 < 1 && c.beta2 >= 0 && c.beta2 < 1))
+    return Status::BadInput("option '--betas': each beta must be in [0, 1)");
+  if (!(c.eps > 0)) return Status::BadInput("option '--eps' must be > 0");
+  if (c.on_detect == OnDetect::kDiagnose && c.trace == TraceLevel::kOff)
+    return Status::BadInput("option '--on-detect diagnose' needs the trace: --trace step or layer");
+  return Status::OK();
+}
+
+double learning_rate(const TrainConfig& c, std::int64_t step) {
+  if (c.warmup_steps > 0 && step <= c.warmup_steps)
+    return c.lr * static_cast<double>(step) / static_cast<double>(c.warmup_steps);
+  if (c.lr_schedule == LrSchedule::kCosine) {
+    const double span = static_cast<double>(std::max<std::int64_t>(1, c.steps - c.warmup_steps));
+    const double progress = static_cast<double>(step - c.warmup_steps) / span;
+    return c.lr * (0.5 * (1.0 + std::cos(M_PI * progress)));
+  }
+  return c.lr;
+}
+
+}  // namespace culprit::harness

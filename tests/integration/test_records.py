@@ -1,0 +1,116 @@
+"""The run's records through their one reader and writer: `culprit report --field` gives what an
+independent JSON reader finds in diagnosis.json and incidents.jsonl, `culprit log` appends a job
+script's decision in the incident schema, and damaged, foreign or newer records are refused with one
+line and a documented exit code."""
+import json
+import os
+import sys
+import unittest
+
+sys.path.insert(0, os.path.dirname(__file__))
+from culprit_testlib import TempDirTest, incidents, run  # noqa: E402
+
+ARGS = ["--model", "mlp", "--steps", "6", "--global-batch", "24", "--micro-shards", "4", "--samples", "96",
+        "--checkpoint-every", "2", "--quiet", "--on-detect", "warn"]
+BAD_INPUT, DAMAGED = 2, 4
+
+
+class Records(TempDirTest):
+    def report(self, *args):
+        return run(["report"] + list(args))
+
+    def field(self, run_dir, name, *extra):
+        res = self.report(run_dir, "--field", name, *extra)
+        self.assertEqual(res.code, 0, res.err)
+        return res.out.rstrip("\n")
+
+    def test_fields_are_the_records_own(self):
+        d = self.path("opt")
+        # A persistent optimizer-state fault on rank 2 of 3: the replica check names the tensor and
+        # says it is optimizer state; the bisection moves the fault to the optimizer phase.
+        res = run(["train"] + ARGS + ["--inject", "step=3,rank=2,layer=fc2,index=5,phase=optimizer,kind=scale,"
+                                      "factor=3,mode=persistent"], world=3, run_dir=d)
+        self.assertEqual(res.code, 0, res.err)
+        inc = incidents(d)
+        self.assertTrue(inc)
+        first = inc[0]
+        self.assertEqual((first["record"], first["version"], first["detector"], first["what"], first["tensor"],
+                          first["rank"]), ("incident", 1, "replica-divergence", "optimizer-state", "fc2.weight", 2))
+        for name in ("step", "detector", "class", "rank", "tensor", "what", "host", "message"):
+            self.assertEqual(self.field(d, "incident." + name, "--which", "first"), str(first[name]), name)
+        self.assertEqual(self.field(d, "incident.ranks", "--which", "first"), ",".join(map(str, first["ranks"])))
+        self.assertEqual(self.field(d, "incident.step", "--which", "last"), str(inc[-1]["step"]))
+        bis = run(["bisect", "--run-dir", d], world=3, use_mpirun=True)
+        self.assertIn(bis.code, (20, 21), bis.out + bis.err)
+        diag = json.load(open(os.path.join(d, "diagnosis.json")))
+        self.assertEqual((diag["record"], diag["version"], diag["phase"], diag["rank"]), ("diagnosis", 1, "optimizer", 2))
+        for name in ("verdict", "step", "layer", "phase", "rank", "host", "device", "reruns"):
+            self.assertEqual(self.field(d, "diagnosis." + name), str(diag[name]), name)
+        summary = self.report(d)
+        self.assertEqual(summary.code, 0, summary.err)
+        self.assertIn("diagnosis: %s, step %d, phase optimizer" % (diag["verdict"], diag["step"]), summary.out)
+        self.assertIn("incidents: %d" % len(inc), summary.out)
+
+    def test_log_appends_a_decision_in_the_incident_schema(self):
+        d = self.path("clean")
+        self.train("clean", ARGS)
+        res = run(["log", d, "--decision", "requeue", "--step", "5", "--exit-code", "21", "--host", "node3",
+                   "--restart", "1", "--exclude", "node3,node9", "--resume-from", "x.h5", "--next-job", "77",
+                   "--message", 'say "why"'])
+        self.assertEqual(res.code, 0, res.err)
+        rec = incidents(d)[-1]
+        self.assertEqual((rec["detector"], rec["class"], rec["decision"], rec["step"], rec["exit_code"], rec["host"],
+                          rec["restart"], rec["exclude"], rec["resume_from"], rec["next_job"], rec["message"]),
+                         ("jobs", "jobs", "requeue", 5, 21, "node3", 1, "node3,node9", "x.h5", "77", 'say "why"'))
+        with open(os.path.join(d, "incidents.log")) as f:
+            line = f.read().splitlines()[-1]
+        self.assertIn("detector=jobs class=jobs rank=-1 host=node3", line)
+        self.assertIn("decision=requeue restart=1 exit_code=21 exclude=node3,node9", line)
+        self.assertTrue(line.endswith("message=\"say 'why'\""), line)
+        self.assertEqual(self.field(d, "incident.decision", "--detector", "jobs"), "requeue")
+
+    def test_bad_input_damage_and_newer_versions(self):
+        d = self.path("r")
+        self.train("r", ARGS)
+        empty = self.path("empty")
+        os.makedirs(empty)
+        for args, code, needle in [
+                ([d, "--field", "diagnosis.verdict"], BAD_INPUT, "diagnosis.json' does not exist"),
+                ([d, "--field", "incident.host"], BAD_INPUT, "holds no incident"),
+                ([d, "--field", "incident.host", "--detector", "telepathy"], BAD_INPUT, "unknown detector 'telepathy'"),
+                ([d, "--field", "weather.today"], BAD_INPUT, "the record is diagnosis, incident, audit or screen"),
+                ([self.path("nope"), "--field", "diagnosis.verdict"], BAD_INPUT, "is not a run directory"),
+                ([], BAD_INPUT, "report takes one path")]:
+            with self.subTest(args=args):
+                res = self.report(*args)
+                self.assertEqual(res.code, code, res.out + res.err)
+                self.assertEqual(res.err.count("culprit: error: "), 1, res.err)
+                self.assertIn(needle, res.err)
+        for args, needle in [([d], "option '--decision' is required"),
+                             ([d, "--decision", "maybe"], "unknown decision 'maybe' (valid: done, stop, requeue, postmortem)"),
+                             ([self.path("nope"), "--decision", "done"], "is not a run directory")]:
+            res = run(["log"] + args)
+            self.assertEqual(res.code, BAD_INPUT, res.err)
+            self.assertIn(needle, res.err)
+        self.assertFalse(os.path.exists(os.path.join(self.path("nope"))))  # nothing created elsewhere
+        # A record cut short, a record of another kind, a newer version, a vocabulary value unknown.
+        path = os.path.join(d, "diagnosis.json")
+        for text, needle in [('{"record": "diagnosis", "version": 1, "verdict"', "is not a culprit diagnosis record"),
+                             ('{"record": "audit", "version": 1}', "not a culprit diagnosis record"),
+                             ('{"record": "diagnosis", "version": 7}', "version 7; this culprit reads diagnosis records up to 1"),
+                             (json.dumps({"record": "diagnosis", "version": 1, "verdict": "gremlins"}), "'verdict' is 'gremlins'")]:
+            with self.subTest(text=text):
+                with open(path, "w") as f:
+                    f.write(text)
+                res = self.report(d, "--field", "diagnosis.verdict")
+                self.assertEqual(res.code, DAMAGED, res.err)
+                self.assertIn(needle, res.err)
+        with open(os.path.join(d, "incidents.jsonl"), "w") as f:
+            f.write('{"record": "incident", "version": 1, "step": 3}\n{"step": \n')
+        res = self.report(d, "--field", "incident.step")
+        self.assertEqual(res.code, DAMAGED, res.err)
+        self.assertIn("incidents.jsonl' line 1 is not an incident record", res.err)
+
+
+if __name__ == "__main__":
+    unittest.main(verbosity=2)
