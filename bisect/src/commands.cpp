@@ -9,7 +9,7 @@ namespace {
 
 const opts::Table<Options>& bisect_options() {
   static const opts::Table<Options> table("culprit bisect options", {
-      opts::text<Options>("run-dir", &Options::run_dir, "the run to diagnose (required)"),
+      opts::text<Options>("run-dir", &Options::run_dir, "the run to diagnose", opts::kRequired),
       opts::number<Options>("reruns", &Options::reruns,
                             "reruns of the faulty micro-shard on the blamed rank (persistent or transient)",
                             opts::Range<int>::at_least(1)),
@@ -41,10 +41,7 @@ cli::Command bisect_command() {
           [] { return bisect_options().help(); },
           [](const std::vector<std::string>& args) {
             return cli::run_mpi<Options>(
-                args, bisect_options(), "mpirun -np W culprit bisect --run-dir RUN [options]",
-                [](Options* o) {
-                  return o->run_dir.empty() ? Status::BadInput("option '--run-dir' is required") : Status::OK();
-                },
+                args, bisect_options(), "mpirun -np W culprit bisect --run-dir RUN [options]", nullptr,
                 [](const Options& o, const Comm& comm, int* code) {
                   records::Diagnosis d;
                   Status st = run(o, comm, &d);

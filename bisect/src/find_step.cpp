@@ -20,7 +20,7 @@ struct StepCheck {
 
 void compare_shard(const Context& ctx, const ShardResult& r, const trace::ShardRow& row, StepCheck* c) {
   const ShardResult want = harness::shard_result(row);
-  if (replay::first_difference(r, want, ctx.schema.layers, ctx.schema.params, ctx.layer))
+  if (replay::first_difference(r, want, ctx.schema.layers, ctx.schema.params, ctx.schema.layers_recorded))
     c->first_bad = std::min(c->first_bad, r.shard);
   c->rows[0] |= r.input_fp != want.input_fp;
   for (std::size_t i = 0; ctx.layer && i < ctx.schema.layers.size() && i < r.fwd.size() && i < want.fwd.size(); ++i)
@@ -66,13 +66,11 @@ Finding::Update compare_update(const Context& ctx, std::int64_t t, const StepRes
     auto it = ctx.run.trace.steps.find({r, t});
     if (it == ctx.run.trace.steps.end()) continue;
     if (it->second.grad_fp != sr.grad_fp) u.reduced = true;
-    if (!u.param.empty()) continue;
-    for (std::size_t i = 0; i < params.size() && i < it->second.param_fps.size(); ++i)
-      if (it->second.param_fps[i] != sr.param_fps[i]) {
-        u.param = params[i];
-        u.param_rank = r;
-        break;
-      }
+    const int i = replay::first_differing_param(sr.param_fps, it->second.param_fps);
+    if (u.param.empty() && i >= 0 && static_cast<std::size_t>(i) < params.size()) {
+      u.param = params[i];
+      u.param_rank = r;
+    }
   }
   int differs = u.reduced || !u.param.empty();
   CULPRIT_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &differs, 1, MPI_INT, MPI_MAX, ctx.comm.comm));

@@ -60,7 +60,7 @@ Groups group(const std::vector<ShardResult>& all) {
 
 // Where `got` first differs from `want`: the phase (grad when only the leaf or loss differ) and layer.
 void place(const Context& ctx, const ShardResult& got, const ShardResult& want, Finding* f, Evidence* ev) {
-  const auto d = first_difference(got, want, ctx.schema.layers, ctx.schema.params, ctx.layer);
+  const auto d = first_difference(got, want, ctx.schema.layers, ctx.schema.params, ctx.schema.layers_recorded);
   f->phase = d ? d.phase() : Phase::kGrad;
   f->layer = d.layer();
   ev->input_differs = f->phase == Phase::kData;
@@ -170,12 +170,11 @@ Status localize_update(Context& ctx, Finding* f, Evidence* ev) {
   for (int r : rec.ranks) {
     auto it = rec.steps.find({r, s});
     if (it == rec.steps.end()) continue;
-    for (std::size_t i = 0; i < ctx.schema.params.size() && i < it->second.param_fps.size() && i < u.np; ++i)
-      if (it->second.param_fps[i] != u.of(u.good)[i]) {
-        differ.push_back(r);
-        if (first_param.empty()) first_param = ctx.schema.params[i];
-        break;
-      }
+    const std::vector<Fingerprint> healthy(u.of(u.good), u.of(u.good) + u.np);
+    const int i = replay::first_differing_param(healthy, it->second.param_fps);
+    if (i < 0 || static_cast<std::size_t>(i) >= ctx.schema.params.size()) continue;
+    differ.push_back(r);
+    if (first_param.empty()) first_param = ctx.schema.params[i];
   }
   // A reduction fault: the replay's comm check sees a message change on its way (the link's fault
   // reappeared), or the reduced gradient differs from the record.

@@ -178,7 +178,7 @@ const opts::Table<LogArgs>& log_options() {
   using L = LogArgs;
   static const opts::Table<L> table("culprit log options", {
       opts::texts<L>("paths", &L::paths, "the run directory", opts::kPositional),
-      opts::custom<L>("decision", "done | stop | requeue | postmortem: what the job script decided (required)",
+      opts::custom<L>("decision", "done | stop | requeue | postmortem: what the job script decided",
                       [](L* l, const std::string& t) {
                         Decision d{};
                         if (!parse_name(t, &d))
@@ -187,7 +187,7 @@ const opts::Table<LogArgs>& log_options() {
                         l->decision = d;
                         return Status::OK();
                       },
-                      [](const L& l) { return std::string(l.decision ? name_of(*l.decision) : ""); }),
+                      [](const L& l) { return std::string(l.decision ? name_of(*l.decision) : ""); }, opts::kRequired),
       opts::number<L>("step", &L::step, "the faulty step the decision is about (-1: none)", opts::Range<std::int64_t>::at_least(-1)),
       opts::number<L>("exit-code", &L::exit_code, "culprit's exit code the decision is about", opts::Range<int>{0, 255}),
       opts::number<L>("restart", &L::restart, "how many follow-up jobs came before this one", opts::Range<int>::at_least(0)),
@@ -259,7 +259,6 @@ std::vector<cli::Command> commands() {
                        args, log_options(), log_usage,
                        [](LogArgs* a) {
                          if (a->paths.size() != 1) return Status::BadInput("log takes one run directory");
-                         if (!a->decision) return Status::BadInput("option '--decision' is required");
                          return Status::OK();
                        },
                        [](const LogArgs& a, int*) { return append_decision(a); });

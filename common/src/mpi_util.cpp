@@ -36,8 +36,8 @@ void mpi_fail(int err, const char* call, const char* file, int line) {
   std::fprintf(stderr, "culprit: error: host %s rank %d %s:%d: %s failed: %s\n", host, rank, base,
                line, call, msg);
   std::fflush(stderr);
-  MPI_Abort(MPI_COMM_WORLD, kExitMpi);
-  std::_Exit(kExitMpi);
+  MPI_Abort(MPI_COMM_WORLD, exit_code(StatusCode::kMpi));
+  std::_Exit(exit_code(StatusCode::kMpi));
 }
 
 std::string broadcast_string(const Comm& comm, const std::string& s, int root) {

@@ -57,8 +57,7 @@ void collect(const std::vector<Row>& rows, const po::variables_map& vm,
 Status read_config(const std::string& path, std::string* text) {
   std::error_code ec;
   if (!std::filesystem::exists(path, ec)) return Status::BadInput("config file '" + path + "' does not exist");
-  if (!std::filesystem::is_regular_file(path, ec))
-    return Status::BadInput("config file '" + path + "' is not a regular file");
+  if (std::filesystem::is_directory(path, ec)) return Status::BadInput("config file '" + path + "' is a directory");
   std::ifstream in(path);
   if (!in) return Status::IoError("config file '" + path + "' cannot be read");
   std::string buf(kMaxConfigBytes + 1, '\0');

@@ -159,8 +159,8 @@ void Watchdog::expire(const char* what) {
     // The lowest live rank reports and ends the job; should it fail to, this rank does.
     listen(MPI_Wtime() + grace, false);
   }
-  MPI_Abort(MPI_COMM_WORLD, kExitSilentRank);
-  std::_Exit(kExitSilentRank);
+  MPI_Abort(MPI_COMM_WORLD, exit_code(StatusCode::kSilentRank));
+  std::_Exit(exit_code(StatusCode::kSilentRank));
 }
 
 void complete(const Comm& comm, MPI_Request* req, const char* what) {

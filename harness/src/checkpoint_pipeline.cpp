@@ -24,7 +24,7 @@ Status CheckpointPipeline::open(std::int64_t start_step, const trace::Header* he
                                 const std::vector<std::string>& hosts, const std::string& mpi_thread_level) {
   std::map<std::string, int> per_host;
   for (int r = 0; r < comm_.size; ++r)
-    if (cfg_.checkpoint_writers_per_host == 0 || per_host[hosts[r]]++ < cfg_.checkpoint_writers_per_host)
+    if (cfg_.checkpoint.writers_per_host == 0 || per_host[hosts[r]]++ < cfg_.checkpoint.writers_per_host)
       writers_.push_back(r);
   if (header) CULPRIT_RETURN_IF_ERROR(open_trace(start_step, *header));
   CULPRIT_MPI_CHECK(MPI_Comm_dup(comm_.comm, &io_comm_));
@@ -99,14 +99,14 @@ Status CheckpointPipeline::save(std::int64_t step, std::function<void(ckpt::Chec
     Comm io{io_comm_, comm_.rank, comm_.size, comm_.host};
     ckpt::WriteStats stats;
     Status st = ckpt::write(io, path, *c, &stats, writers_);
-    if (st.ok() && comm_.rank == 0) st = ckpt::apply_retention(cfg_.run_dir, step, cfg_.keep_last, cfg_.keep_every);
+    if (st.ok() && comm_.rank == 0) st = ckpt::apply_retention(cfg_.run_dir, step, cfg_.checkpoint.keep_last, cfg_.checkpoint.keep_every);
     cost_.bytes = stats.bytes;
     cost_.write = stats.seconds;
     cost_.total_io = std::chrono::duration<double>(Clock::now() - w0).count();
     return st;
   });
   in_flight_ = true;
-  if (!cfg_.async_checkpoint || serial_) {
+  if (!cfg_.checkpoint.async || serial_) {
     Status st = agree(comm_, drain());
     in_flight_ = false;
     cost_.stall = std::chrono::duration<double>(Clock::now() - t0).count();
@@ -149,7 +149,7 @@ void CheckpointPipeline::log_checkpoint() {
       << ", \"wait_seconds\": " << cost_.wait << ", \"copy_seconds\": " << cost_.copy
       << ", \"fence_seconds\": " << cost_.fence << ", \"stall_seconds\": " << cost_.stall
       << ", \"write_seconds\": " << cost_.write << ", \"total_io_seconds\": " << cost_.total_io
-      << ", \"async\": " << (cfg_.async_checkpoint && !serial_ ? "true" : "false") << "}\n";
+      << ", \"async\": " << (cfg_.checkpoint.async && !serial_ ? "true" : "false") << "}\n";
   cost_.step = -1;
 }
 

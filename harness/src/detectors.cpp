@@ -27,8 +27,8 @@ void StepDetectors::configure(const TrainConfig& cfg, const Comm& comm, std::vec
   comm_ = &comm;
   params_ = std::move(params);
   probe_ = std::move(probe);
-  loss_spikes_.configure(cfg.spike_window, cfg.spike_z, cfg.spike_ratio);
-  grad_spikes_.configure(cfg.spike_window, cfg.spike_z, cfg.spike_ratio);
+  loss_spikes_.configure(cfg.detect.spike_window, cfg.detect.spike_z, cfg.detect.spike_ratio);
+  grad_spikes_.configure(cfg.detect.spike_window, cfg.detect.spike_z, cfg.detect.spike_ratio);
 }
 
 void StepDetectors::set_placement(std::vector<std::string> hosts, std::vector<std::string> devices) {
@@ -59,7 +59,7 @@ void StepDetectors::incident(Incident inc, bool may_halt) {
     Status st = records::append_incident(cfg_->run_dir, inc);
     if (!st.ok()) std::fprintf(stderr, "culprit: warning: %s\n", st.message().c_str());
   }
-  if (may_halt && cfg_->halts() && halt_.ok())
+  if (may_halt && cfg_->detect.halts() && halt_.ok())
     halt_ = Status::Error(status_code_for(inc.cls), "halted at step " + std::to_string(inc.step) + " by the " +
                                                         name_of(inc.detector) + " detector (" + name_of(inc.cls) +
                                                         "): " + inc.message);
@@ -70,11 +70,11 @@ void StepDetectors::incident(Incident inc, bool may_halt) {
 void StepDetectors::vote(StepFacts& f) {
   const std::int64_t s = f.step;
   const int W = comm_->size;
-  const bool comm_check = cfg_->comm_check && W > 1;
-  const bool replicas = cfg_->replica_check_every > 0 && s % cfg_->replica_check_every == 0 && W > 1;
+  const bool comm_check = cfg_->detect.comm_check && W > 1;
+  const bool replicas = cfg_->detect.replica_check_every > 0 && s % cfg_->detect.replica_check_every == 0 && W > 1;
   // The micro-shard facts travel here unless the spot check exchanged them already.
-  const bool shard_facts = cfg_->check_invariants && !f.shards_exchanged;
-  if (!cfg_->detect_nonfinite && !cfg_->check_invariants && !comm_check && !replicas && cfg_->spike_window <= 0)
+  const bool shard_facts = cfg_->detect.invariants && !f.shards_exchanged;
+  if (!cfg_->detect.nonfinite && !cfg_->detect.invariants && !comm_check && !replicas && cfg_->detect.spike_window <= 0)
     return;
   VoteRecord mine;
   VoteLayout layout;
@@ -87,7 +87,7 @@ void StepDetectors::vote(StepFacts& f) {
     layout.replica = mine.replica.size();
   }
   mine.bad_shard = f.bad_shard;
-  mine.bad_params = cfg_->detect_nonfinite && !probe_.params_finite();
+  mine.bad_params = cfg_->detect.nonfinite && !probe_.params_finite();
   mine.violated = !f.violation.empty();
   if (comm_check) {
     layout.comm = true;
@@ -99,8 +99,8 @@ void StepDetectors::vote(StepFacts& f) {
   }
   const auto votes = exchange_votes(*comm_, mine, layout, "the detector vote");
   if (comm_check) check_comm(f, votes);
-  if (cfg_->detect_nonfinite) check_nonfinite(f, votes);
-  if (cfg_->check_invariants) {
+  if (cfg_->detect.nonfinite) check_nonfinite(f, votes);
+  if (cfg_->detect.invariants) {
     if (shard_facts) {
       // Each micro-shard's facts come from its owner: every slot is set on one rank only.
       std::vector<Fingerprint> all(4 * static_cast<std::size_t>(layout.micro_shards), 0);
@@ -112,7 +112,7 @@ void StepDetectors::vote(StepFacts& f) {
     }
     check_invariants(f, votes);
   }
-  if (cfg_->spike_window > 0) check_spikes(f);
+  if (cfg_->detect.spike_window > 0) check_spikes(f);
   if (replicas) check_replicas(f, votes);
 }
 
@@ -191,7 +191,7 @@ void StepDetectors::check_spikes(const StepFacts& f) {
     std::string why;
     if (det->observe(value, &why))
       incident(make_incident(f.step, Detector::kSpike, IncidentClass::kNumerical, -1, std::string(what) + " spike: " + why),
-               cfg_->spike_action == SpikeAction::kHalt);
+               cfg_->detect.spike_action == SpikeAction::kHalt);
   }
 }
 
@@ -223,12 +223,12 @@ void StepDetectors::check_replicas(const StepFacts& f, const std::vector<VoteRec
 // share of floor(P * n * s), n the most micro-shards a rank computes; the shards rotate.
 std::vector<int> StepDetectors::spot_shards(std::int64_t s, int checker) const {
   std::vector<int> out;
-  if (cfg_->spot_check <= 0) return out;
+  if (cfg_->detect.spot_check <= 0) return out;
   const int W = comm_->size, M = cfg_->micro_shards;
   const ShardRange r = shard_range((checker + W - 1) % W, W, M);
   const int count = r.hi - r.lo, n = (M + W - 1) / W;
   auto total = [&](std::int64_t t) {
-    return static_cast<std::int64_t>(std::floor(cfg_->spot_check * n * static_cast<double>(t) + 1e-9));
+    return static_cast<std::int64_t>(std::floor(cfg_->detect.spot_check * n * static_cast<double>(t) + 1e-9));
   };
   const std::int64_t first = total(s - 1), q = std::min<std::int64_t>(total(s) - first, count);
   for (std::int64_t j = 0; j < q; ++j) out.push_back(r.lo + static_cast<int>((first + j) % count));

@@ -73,7 +73,7 @@ class StepDetectors {
   void start(std::vector<Fingerprint> param_fps) { prev_param_fps_ = std::move(param_fps); }
 
   // Whether this step collects micro-shard facts, and which micro-shards are spot-checked.
-  bool collects_shard_facts() const { return cfg_->spot_check > 0 || cfg_->check_invariants; }
+  bool collects_shard_facts() const { return cfg_->detect.spot_check > 0 || cfg_->detect.invariants; }
   bool spot_checked(std::int64_t s, int k) const;
   std::vector<int> spot_shards(std::int64_t s, int checker) const;
   int owner_of(int k) const;

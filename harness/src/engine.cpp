@@ -2,9 +2,6 @@
 // as the original run did and hands back every fingerprint, for culprit replay, bisect and audit.
 #include <torch/torch.h>
 
-#include <cctype>
-#include <cstdlib>
-
 #include "culprit/engine.h"
 #include "culprit/tree_reduce.h"
 #include "data.h"
@@ -116,21 +113,21 @@ class EngineImpl : public Engine {
     layout_ = comm;
     set_layout(rotate);
     cfg_ = cfg;
-    cfg_.detect_nonfinite = false;
-    cfg_.comm_check = false;
-    cfg_.spike_window = 0;
-    cfg_.replica_check_every = 0;
-    cfg_.check_invariants = false;
-    cfg_.spot_check = 0;
+    cfg_.detect.nonfinite = false;
+    cfg_.detect.comm_check = false;
+    cfg_.detect.spike_window = 0;
+    cfg_.detect.replica_check_every = 0;
+    cfg_.detect.invariants = false;
+    cfg_.detect.spot_check = 0;
     cfg_.trace = layer_trace ? TraceLevel::kLayer : TraceLevel::kOff;
     cfg_.quiet = true;
     setup_determinism(cfg_.threads);
     CULPRIT_RETURN_IF_ERROR(agree(comm, load_dataset(cfg_, &data_)));
-    CULPRIT_RETURN_IF_ERROR(agree(comm, guarded(StatusCode::kBadInput, "model " + cfg_.model.text(), [&] { return make_model(cfg_, data_, &model_); })));
+    CULPRIT_RETURN_IF_ERROR(agree(comm, guarded(StatusCode::kInternal, "model " + cfg_.model.text(), [&] { return make_model(cfg_, data_, &model_); })));
     trainer_ = std::make_unique<Trainer>(cfg_, layout_, data_, *model_);
     CULPRIT_RETURN_IF_ERROR(agree(comm, guarded(StatusCode::kInternal, "setup", [&] { return trainer_->init(StepMode::kReplay); })));
     CULPRIT_RETURN_IF_ERROR(agree(comm, check_compatible(cfg_, data_, c, path)));
-    CULPRIT_RETURN_IF_ERROR(agree(comm, guarded(StatusCode::kBadInput, "restoring " + path, [&] { return trainer_->restore(c); })));
+    CULPRIT_RETURN_IF_ERROR(agree(comm, guarded(StatusCode::kInternal, "restoring " + path, [&] { return trainer_->restore(c); })));
     trainer_->begin_replay(c.step, comm.rank);
     return Status::OK();
   }

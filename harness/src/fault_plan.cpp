@@ -58,12 +58,11 @@ Status FaultPlan::parse(const std::vector<std::string>& texts, const std::vector
   for (const auto& text : texts) {
     FaultSpec f;
     CULPRIT_RETURN_IF_ERROR(parse_fault(text, layers, &f));
-    const bool at_output = f.phase == Phase::kForward || f.phase == Phase::kBackward;
+    const bool at_output = at_layer_output(f.phase);
     if (at_output && std::find(model_layers.begin(), model_layers.end(), f.layer) == model_layers.end())
       return Status::BadInput("--inject: phase " + std::string(name_of(f.phase)) + " needs a layer forward calls; '" +
                            f.layer + "' is not one");
-    const bool layerless = f.phase == Phase::kData || f.phase == Phase::kLr || f.phase == Phase::kRng;
-    if (!at_output && !layerless && layer_param(f.layer) < 0)
+    if (!at_output && needs_layer(f.phase) && layer_param(f.layer) < 0)
       return Status::BadInput("--inject: layer '" + f.layer + "' has no parameters");
     // A replay on fewer ranks than the run: the device of a rank this world lacks is not replaying.
     if (f.rank >= world && mode == StepMode::kReplay) continue;
@@ -77,7 +76,7 @@ Status FaultPlan::parse(const std::vector<std::string>& texts, const std::vector
 
 bool FaultPlan::at_layer_outputs() const {
   for (const auto& f : specs_)
-    if (f.phase == Phase::kForward || f.phase == Phase::kBackward) return true;
+    if (at_layer_output(f.phase)) return true;
   return false;
 }
 

@@ -29,6 +29,12 @@ Status number(const std::string& key, const std::string& value, double* out) {
 }
 }  // namespace
 
+bool at_layer_output(Phase p) { return p == Phase::kForward || p == Phase::kBackward; }
+bool needs_layer(Phase p) { return p != Phase::kData && p != Phase::kLr && p != Phase::kRng; }
+bool takes_stale(Phase p) {
+  return p == Phase::kGrad || p == Phase::kParam || p == Phase::kData || p == Phase::kLr || p == Phase::kRng;
+}
+
 Status parse_fault(const std::string& text, const std::vector<std::string>& layers, FaultSpec* out) {
   *out = FaultSpec();
   out->text = text;
@@ -78,14 +84,13 @@ Status parse_fault(const std::string& text, const std::vector<std::string>& laye
   if (!have_phase) return Status::BadInput("--inject: '" + text + "' needs phase=");
   if (out->step < 1) return Status::BadInput("--inject: step must be at least 1");
   const Phase ph = out->phase;
-  if (out->kind == FaultKind::kStale && ph != Phase::kGrad && ph != Phase::kParam && ph != Phase::kData &&
-      ph != Phase::kLr && ph != Phase::kRng)
+  if (out->kind == FaultKind::kStale && !takes_stale(ph))
     return Status::BadInput("--inject: kind stale applies to phases grad, param, data, lr and rng, not " +
                          std::string(name_of(ph)));
   if (ph == Phase::kRng && out->kind != FaultKind::kStale && out->kind != FaultKind::kBitflip &&
       out->kind != FaultKind::kHang)
     return Status::BadInput("--inject: phase rng (the dropout seed) takes kind stale, bitflip or hang");
-  if (ph != Phase::kData && ph != Phase::kLr && ph != Phase::kRng) {
+  if (needs_layer(ph)) {
     std::string valid;
     bool found = false;
     for (const auto& l : layers) {

@@ -4,14 +4,14 @@ namespace culprit::harness {
 
 namespace optim = torch::optim;
 
-OptimizerState::OptimizerState(const TrainConfig& cfg, std::vector<at::Tensor> params) : cfg_(cfg) {
-  if (cfg.optimizer == OptimizerKind::kSgd)
+OptimizerState::OptimizerState(const OptimizerOptions& o, std::vector<at::Tensor> params) : o_(o) {
+  if (o.kind == OptimizerKind::kSgd)
     opt_ = std::make_unique<optim::SGD>(
-        params, optim::SGDOptions(cfg.lr).momentum(cfg.momentum).nesterov(cfg.nesterov).weight_decay(cfg.weight_decay));
+        params, optim::SGDOptions(o.lr).momentum(o.momentum).nesterov(o.nesterov).weight_decay(o.weight_decay));
   else
     opt_ = std::make_unique<optim::AdamW>(
         params,
-        optim::AdamWOptions(cfg.lr).betas({cfg.beta1, cfg.beta2}).eps(cfg.eps).weight_decay(cfg.weight_decay));
+        optim::AdamWOptions(o.lr).betas({o.beta1, o.beta2}).eps(o.eps).weight_decay(o.weight_decay));
 }
 
 void OptimizerState::set_lr(double lr) {
@@ -24,7 +24,7 @@ at::Tensor OptimizerState::primary(const at::Tensor& p) const {
   auto& state = opt_->state();
   auto it = state.find(optimizer_state_key(state, p));
   if (it == state.end()) return {};
-  if (cfg_.optimizer == OptimizerKind::kSgd) return static_cast<optim::SGDParamState&>(*it->second).momentum_buffer();
+  if (o_.kind == OptimizerKind::kSgd) return static_cast<optim::SGDParamState&>(*it->second).momentum_buffer();
   return static_cast<optim::AdamWParamState&>(*it->second).exp_avg();
 }
 
@@ -32,7 +32,7 @@ std::vector<std::pair<std::string, at::Tensor>> OptimizerState::stored(const at:
   auto& state = opt_->state();
   auto it = state.find(optimizer_state_key(state, p));
   if (it == state.end()) return {};
-  if (cfg_.optimizer == OptimizerKind::kSgd) {
+  if (o_.kind == OptimizerKind::kSgd) {
     auto& st = static_cast<optim::SGDParamState&>(*it->second);
     if (!st.momentum_buffer().defined()) return {};
     return {{"momentum_buffer", st.momentum_buffer()}};
@@ -50,7 +50,7 @@ Status OptimizerState::load(
   state.clear();
   for (const auto& [name, p] : params) {
     const auto key = optimizer_state_key(state, p);
-    if (cfg_.optimizer == OptimizerKind::kSgd) {
+    if (o_.kind == OptimizerKind::kSgd) {
       auto buf = tensor_of(name, "momentum_buffer");
       if (!buf.defined()) continue;
       if (!buf.sizes().equals(p.sizes())) return Status::BadInput("checkpoint momentum of '" + name + "' has the wrong shape");

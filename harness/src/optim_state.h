@@ -32,8 +32,8 @@ typename StateMap::key_type optimizer_state_key(const StateMap&, const at::Tenso
 
 class OptimizerState {
  public:
-  // --optimizer sgd (momentum, Nesterov, weight decay) or adamw over `params`.
-  OptimizerState(const TrainConfig& cfg, std::vector<at::Tensor> params);
+  // --optimizer sgd (momentum, Nesterov, weight decay) or adamw over `params` (o must outlive it).
+  OptimizerState(const OptimizerOptions& o, std::vector<at::Tensor> params);
 
   void set_lr(double lr);
   double lr() const;
@@ -51,7 +51,7 @@ class OptimizerState {
               const std::function<at::Tensor(const std::string& param, const std::string& suffix)>& tensor_of);
 
  private:
-  const TrainConfig& cfg_;
+  const OptimizerOptions& o_;
   std::unique_ptr<torch::optim::Optimizer> opt_;
 };
 

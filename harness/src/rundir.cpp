@@ -60,7 +60,7 @@ Status check_compatible(const TrainConfig& cfg, const Dataset& data, const ckpt:
   auto want = c.meta_int.find("seed");
   if (want == c.meta_int.end() || static_cast<std::uint64_t>(want->second) != cfg.seed)
     return Status::BadInput("checkpoint '" + from + "' belongs to another run (seed differs)");
-  for (const auto& [key, value] : {std::pair<std::string, std::string>{"model", cfg.model.text()}, {"optimizer", name_of(cfg.optimizer)}})
+  for (const auto& [key, value] : {std::pair<std::string, std::string>{"model", cfg.model.text()}, {"optimizer", name_of(cfg.optim.kind)}})
     if (!c.meta.count(key) || c.meta.at(key) != value)
       return Status::BadInput("checkpoint '" + from + "' belongs to another run (" + key + " " +
                            (c.meta.count(key) ? c.meta.at(key) : "?") + ", not " + value + ")");

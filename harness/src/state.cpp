@@ -44,7 +44,7 @@ void Trainer::snapshot(std::int64_t step, ckpt::Checkpoint* cp, const std::vecto
   c.cursor = (step % spe) * cfg_.global_batch;
   c.meta = {{"config", to_ini(cfg_)},
             {"model", cfg_.model.text()},
-            {"optimizer", name_of(cfg_.optimizer)},
+            {"optimizer", name_of(cfg_.optim.kind)},
             {"data", data_.source},
             {"culprit_version", info_.culprit_version},
             {"libtorch_version", info_.torch_version},

@@ -23,7 +23,7 @@ int run_train(const std::vector<std::string>& args, const AfterHalt& after_halt)
   int code = exit_code(st);
   const bool detected = st.code() == StatusCode::kHardware || st.code() == StatusCode::kNumerical ||
                         st.code() == StatusCode::kInvariant;
-  if (detected && cfg.on_detect == OnDetect::kDiagnose && after_halt) code = after_halt(comm, cfg.run_dir, code);
+  if (detected && cfg.detect.on_detect == OnDetect::kDiagnose && after_halt) code = after_halt(comm, cfg.run_dir, code);
   return cli::finish_mpi(code);
 }
 

@@ -62,8 +62,8 @@ Status set_betas(C* c, const std::string& t) {
   std::vector<double> v;
   CULPRIT_RETURN_IF_ERROR(parse_list("betas", t, &v));
   if (v.size() != 2) return Status::BadInput("option '--betas' needs two numbers, beta1,beta2");
-  c->beta1 = v[0];
-  c->beta2 = v[1];
+  c->optim.beta1 = v[0];
+  c->optim.beta2 = v[1];
   return Status::OK();
 }
 
@@ -85,6 +85,14 @@ std::string join(const std::vector<std::int64_t>& v) {
   return s;
 }
 
+// The members of the option groups.
+template <class T>
+opts::Field<C, T> ck(T CheckpointOptions::*m) { return opts::field(&C::checkpoint, m); }
+template <class T>
+opts::Field<C, T> det(T DetectorOptions::*m) { return opts::field(&C::detect, m); }
+template <class T>
+opts::Field<C, T> opt(T OptimizerOptions::*m) { return opts::field(&C::optim, m); }
+
 opts::Table<C> make_table() {
   using opts::choice;
   using opts::custom;
@@ -96,26 +104,26 @@ opts::Table<C> make_table() {
   const auto nonneg = Range<double>::at_least(0);
   // clang-format off
   return opts::Table<C>("culprit train options", {
-    text<C>("run-dir", &C::run_dir, "run directory (required; created)"),
+    text<C>("run-dir", &C::run_dir, "run directory (created)", opts::kRequired),
     flag<C>("resume", &C::resume, "continue the run in --run-dir from its newest valid checkpoint (its configuration is the default)", kNotRecorded),
     text<C>("resume-from", &C::resume_from, "continue the run in --run-dir from this checkpoint file", kNotRecorded),
-    number<C>("checkpoint-every", &C::checkpoint_every, "checkpoint every K steps (0: only after the last step, which is always checkpointed)", nonneg_i64),
-    number<C>("keep-last", &C::keep_last, "keep the newest N checkpoints", Range<int>::at_least(1)),
-    number<C>("keep-every", &C::keep_every, "also keep every checkpoint whose step is a multiple of E (0: none)", nonneg_i64),
-    number<C>("checkpoint-writers-per-host", &C::checkpoint_writers_per_host, "ranks per host that write checkpoint data, each a slice of every large tensor (0: every rank); the ranks of a host share its I/O path", nonneg_int),
-    flag<C>("async-checkpoint", &C::async_checkpoint, "write checkpoints in a background thread, which also copies the state to host memory while the next step's forward and backward passes run (training waits at most for what is left of that copy)"),
+    number<C>("checkpoint-every", ck(&CheckpointOptions::every), "checkpoint every K steps (0: only after the last step, which is always checkpointed)", nonneg_i64),
+    number<C>("keep-last", ck(&CheckpointOptions::keep_last), "keep the newest N checkpoints", Range<int>::at_least(1)),
+    number<C>("keep-every", ck(&CheckpointOptions::keep_every), "also keep every checkpoint whose step is a multiple of E (0: none)", nonneg_i64),
+    number<C>("checkpoint-writers-per-host", ck(&CheckpointOptions::writers_per_host), "ranks per host that write checkpoint data, each a slice of every large tensor (0: every rank); the ranks of a host share its I/O path", nonneg_int),
+    flag<C>("async-checkpoint", ck(&CheckpointOptions::async), "write checkpoints in a background thread, which also copies the state to host memory while the next step's forward and backward passes run (training waits at most for what is left of that copy)"),
     opts::texts<C>("inject", &C::inject, "inject a fault (repeatable): step=S,rank=R,layer=NAME,phase=P,kind=K[,index=I,bit=B,factor=F,mode=M,p=P] (docs/detection.md)"),
-    choice<C>("on-detect", &C::on_detect, "halt | warn | diagnose: what a detection does (halt: every rank exits with the class's code; diagnose: culprit bisect runs in the job and its verdict is the exit code)"),
-    flag<C>("detect-nonfinite", &C::detect_nonfinite, "detect NaN/Inf in micro-shard losses and gradients and in the parameters"),
-    number<C>("spike-window", &C::spike_window, "loss and gradient-norm spike detection over the last N steps (0: off)", nonneg_int),
-    number<C>("spike-z", &C::spike_z, "spike: robust z-score (median/MAD) above this ..."),
-    number<C>("spike-ratio", &C::spike_ratio, "... and more than this times the window's maximum"),
-    choice<C>("spike-action", &C::spike_action, "warn | halt: a spike is logged as a warning unless halt"),
-    flag<C>("comm-check", &C::comm_check, "fingerprint every reduction message as sent and as received; a mismatch names sender and receiver"),
-    number<C>("replica-check-every", &C::replica_check_every, "compare parameter and optimizer-state fingerprints across ranks every N steps (0: off)", nonneg_i64),
-    number<C>("spot-check", &C::spot_check, "recompute this fraction of micro-shards per step on another rank and compare bitwise (redundant computation; 0: off, 1: every micro-shard)", Range<double>{0, 1}),
-    flag<C>("check-invariants", &C::check_invariants, "check training invariants: parameters change, gradients start at zero, each sample once per epoch, learning rate as scheduled, dropout masks differ"),
-    number<C>("collective-timeout", &C::collective_timeout, "seconds a rank waits in a collective (or for its checkpoint writer) before it names the silent rank(s) and ends the job (0: wait forever)", nonneg),
+    choice<C>("on-detect", det(&DetectorOptions::on_detect), "halt | warn | diagnose: what a detection does (halt: every rank exits with the class's code; diagnose: culprit bisect runs in the job and its verdict is the exit code)"),
+    flag<C>("detect-nonfinite", det(&DetectorOptions::nonfinite), "detect NaN/Inf in micro-shard losses and gradients and in the parameters"),
+    number<C>("spike-window", det(&DetectorOptions::spike_window), "loss and gradient-norm spike detection over the last N steps (0: off)", nonneg_int),
+    number<C>("spike-z", det(&DetectorOptions::spike_z), "spike: robust z-score (median/MAD) above this ..."),
+    number<C>("spike-ratio", det(&DetectorOptions::spike_ratio), "... and more than this times the window's maximum"),
+    choice<C>("spike-action", det(&DetectorOptions::spike_action), "warn | halt: a spike is logged as a warning unless halt"),
+    flag<C>("comm-check", det(&DetectorOptions::comm_check), "fingerprint every reduction message as sent and as received; a mismatch names sender and receiver"),
+    number<C>("replica-check-every", det(&DetectorOptions::replica_check_every), "compare parameter and optimizer-state fingerprints across ranks every N steps (0: off)", nonneg_i64),
+    number<C>("spot-check", det(&DetectorOptions::spot_check), "recompute this fraction of micro-shards per step on another rank and compare bitwise (redundant computation; 0: off, 1: every micro-shard)", Range<double>{0, 1}),
+    flag<C>("check-invariants", det(&DetectorOptions::invariants), "check training invariants: parameters change, gradients start at zero, each sample once per epoch, learning rate as scheduled, dropout masks differ"),
+    number<C>("collective-timeout", det(&DetectorOptions::collective_timeout), "seconds a rank waits in a collective (or for its checkpoint writer) before it names the silent rank(s) and ends the job (0: wait forever)", nonneg),
     choice<C>("trace", &C::trace, "off | step | layer: per-step fingerprint trace in RUN/trace/ (layer: also every layer's forward output and backward gradient)", kCritical),
     number<C>("steps", &C::steps, "optimizer steps to run", Range<std::int64_t>::at_least(1)),
     number<C>("global-batch", &C::global_batch, "samples per step (B)", Range<std::int64_t>::at_least(1), kCritical),
@@ -127,15 +135,15 @@ opts::Table<C> make_table() {
     number<C>("samples", &C::samples, "synthetic data: number of samples", Range<std::int64_t>::at_least(1), kCritical),
     custom<C>("sample-shape", "synthetic data: sample shape, e.g. 1,16,16 (empty: the model's default)", set_sample_shape, [](const C& c) { return join(c.sample_shape); }, kCritical),
     number<C>("classes", &C::classes, "synthetic data: classes (gpt: vocabulary); 0: the model's default", nonneg_int, kCritical),
-    choice<C>("optimizer", &C::optimizer, "sgd | adamw", kCritical),
-    number<C>("lr", &C::lr, "peak learning rate", nonneg, kCritical),
-    number<C>("momentum", &C::momentum, "sgd: momentum", nonneg, kCritical),
-    flag<C>("nesterov", &C::nesterov, "sgd: Nesterov momentum", kCritical),
-    number<C>("weight-decay", &C::weight_decay, "weight decay (adamw: decoupled)", nonneg, kCritical),
-    custom<C>("betas", "adamw: beta1,beta2", set_betas, [](const C& c) { return opts::format_number(c.beta1) + "," + opts::format_number(c.beta2); }, kCritical),
-    number<C>("eps", &C::eps, "adamw: epsilon", {}, kCritical),
-    choice<C>("lr-schedule", &C::lr_schedule, "constant | cosine (over --steps)", kCritical),
-    number<C>("warmup-steps", &C::warmup_steps, "linear warm-up steps", nonneg_i64, kCritical),
+    choice<C>("optimizer", opt(&OptimizerOptions::kind), "sgd | adamw", kCritical),
+    number<C>("lr", opt(&OptimizerOptions::lr), "peak learning rate", nonneg, kCritical),
+    number<C>("momentum", opt(&OptimizerOptions::momentum), "sgd: momentum", nonneg, kCritical),
+    flag<C>("nesterov", opt(&OptimizerOptions::nesterov), "sgd: Nesterov momentum", kCritical),
+    number<C>("weight-decay", opt(&OptimizerOptions::weight_decay), "weight decay (adamw: decoupled)", nonneg, kCritical),
+    custom<C>("betas", "adamw: beta1,beta2", set_betas, [](const C& c) { return opts::format_number(c.optim.beta1) + "," + opts::format_number(c.optim.beta2); }, kCritical),
+    number<C>("eps", opt(&OptimizerOptions::eps), "adamw: epsilon", {}, kCritical),
+    choice<C>("lr-schedule", opt(&OptimizerOptions::schedule), "constant | cosine (over --steps)", kCritical),
+    number<C>("warmup-steps", opt(&OptimizerOptions::warmup_steps), "linear warm-up steps", nonneg_i64, kCritical),
     number<C>("threads", &C::threads, "intra-op threads per rank", Range<int>::at_least(1), kCritical),
     choice<C>("device", &C::device, "cpu | cuda: where each rank computes (cuda: the GPU of index local rank mod GPUs on the host; needs culprit built against a CUDA-enabled libtorch, docs/cuda.md)"),
     flag<C>("quiet", &C::quiet, "no per-step line on stdout", kNotRecorded),
@@ -182,7 +190,6 @@ Status parse_train_options(const std::vector<std::string>& args, TrainConfig* cf
   if (p.help || (!cfg->resume && cfg->resume_from.empty())) return Status::OK();
   // Resuming: the run's own configuration fills every option not given here, and the options that
   // fix its results must keep their values.
-  if (cfg->run_dir.empty()) return Status::BadInput("option '--run-dir' is required");
   std::string stored;
   CULPRIT_RETURN_IF_ERROR(stored_config(cfg->run_dir, &stored).prefixed("cannot resume"));
   TrainConfig orig;
@@ -222,24 +229,26 @@ Status validate(const TrainConfig& c, int world) {
   if (world > m)
     return Status::BadInput("world size " + std::to_string(world) + " exceeds --micro-shards " + std::to_string(m) +
                             ": every rank needs at least one micro-shard");
-  if (c.nesterov && c.momentum <= 0) return Status::BadInput("option '--nesterov' needs --momentum > 0");
-  if (!(c.beta1 >= 0 && c.beta1 < 1 && c.beta2 >= 0 && c.beta2 < 1))
+  const OptimizerOptions& o = c.optim;
+  if (o.nesterov && o.momentum <= 0) return Status::BadInput("option '--nesterov' needs --momentum > 0");
+  if (!(o.beta1 >= 0 && o.beta1 < 1 && o.beta2 >= 0 && o.beta2 < 1))
     return Status::BadInput("option '--betas': each beta must be in [0, 1)");
-  if (!(c.eps > 0)) return Status::BadInput("option '--eps' must be > 0");
-  if (c.on_detect == OnDetect::kDiagnose && c.trace == TraceLevel::kOff)
+  if (!(o.eps > 0)) return Status::BadInput("option '--eps' must be > 0");
+  if (c.detect.on_detect == OnDetect::kDiagnose && c.trace == TraceLevel::kOff)
     return Status::BadInput("option '--on-detect diagnose' needs the trace: --trace step or layer");
   return Status::OK();
 }
 
 double learning_rate(const TrainConfig& c, std::int64_t step) {
-  if (c.warmup_steps > 0 && step <= c.warmup_steps)
-    return c.lr * static_cast<double>(step) / static_cast<double>(c.warmup_steps);
-  if (c.lr_schedule == LrSchedule::kCosine) {
-    const double span = static_cast<double>(std::max<std::int64_t>(1, c.steps - c.warmup_steps));
-    const double progress = static_cast<double>(step - c.warmup_steps) / span;
-    return c.lr * (0.5 * (1.0 + std::cos(M_PI * progress)));
+  const OptimizerOptions& o = c.optim;
+  if (o.warmup_steps > 0 && step <= o.warmup_steps)
+    return o.lr * static_cast<double>(step) / static_cast<double>(o.warmup_steps);
+  if (o.schedule == LrSchedule::kCosine) {
+    const double span = static_cast<double>(std::max<std::int64_t>(1, c.steps - o.warmup_steps));
+    const double progress = static_cast<double>(step - o.warmup_steps) / span;
+    return o.lr * (0.5 * (1.0 + std::cos(M_PI * progress)));
   }
-  return c.lr;
+  return o.lr;
 }
 
 }  // namespace culprit::harness

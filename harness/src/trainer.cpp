@@ -36,7 +36,7 @@ const at::Tensor& Trainer::epoch_order(std::int64_t epoch) {
   auto gen = at::detail::createCPUGenerator(cfg_.seed + static_cast<std::uint64_t>(epoch));
   batches_.order = torch::randperm(data_.n, gen, torch::TensorOptions().dtype(torch::kLong));
   batches_.epoch = epoch;
-  if (cfg_.check_invariants) {
+  if (cfg_.detect.invariants) {
     // Each sample once per epoch starts with a permutation.
     std::vector<char> seen(static_cast<std::size_t>(data_.n), 0);
     const std::int64_t* o = batches_.order.data_ptr<std::int64_t>();
@@ -115,7 +115,7 @@ void Trainer::compute_shard(const FireContext& c, int k, float* leaf) {
   }
   zero_grads(c, k);
   auto loss = loss_of(model_.forward(x), y);
-  if (cfg_.check_invariants) {
+  if (cfg_.detect.invariants) {
     double nested = 0;  // a spot-check recomputation is timed as a whole
     Stopwatch sw(c.attempt == 0 ? &facts.seconds : &nested);
     for (const auto& p : flat_.params) {
@@ -222,7 +222,7 @@ void Trainer::compute_local_shards() {
 void Trainer::reduce() {
   SendFault storage;
   const SendFault* send_fault = faults_.on_send(step_.fire, &storage);
-  step_.comm.enabled = cfg_.comm_check || step_.fire.mode == StepMode::kReplay;  // a replay reports comm faults
+  step_.comm.enabled = cfg_.detect.comm_check || step_.fire.mode == StepMode::kReplay;  // a replay reports comm faults
   tree_allreduce(comm_, cfg_.micro_shards, *acc_, reduced_.data(), &tree_ws_, send_fault, &step_.comm);
   step_.facts.seconds += step_.comm.seconds;
   step_.facts.comm = &step_.comm;
@@ -256,7 +256,7 @@ Fingerprint Trainer::record(double lr, trace::StepRow* row) {
   row->lr = lr;
   const Fingerprint fp = set_fingerprint(flat_.params, &row->param_fps);
   f.param_fps = row->param_fps;
-  if (cfg_.check_invariants) {
+  if (cfg_.detect.invariants) {
     Stopwatch sw(&f.seconds);
     detectors_.check_update(f, lr, opt_->lr(), flat_.offsets, flat_.sizes);
   }
@@ -348,7 +348,7 @@ Status Trainer::run(std::int64_t start_step, const std::string& resumed_from) {
       st = detectors_.halt();  // no checkpoint of a state the detectors rejected
       break;
     }
-    const bool due = (cfg_.checkpoint_every > 0 && s % cfg_.checkpoint_every == 0) || s == cfg_.steps;
+    const bool due = (cfg_.checkpoint.every > 0 && s % cfg_.checkpoint.every == 0) || s == cfg_.steps;
     if (due) st = save_checkpoint(s);
   }
   Status io_status = pipeline_->close();
@@ -373,7 +373,7 @@ Status Trainer::run(std::int64_t start_step, const std::string& resumed_from) {
 Status train(const TrainConfig& cfg, const Comm& world) {
   CULPRIT_RETURN_IF_ERROR(agree(world, validate(cfg, world.size)));
   // From here on, every collective of the main thread is bounded by --collective-timeout.
-  Watchdog watchdog(world, cfg.collective_timeout);
+  Watchdog watchdog(world, cfg.detect.collective_timeout);
   Comm comm = world;
   comm.watchdog = &watchdog;
   watchdog.on_silence([&cfg](const SilentReport& rep) {
@@ -399,7 +399,7 @@ Status train(const TrainConfig& cfg, const Comm& world) {
     return agree(comm, Status::BadInput("--global-batch " + std::to_string(cfg.global_batch) + " exceeds the " +
                                      std::to_string(data.n) + " samples of the data"));
   std::unique_ptr<Model> model;
-  CULPRIT_RETURN_IF_ERROR(agree(comm, guarded(StatusCode::kBadInput, "model " + cfg.model.text(), [&] { return make_model(cfg, data, &model); })));
+  CULPRIT_RETURN_IF_ERROR(agree(comm, guarded(StatusCode::kInternal, "model " + cfg.model.text(), [&] { return make_model(cfg, data, &model); })));
   Trainer trainer(cfg, comm, data, *model);
   CULPRIT_RETURN_IF_ERROR(agree(comm, guarded(StatusCode::kInternal, "setup", [&] { return trainer.init(StepMode::kTrain); })));
   std::int64_t start = 0;
@@ -408,7 +408,7 @@ Status train(const TrainConfig& cfg, const Comm& world) {
     ckpt::Checkpoint c;
     CULPRIT_RETURN_IF_ERROR(find_checkpoint(cfg, comm, &c, &from));
     CULPRIT_RETURN_IF_ERROR(agree(comm, check_compatible(cfg, data, c, from)));
-    CULPRIT_RETURN_IF_ERROR(agree(comm, guarded(StatusCode::kBadInput, "restoring " + from, [&] { return trainer.restore(c); })));
+    CULPRIT_RETURN_IF_ERROR(agree(comm, guarded(StatusCode::kInternal, "restoring " + from, [&] { return trainer.restore(c); })));
     start = c.step;
     if (start >= cfg.steps) {
       if (comm.rank == 0 && !cfg.quiet)

@@ -98,7 +98,7 @@ Status Trainer::init(StepMode mode) {
   build_flat_params();
   std::vector<at::Tensor> tensors;
   for (const auto& p : flat_.params) tensors.push_back(p.tensor);
-  opt_ = std::make_unique<OptimizerState>(cfg_, tensors);
+  opt_ = std::make_unique<OptimizerState>(cfg_.optim, tensors);
   acc_ = std::make_unique<TreeAccumulator>(static_cast<std::size_t>(flat_.size + 1));
   reduced_.assign(static_cast<std::size_t>(flat_.size + 1), 0.0f);
   auto shape_with_n = [&](const std::vector<std::int64_t>& s) {

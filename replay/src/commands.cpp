@@ -29,7 +29,7 @@ std::string ranks_text(const Options& o) {
 }
 
 Status set_micro_shard(Options* o, const std::string& text) {
-  if (text == "all") return o->micro_shard = -1, Status::OK();
+  if (text == "all" || text == "-1") return o->micro_shard = -1, Status::OK();
   std::int64_t k = 0;
   CULPRIT_RETURN_IF_ERROR(opts::parse_number("micro-shard", text, &k));
   if (k < 0 || k > (1 << 30)) return Status::BadInput("option '--micro-shard' must be a micro-shard's index or all");
@@ -40,8 +40,9 @@ Status set_micro_shard(Options* o, const std::string& text) {
 const opts::Table<Options>& replay_options() {
   using O = Options;
   static const opts::Table<O> table("culprit replay options", {
-      opts::text<O>("run-dir", &O::run_dir, "the run to replay (required)"),
-      opts::number<O>("step", &O::step, "the step to examine, 1-based (required)", opts::Range<std::int64_t>::at_least(1)),
+      opts::text<O>("run-dir", &O::run_dir, "the run to replay", opts::kRequired),
+      opts::number<O>("step", &O::step, "the step to examine, 1-based", opts::Range<std::int64_t>::at_least(1),
+                      opts::kRequired),
       opts::custom<O>("ranks", "comma-separated ranks that recompute the step's micro-shards", set_ranks, ranks_text),
       opts::custom<O>("micro-shard", "only this micro-shard", set_micro_shard,
                       [](const O& o) { return o.micro_shard < 0 ? std::string("all") : std::to_string(o.micro_shard); }),
@@ -114,11 +115,13 @@ bool has_arg(const std::vector<std::string>& args, const std::string& name) {
 int run_audit(const std::vector<std::string>& args) {
   // Merging and comparing run in one process; the replay of intervals on every rank of the job.
   if (has_arg(args, "--merge") || has_arg(args, "--compare"))
-    return cli::run_local<AuditArgs>(args, audit_options(), kAuditUsage, check_audit, [](const AuditArgs& a, int*) {
+    return cli::run_local<AuditArgs>(args, audit_options(), kAuditUsage, check_audit, [](const AuditArgs& a, int* code) {
       if (!a.merge.empty()) return merge_audit(a.merge);
       std::string report;
       Status st = compare_runs(a.compare[0], a.compare[1], &report);
       std::fputs(report.c_str(), stdout);
+      // Runs that differ are the answer, printed in the report: an exit code, not an error line.
+      if (st.code() == StatusCode::kDiffers) return *code = exit_code(st), Status::OK();
       return st;
     });
   return cli::run_mpi<AuditArgs>(args, audit_options(), kAuditUsage, check_audit,
@@ -132,12 +135,7 @@ cli::Command replay_command() {
           [] { return replay_options().help(); },
           [](const std::vector<std::string>& args) {
             return cli::run_mpi<Options>(
-                args, replay_options(), "mpirun -np W culprit replay --run-dir RUN --step S [options]",
-                [](Options* o) {
-                  if (o->run_dir.empty()) return Status::BadInput("option '--run-dir' is required");
-                  if (o->step == 0) return Status::BadInput("option '--step' is required");
-                  return Status::OK();
-                },
+                args, replay_options(), "mpirun -np W culprit replay --run-dir RUN --step S [options]", nullptr,
                 [](const Options& o, const Comm& comm, int*) { return run(o, comm); });
           }};
 }

@@ -121,6 +121,12 @@ std::string UpdateDifference::describe() const {
   return "";
 }
 
+int first_differing_param(const std::vector<Fingerprint>& got, const std::vector<Fingerprint>& want) {
+  for (std::size_t i = 0; i < got.size() && i < want.size(); ++i)
+    if (got[i] != want[i]) return static_cast<int>(i);
+  return -1;
+}
+
 UpdateDifference update_difference(const StepResult& got, const trace::StepRow& want, const std::vector<std::string>& params) {
   UpdateDifference d;
   d.got_loss = got.loss;
@@ -130,13 +136,13 @@ UpdateDifference update_difference(const StepResult& got, const trace::StepRow& 
     d.got = got.grad_fp, d.want = want.grad_fp;
     return d;
   }
-  for (std::size_t i = 0; i < params.size() && i < got.param_fps.size() && i < want.param_fps.size(); ++i)
-    if (got.param_fps[i] != want.param_fps[i]) {
-      d.where = UpdateWhere::kParameter;
-      d.param = params[i];
-      d.got = got.param_fps[i], d.want = want.param_fps[i];
-      return d;
-    }
+  const int i = first_differing_param(got.param_fps, want.param_fps);
+  if (i >= 0 && static_cast<std::size_t>(i) < params.size()) {
+    d.where = UpdateWhere::kParameter;
+    d.param = params[i];
+    d.got = got.param_fps[i], d.want = want.param_fps[i];
+    return d;
+  }
   if (!same_bits(got.loss, want.loss)) d.where = UpdateWhere::kLoss;
   return d;
 }

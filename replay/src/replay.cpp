@@ -159,10 +159,18 @@ Status run(const Options& opt, const Comm& comm, ReplayReport* out) {
   rep.step = opt.step;
   rep.world_size = comm.size;
   rep.layers_compared = schema.layers_recorded;
+  // The text report streams as the steps are replayed; the JSON record comes whole at the end.
+  auto say = [&](const std::string& text) {
+    if (comm.rank != 0 || opt.json) return;
+    std::fputs(text.c_str(), stdout);
+    std::fflush(stdout);
+  };
+  say(text_header(rep));
   // Up to the step: every step as the original run computed it, compared with its record.
   while (engine->step() + 1 < opt.step) {
     PriorStep p;
     CULPRIT_RETURN_IF_ERROR(replay_prior_step(*engine, run, schema, comm, &p));
+    say(text_prior(p));
     rep.before.push_back(p);
   }
   // The step itself: its micro-shards recomputed on the chosen ranks, then its update as the run did it.
@@ -172,11 +180,9 @@ Status run(const Options& opt, const Comm& comm, ReplayReport* out) {
   rep.update = update_difference(sr, *run.trace.step(opt.step), schema.params);
   // Rank 0 holds the whole report; the verdict travels from there.
   int mismatches = rep.mismatches();
-  if (comm.rank == 0) {
-    std::fputs((opt.json ? to_json(rep) : to_text(rep)).c_str(), stdout);
-    std::fflush(stdout);
-    if (out) *out = rep;
-  }
+  say(text_examined(rep));
+  if (comm.rank == 0 && opt.json) std::fputs(to_json(rep).c_str(), stdout);
+  if (comm.rank == 0 && out) *out = rep;
   CULPRIT_MPI_CHECK(MPI_Bcast(&mismatches, 1, MPI_INT, 0, comm.comm));
   if (mismatches == 0) return Status::OK();
   return Status::Differs("replay of step " + std::to_string(opt.step) + ": " + std::to_string(mismatches) +

@@ -18,6 +18,12 @@ ShardReplay shard_replay_from(const nlohmann::ordered_json& j, int* shard);
 nlohmann::ordered_json to_json(const Disagreement& d, int shard);
 Disagreement disagreement_from(const nlohmann::ordered_json& j, int* shard);
 
+// The text report in the order it is found: the header, each step before the examined one, the
+// examined step (to_text is the three together).
+std::string text_header(const ReplayReport& r);
+std::string text_prior(const PriorStep& p);
+std::string text_examined(const ReplayReport& r);
+
 // One JSON value as one line, and back.
 std::string encode(const nlohmann::ordered_json& j);
 nlohmann::ordered_json decode(const std::string& line);

@@ -1,6 +1,7 @@
 // culprit replay's report: the record (JSON, docs/records.md) and its text rendering. Pieces of it
 // travel between ranks as JSON too (replay_codec.h), so there is one schema for every use.
 #include <algorithm>
+#include <stdexcept>
 #include <cstdio>
 #include <cstring>
 #include <iterator>
@@ -17,8 +18,6 @@ namespace {
 
 constexpr int kReplayVersion = 1;
 
-constexpr const char* kShardWhereNames[] = {"", "input", "forward", "backward", "param-grad", "leaf", "loss"};
-constexpr const char* kUpdateWhereNames[] = {"", "reduced-gradient", "parameter", "loss"};
 
 std::uint32_t bits(float v) {
   std::uint32_t u;
@@ -42,7 +41,7 @@ std::string ranks_list(const std::vector<int>& v) {
 // ---- codecs ----
 
 json to_json(const ShardDifference& d) {
-  json j = {{"where", kShardWhereNames[static_cast<int>(d.where)]}, {"name", d.name}};
+  json j = {{"where", name_of(d.where)}, {"name", d.name}};
   if (d) {
     j["phase"] = name_of(d.phase());
     j["layer"] = d.layer();
@@ -57,9 +56,8 @@ json to_json(const ShardDifference& d) {
 
 ShardDifference shard_difference_from(const json& j) {
   ShardDifference d;
-  const auto where = j.at("where").get<std::string>();
-  for (int i = 0; i < static_cast<int>(std::size(kShardWhereNames)); ++i)
-    if (where == kShardWhereNames[i]) d.where = static_cast<ShardWhere>(i);
+  if (!parse_name(j.at("where").get<std::string>(), &d.where))
+    throw std::runtime_error("unknown place '" + j.at("where").get<std::string>() + "'");
   d.name = j.at("name").get<std::string>();
   d.got = std::stoull(j.at("got").get<std::string>(), nullptr, 16);
   d.want = std::stoull(j.at("want").get<std::string>(), nullptr, 16);
@@ -69,7 +67,7 @@ ShardDifference shard_difference_from(const json& j) {
 }
 
 json to_json(const UpdateDifference& d) {
-  return json{{"where", kUpdateWhereNames[static_cast<int>(d.where)]}, {"param", d.param},
+  return json{{"where", name_of(d.where)}, {"param", d.param},
               {"got", fingerprint_hex(d.got)}, {"want", fingerprint_hex(d.want)}, {"detail", d.describe()}};
 }
 
@@ -167,21 +165,27 @@ std::string to_json(const ReplayReport& r) {
   return j.dump(2, ' ', false, json::error_handler_t::replace) + "\n";
 }
 
-std::string to_text(const ReplayReport& r) {
+std::string text_header(const ReplayReport& r) {
+  return "culprit replay: " + r.run_dir + " step " + std::to_string(r.step) + " from " + r.checkpoint + " on " +
+         std::to_string(r.world_size) + " rank(s)" + (r.layers_compared ? ", per-layer fingerprints" : "") + "\n";
+}
+
+std::string text_prior(const PriorStep& p) {
+  std::string out;
+  const std::string T = std::to_string(p.step);
+  for (const auto& s : p.shards)
+    out += "step " + T + " micro-shard " + std::to_string(s.mismatch.shard) + " on rank " + std::to_string(s.rank) +
+           ": MISMATCH " + s.mismatch.diff.describe() + " (recorded by rank " + std::to_string(s.mismatch.recorded_by) +
+           " on " + s.mismatch.host + ")\n";
+  if (p.update) out += "step " + T + " update: MISMATCH " + p.update.describe() + "\n";
+  if (p.shards.empty() && !p.update) out += "step " + T + ": every micro-shard and the update match\n";
+  return out;
+}
+
+std::string text_examined(const ReplayReport& r) {
   std::string out;
   auto say = [&](const std::string& line) { out += line + "\n"; };
   const std::string S = std::to_string(r.step);
-  say("culprit replay: " + r.run_dir + " step " + S + " from " + r.checkpoint + " on " + std::to_string(r.world_size) +
-      " rank(s)" + (r.layers_compared ? ", per-layer fingerprints" : ""));
-  for (const auto& p : r.before) {
-    const std::string T = std::to_string(p.step);
-    for (const auto& s : p.shards)
-      say("step " + T + " micro-shard " + std::to_string(s.mismatch.shard) + " on rank " + std::to_string(s.rank) +
-          ": MISMATCH " + s.mismatch.diff.describe() + " (recorded by rank " + std::to_string(s.mismatch.recorded_by) +
-          " on " + s.mismatch.host + ")");
-    if (p.update) say("step " + T + " update: MISMATCH " + p.update.describe());
-    if (p.shards.empty() && !p.update) say("step " + T + ": every micro-shard and the update match");
-  }
   for (const auto& s : r.shards) {
     const std::string K = std::to_string(s.shard);
     if (s.recorded)
@@ -218,6 +222,12 @@ std::string to_text(const ReplayReport& r) {
   say("step " + S + " update: " + (r.update ? "MISMATCH " + r.update.describe() : "match"));
   if (r.mismatches() == 0) say("replay of step " + S + ": everything matches the trace");
   return out;
+}
+
+std::string to_text(const ReplayReport& r) {
+  std::string out = text_header(r);
+  for (const auto& p : r.before) out += text_prior(p);
+  return out + text_examined(r);
 }
 
 }  // namespace culprit::replay

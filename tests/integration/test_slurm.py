@@ -4,6 +4,7 @@ submit with sbatch and read outcomes with scontrol):
   decision, and submits a follow-up job that excludes the node and resumes from the checkpoint before
   the faulty step; a continuation from there ends bitwise equal to a clean run (negative control: the
   faulty run's own last checkpoint is not);
+- a train.sbatch run that fails before any diagnosis still records its decision (stop);
 - postmortem.sbatch writes the expected diagnosis of a silent fault;
 - the audit array and its merge job write one report covering every interval;
 - screen.sbatch passes a healthy node and excludes it when a flip is injected into its matmul.
@@ -129,6 +130,15 @@ class Slurm(TempDirTest):
                   world=3, run_dir=faulty)
         differs = run(["diff", os.path.join(clean, final), os.path.join(faulty, final)])
         self.assertEqual(differs.code, 5, differs.out)
+
+    def test_train_records_a_stop_without_a_diagnosis(self):
+        # Bad input: culprit exits 2 before any diagnosis; the script still records its decision.
+        run_dir = self.path("bad")
+        job = sbatch(["-n", "1", "-o", self.path("bad-%j.out"), os.path.join(JOBS, "train.sbatch"), run_dir, "--steps",
+                      "0"], cwd=self.tmp)
+        self.assertEqual(wait(job), ("FAILED", 2), open(self.path("bad-%s.out" % job)).read())
+        d = self.decisions(run_dir)[-1]
+        self.assertEqual((d["decision"], d["step"], d["exit_code"], d["slurm_job_id"]), ("stop", -1, 2, job), d)
 
     def test_postmortem_job_writes_the_diagnosis(self):
         run_dir = self.path("silent")

@@ -214,7 +214,7 @@ struct OneRank : ::testing::Test {
     std::filesystem::create_directories(dir);
     cfg.run_dir = dir.string();
     cfg.micro_shards = 4;
-    cfg.on_detect = h::OnDetect::kHalt;
+    cfg.detect.on_detect = h::OnDetect::kHalt;
     comm.host = "testhost";
   }
   void configure() {
@@ -258,7 +258,7 @@ struct OneRank : ::testing::Test {
 }  // namespace
 
 TEST_F(OneRank, CleanStepsRaiseNothing) {
-  cfg.check_invariants = true;
+  cfg.detect.invariants = true;
   configure();
   for (int s = 1; s <= 3; ++s) {
     auto f = facts(s);
@@ -307,7 +307,7 @@ TEST_F(OneRank, NonFiniteParametersAndReducedGradient) {
 }
 
 TEST_F(OneRank, WarnDoesNotHalt) {
-  cfg.on_detect = h::OnDetect::kWarn;
+  cfg.detect.on_detect = h::OnDetect::kWarn;
   configure();
   auto f = facts(1);
   f.bad_shard = 0;
@@ -317,7 +317,7 @@ TEST_F(OneRank, WarnDoesNotHalt) {
 }
 
 TEST_F(OneRank, InvariantsFromFacts) {
-  cfg.check_invariants = true;
+  cfg.detect.invariants = true;
   configure();
   auto f = facts(1);
   f.shards.samples[2] = 12345;  // micro-shard 2 used other samples
@@ -342,7 +342,7 @@ TEST_F(OneRank, InvariantsFromFacts) {
 }
 
 TEST_F(OneRank, RepeatedRngAcrossStepsIsCaught) {
-  cfg.check_invariants = true;
+  cfg.detect.invariants = true;
   configure();
   auto f = facts(1);
   det.vote(f);
@@ -356,7 +356,7 @@ TEST_F(OneRank, RepeatedRngAcrossStepsIsCaught) {
 }
 
 TEST_F(OneRank, UpdateInvariant) {
-  cfg.check_invariants = true;
+  cfg.detect.invariants = true;
   configure();
   det.start({11, 22});
   auto f = facts(1);
@@ -374,8 +374,8 @@ TEST_F(OneRank, UpdateInvariant) {
 }
 
 TEST_F(OneRank, SpikeHaltsOnlyWithHaltAction) {
-  cfg.spike_window = 8;
-  cfg.spike_action = h::SpikeAction::kWarn;
+  cfg.detect.spike_window = 8;
+  cfg.detect.spike_action = h::SpikeAction::kWarn;
   configure();
   for (int s = 1; s <= 8; ++s) {
     reduced[2] = 1.0f + 0.01f * s;
@@ -393,7 +393,7 @@ TEST_F(OneRank, SpikeHaltsOnlyWithHaltAction) {
 }
 
 TEST_F(OneRank, SpotScheduleCoversEveryShardAtTheRate) {
-  cfg.spot_check = 0.25;
+  cfg.detect.spot_check = 0.25;
   configure();
   std::vector<int> seen(cfg.micro_shards, 0);
   int total = 0;

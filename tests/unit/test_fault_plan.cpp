@@ -157,10 +157,10 @@ TEST_F(Plan, FaultsAtRestAndLostUpdates) {
   ASSERT_EQ(lost.size(), 2u);  // both of fc1's parameters
   for (auto& p : params) p.tensor.fill_(3.0f);  // "the update"
   h::TrainConfig cfg;
-  cfg.optimizer = h::OptimizerKind::kSgd;
+  cfg.optim.kind = h::OptimizerKind::kSgd;
   std::vector<at::Tensor> tensors;
   for (auto& p : params) tensors.push_back(p.tensor);
-  h::OptimizerState opt(cfg, tensors);
+  h::OptimizerState opt(cfg.optim, tensors);
   plan.after_update(at(1, 0), params, lost, opt);
   EXPECT_TRUE(params[0].tensor.equal(torch::full({3}, 1.0f)));  // the update of fc1 did not land
   EXPECT_TRUE(params[1].tensor.equal(torch::full({2}, 1.0f)));

@@ -147,6 +147,27 @@ TEST_F(Records, AMissingLogIsEmptyAndADamagedLineIsNamed) {
   EXPECT_NE(st.message().find("'detector' is 'telepathy', not a detector"), std::string::npos) << st.message();
 }
 
+TEST_F(Records, VersionZeroLinesAndATornTailAreRead) {
+  // culprit 0.1 wrote records without "record" and "version" (and with a job decision as the class).
+  std::ofstream(dir / "incidents.jsonl")
+      << R"({"time":"t","step":3,"detector":"replica-divergence","class":"hardware","rank":1,"host":"h","device":"cpu",)"
+      << R"("slurm_job_id":"","message":"m"})" << "\n"
+      << R"({"time":"t","step":3,"detector":"jobs","class":"requeue","rank":-1,"host":"h","device":"","slurm_job_id":"7",)"
+      << R"("restart":0,"exit_code":21,"exclude":"h","resume_from":"x","next_job":"8","message":"m"})" << "\n"
+      << R"({"record":"incident","version":1,"time":"t","st)";  // an append cut short by a crash
+  std::vector<r::Incident> got;
+  const auto st = r::read_incidents(run(), &got);
+  ASSERT_TRUE(st.ok()) << st.message();
+  ASSERT_EQ(got.size(), 2u);
+  EXPECT_EQ(got[0].ranks, std::vector<int>{1});
+  EXPECT_EQ(got[0].what, Subject::kNone);
+  EXPECT_EQ(got[0].micro_shard, -1);
+  EXPECT_EQ(got[1].cls, IncidentClass::kJobs);
+  ASSERT_TRUE(got[1].job);
+  EXPECT_EQ(got[1].job->decision, culprit::Decision::kRequeue);
+  EXPECT_EQ(got[1].job->next_job, "8");
+}
+
 TEST_F(Records, DiagnosisRoundTripsAndItsFieldsReadForScripts) {
   r::Diagnosis d;
   d.verdict = Verdict::kHardwarePersistent;

@@ -149,6 +149,13 @@ Status read_diagnosis(const std::string& run_dir, Diagnosis* out);
 
 // ---- RUN/audit.json (a whole audit or a merge) and RUN/audit/part-IIII-of-NNNN.json (a share) ----
 
+enum class IntervalVerdict { kReproduced, kMismatch };
+inline constexpr NameRow<IntervalVerdict> kIntervalVerdictNames[] = {{IntervalVerdict::kReproduced, "reproduced"},
+                                                                      {IntervalVerdict::kMismatch, "mismatch"}};
+constexpr NameTable<IntervalVerdict> enum_names(IntervalVerdict) {
+  return {kIntervalVerdictNames, std::size(kIntervalVerdictNames), "interval verdict"};
+}
+
 struct IntervalResult {
   std::int64_t from = 0, to = 0;  // checkpoint steps
   int rank = 0, share = 0;        // who audited it

@@ -6,6 +6,7 @@
 // (culprit/names.h); a bad value names the option and the valid values. Built on Boost's
 // program_options, which keeps the familiar --name value / --name=value syntax and its messages.
 #pragma once
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <functional>
@@ -29,6 +30,7 @@ enum Flags : unsigned {
   kRepeatable = 8,   // may be given many times (each value is set in turn)
   kPositional = 16,  // the arguments without an option name (repeatable; not shown as an option)
   kMultitoken = 32,  // --name A B: takes the tokens up to the next option (repeatable)
+  kRequired = 64,    // the command line must give it (an INI file may too); no default shown
 };
 
 // One option of a configuration C.
@@ -72,47 +74,72 @@ struct Range {
 
 // ---- row builders ----
 
+// Where an option's value lives in C: a member (&C::steps) or a member of a member
+// (field(&C::detect, &DetectorOptions::spot_check)).
 template <class C, class T>
-Option<C> number(const char* name, T C::*field, const char* help, Range<T> range = {}, unsigned flags = kNone) {
+struct Field {
+  std::function<T*(C*)> at;
+  T& operator()(C& c) const { return *at(&c); }
+  const T& operator()(const C& c) const { return *at(const_cast<C*>(&c)); }
+};
+template <class C, class T>
+Field<C, T> field(T C::*member) {
+  return {[member](C* c) { return &(c->*member); }};
+}
+template <class C, class S, class T>
+Field<C, T> field(S C::*outer, T S::*inner) {
+  return {[outer, inner](C* c) { return &((c->*outer).*inner); }};
+}
+
+template <class C, class T>
+Option<C> number(const char* name, Field<C, T> f, const char* help, Range<T> range = {}, unsigned flags = kNone) {
   static_assert(std::is_arithmetic_v<T>, "number() takes an arithmetic field");
   Option<C> o{name, help, flags, nullptr, nullptr, nullptr};
   const std::string n = name;
-  o.check = [n, field, range](const C& c) { return range.check(n, c.*field); };
-  o.set = [n, field, range](C* c, const std::string& text) {
+  o.check = [n, f, range](const C& c) { return range.check(n, f(c)); };
+  o.set = [n, f, range](C* c, const std::string& text) {
     using Wide = std::conditional_t<std::is_floating_point_v<T>, double,
                                     std::conditional_t<std::is_signed_v<T>, std::int64_t, std::uint64_t>>;
     Wide v{};
     CULPRIT_RETURN_IF_ERROR(parse_number(n, text, &v));
     if (v < static_cast<Wide>(std::numeric_limits<T>::lowest()) || v > static_cast<Wide>(std::numeric_limits<T>::max()))
       return Status::BadInput("option '--" + n + "': " + text + " is out of range");
-    c->*field = static_cast<T>(v);
-    return range.check(n, c->*field);
+    f(*c) = static_cast<T>(v);
+    return range.check(n, f(*c));
   };
-  o.get = [field](const C& c) -> std::vector<std::string> {
-    if constexpr (std::is_floating_point_v<T>) return {format_number(c.*field)};
-    else return {std::to_string(c.*field)};
+  o.get = [f](const C& c) -> std::vector<std::string> {
+    if constexpr (std::is_floating_point_v<T>) return {format_number(f(c))};
+    else return {std::to_string(f(c))};
   };
   return o;
 }
+template <class C, class T>
+Option<C> number(const char* name, T C::*member, const char* help, Range<T> range = {}, unsigned flags = kNone) {
+  return number<C, T>(name, field(member), help, range, flags);
+}
 
 template <class C>
-Option<C> flag(const char* name, bool C::*field, const char* help, unsigned flags = kNone) {
+Option<C> flag(const char* name, Field<C, bool> f, const char* help, unsigned flags = kNone) {
   Option<C> o{name, help, flags | kSwitch, nullptr, nullptr, nullptr};
   const std::string n = name;
-  o.set = [n, field](C* c, const std::string& text) { return parse_bool(n, text, &(c->*field)); };
-  o.get = [field](const C& c) -> std::vector<std::string> { return {c.*field ? "true" : "false"}; };
+  o.set = [n, f](C* c, const std::string& text) { return parse_bool(n, text, &f(*c)); };
+  o.get = [f](const C& c) -> std::vector<std::string> { return {f(c) ? "true" : "false"}; };
   o.check = [](const C&) { return Status::OK(); };
   return o;
 }
+template <class C>
+Option<C> flag(const char* name, bool C::*member, const char* help, unsigned flags = kNone) {
+  return flag<C>(name, field(member), help, flags);
+}
 
 template <class C>
-Option<C> text(const char* name, std::string C::*field, const char* help, unsigned flags = kNone) {
+Option<C> text(const char* name, std::string C::*member, const char* help, unsigned flags = kNone) {
   Option<C> o{name, help, flags, nullptr, nullptr, nullptr};
-  o.set = [field](C* c, const std::string& t) {
-    c->*field = t;
+  o.set = [member](C* c, const std::string& t) {
+    c->*member = t;
     return Status::OK();
   };
-  o.get = [field](const C& c) -> std::vector<std::string> { return {c.*field}; };
+  o.get = [member](const C& c) -> std::vector<std::string> { return {c.*member}; };
   o.check = [](const C&) { return Status::OK(); };
   return o;
 }
@@ -120,30 +147,34 @@ Option<C> text(const char* name, std::string C::*field, const char* help, unsign
 // Every value given, in order (--inject A --inject B; with kPositional: FILE ...; with kMultitoken:
 // --compare A B).
 template <class C>
-Option<C> texts(const char* name, std::vector<std::string> C::*field, const char* help, unsigned flags = kNone) {
+Option<C> texts(const char* name, std::vector<std::string> C::*member, const char* help, unsigned flags = kNone) {
   Option<C> o{name, help, flags | kRepeatable, nullptr, nullptr, nullptr};
-  o.set = [field](C* c, const std::string& t) {
-    (c->*field).push_back(t);
+  o.set = [member](C* c, const std::string& t) {
+    (c->*member).push_back(t);
     return Status::OK();
   };
-  o.get = [field](const C& c) { return c.*field; };
+  o.get = [member](const C& c) { return c.*member; };
   o.check = [](const C&) { return Status::OK(); };
   return o;
 }
 
 // An enum-valued option: its values are the enum's names (enum_names, culprit/names.h).
 template <class C, class E>
-Option<C> choice(const char* name, E C::*field, const char* help, unsigned flags = kNone) {
+Option<C> choice(const char* name, Field<C, E> f, const char* help, unsigned flags = kNone) {
   Option<C> o{name, help, flags, nullptr, nullptr, nullptr};
   const std::string n = name;
-  o.set = [n, field](C* c, const std::string& t) {
-    if (parse_name(t, &(c->*field))) return Status::OK();
+  o.set = [n, f](C* c, const std::string& t) {
+    if (parse_name(t, &f(*c))) return Status::OK();
     return Status::BadInput("option '--" + n + "': unknown " + enum_names(E{}).what + " '" + t +
                             "' (valid: " + names_list<E>() + ")");
   };
-  o.get = [field](const C& c) -> std::vector<std::string> { return {name_of(c.*field)}; };
+  o.get = [f](const C& c) -> std::vector<std::string> { return {name_of(f(c))}; };
   o.check = [](const C&) { return Status::OK(); };
   return o;
+}
+template <class C, class E>
+Option<C> choice(const char* name, E C::*member, const char* help, unsigned flags = kNone) {
+  return choice<C, E>(name, field(member), help, flags);
 }
 
 // Any other shape: the caller's parse and format of one value.
@@ -193,6 +224,9 @@ class Table {
     Parsed p;
     CULPRIT_RETURN_IF_ERROR(parse_rows(rows(C()), args, config_, &values, &p.help));
     if (!p.help) CULPRIT_RETURN_IF_ERROR(apply(values, cfg, &p.given));
+    for (const auto& o : options_)
+      if (!p.help && (o.flags & kRequired) && std::find(p.given.begin(), p.given.end(), o.name) == p.given.end())
+        return Status::BadInput("option '--" + o.name + "' is required");
     if (parsed) *parsed = p;
     return Status::OK();
   }
@@ -246,7 +280,9 @@ class Table {
     std::vector<Row> out;
     for (const auto& o : options_) {
       const auto v = o.get(defaults);
-      out.push_back({o.name, o.help, v.size() == 1 ? v[0] : std::string(), o.flags});
+      const bool required = o.flags & kRequired;
+      out.push_back({o.name, o.help + (required ? " (required)" : ""), v.size() == 1 && !required ? v[0] : std::string(),
+                     o.flags});
     }
     return out;
   }

@@ -50,6 +50,14 @@ struct FaultSpec {
   std::string text;  // the SPEC as given
 };
 
+// Where a phase's fault lands: on a layer's output as forward calls it (forward, backward), on a
+// layer's parameters or what derives from them (grad, comm, param, optimizer), or on no layer (data,
+// lr, rng). One place for the whole vocabulary: parsing and the FaultPlan ask here.
+bool at_layer_output(Phase p);
+bool needs_layer(Phase p);
+// The kinds a phase takes beyond bitflip, nan, scale and noise (stale: a value not replaced).
+bool takes_stale(Phase p);
+
 // Parses one SPEC. `layers` are the model's layer names (for checking layer=); an unknown key,
 // phase, kind, mode or layer is an error listing the valid values.
 Status parse_fault(const std::string& text, const std::vector<std::string>& layers, FaultSpec* out);

@@ -67,27 +67,52 @@ struct DataSpec {
   std::string text() const { return kind == DataKind::kHdf5 ? "hdf5:" + path : "synthetic"; }
 };
 
+// Checkpoints: when, how many are kept, who writes.
+struct CheckpointOptions {
+  std::int64_t every = 10;  // 0: only after the last step
+  int keep_last = 3;
+  std::int64_t keep_every = 0;
+  int writers_per_host = 1;  // 0: every rank writes its slice
+  bool async = true;
+};
+
+// The online detectors (docs/detection.md) and what a detection does.
+struct DetectorOptions {
+  OnDetect on_detect = OnDetect::kHalt;
+  bool nonfinite = true;
+  bool comm_check = true;         // fingerprint every reduction message at both ends
+  int spike_window = 20;          // 0: no spike detection
+  double spike_z = 8.0, spike_ratio = 3.0;
+  SpikeAction spike_action = SpikeAction::kWarn;
+  std::int64_t replica_check_every = 1;  // 0: off
+  double spot_check = 0.0;        // fraction of micro-shards recomputed by another rank each step
+  bool invariants = true;         // training invariants
+  double collective_timeout = 300;  // seconds a rank waits in a collective before naming the silent rank(s)
+  // Whether a detection halts the run: --on-detect halt or diagnose.
+  bool halts() const { return on_detect != OnDetect::kWarn; }
+};
+
+// The optimizer and its learning-rate schedule.
+struct OptimizerOptions {
+  OptimizerKind kind = OptimizerKind::kSgd;
+  double lr = 0.1;
+  double momentum = 0.9;
+  bool nesterov = false;
+  double weight_decay = 0.0;
+  double beta1 = 0.9, beta2 = 0.999;
+  double eps = 1e-8;
+  LrSchedule schedule = LrSchedule::kConstant;
+  std::int64_t warmup_steps = 0;
+};
+
 struct TrainConfig {
   std::string run_dir;
   bool resume = false;             // continue from the newest valid checkpoint of run_dir
   std::string resume_from;         // continue from this checkpoint file
-  std::int64_t checkpoint_every = 10;  // 0: only after the last step
-  int keep_last = 3;
-  std::int64_t keep_every = 0;
-  int checkpoint_writers_per_host = 1;  // 0: every rank writes its slice
-  bool async_checkpoint = true;
+  CheckpointOptions checkpoint;
   TraceLevel trace = TraceLevel::kStep;
   std::vector<std::string> inject;  // fault specs (culprit/fault_spec.h)
-  OnDetect on_detect = OnDetect::kHalt;
-  bool detect_nonfinite = true;
-  bool comm_check = true;          // fingerprint every reduction message at both ends
-  int spike_window = 20;           // 0: no spike detection
-  double spike_z = 8.0, spike_ratio = 3.0;
-  SpikeAction spike_action = SpikeAction::kWarn;
-  std::int64_t replica_check_every = 1;  // 0: off
-  double spot_check = 0.0;         // fraction of micro-shards recomputed by another rank each step
-  bool check_invariants = true;    // training invariants (docs/detection.md)
-  double collective_timeout = 300;  // seconds a rank waits in a collective before naming the silent rank(s)
+  DetectorOptions detect;
   std::int64_t steps = 20;
   std::int64_t global_batch = 32;
   int micro_shards = 8;
@@ -98,20 +123,10 @@ struct TrainConfig {
   std::int64_t hidden = 64;        // mlp: hidden width
   std::vector<std::int64_t> sample_shape;  // synthetic sample shape; empty: the model's default
   int classes = 0;                 // synthetic classes (vocabulary for gpt); 0: model's default
-  OptimizerKind optimizer = OptimizerKind::kSgd;
-  double lr = 0.1;
-  double momentum = 0.9;
-  bool nesterov = false;
-  double weight_decay = 0.0;
-  double beta1 = 0.9, beta2 = 0.999;
-  double eps = 1e-8;
-  LrSchedule lr_schedule = LrSchedule::kConstant;
-  std::int64_t warmup_steps = 0;
+  OptimizerOptions optim;
   int threads = 1;
   DeviceKind device = DeviceKind::kCpu;  // cuda: one GPU per rank, by local rank
   bool quiet = false;
-  // Whether a detection halts the run: --on-detect halt or diagnose.
-  bool halts() const { return on_detect != OnDetect::kWarn; }
   bool tracing() const { return trace != TraceLevel::kOff; }
 };
 

@@ -3,6 +3,7 @@
 // for people by describe(); no caller reads a description back.
 #pragma once
 #include <cstdint>
+#include <iterator>
 #include <memory>
 #include <string>
 #include <vector>
@@ -12,6 +13,7 @@
 #include "culprit/fingerprint.h"
 #include "culprit/harness.h"
 #include "culprit/mpi_util.h"
+#include "culprit/names.h"
 #include "culprit/records.h"
 #include "culprit/status.h"
 #include "culprit/trace.h"
@@ -29,6 +31,11 @@ std::string float_bits(float v);
 // as loaded, each layer's forward output, the gradients flowing back (backward order), each
 // parameter's gradient, the gradient leaf, the loss.
 enum class ShardWhere { kNone, kInput, kForward, kBackward, kParamGrad, kLeaf, kLoss };
+inline constexpr NameRow<ShardWhere> kShardWhereNames[] = {
+    {ShardWhere::kNone, ""},          {ShardWhere::kInput, "input"},   {ShardWhere::kForward, "forward"},
+    {ShardWhere::kBackward, "backward"}, {ShardWhere::kParamGrad, "param-grad"}, {ShardWhere::kLeaf, "leaf"},
+    {ShardWhere::kLoss, "loss"}};
+constexpr NameTable<ShardWhere> enum_names(ShardWhere) { return {kShardWhereNames, std::size(kShardWhereNames), "place"}; }
 struct ShardDifference {
   ShardWhere where = ShardWhere::kNone;
   std::string name;               // the layer (forward, backward) or parameter (param grad)
@@ -48,6 +55,15 @@ bool same_result(const ShardResult& a, const ShardResult& b);
 
 // Where a step's update first differs from its record.
 enum class UpdateWhere { kNone, kReducedGradient, kParameter, kLoss };
+inline constexpr NameRow<UpdateWhere> kUpdateWhereNames[] = {{UpdateWhere::kNone, ""},
+                                                              {UpdateWhere::kReducedGradient, "reduced-gradient"},
+                                                              {UpdateWhere::kParameter, "parameter"},
+                                                              {UpdateWhere::kLoss, "loss"}};
+constexpr NameTable<UpdateWhere> enum_names(UpdateWhere) {
+  return {kUpdateWhereNames, std::size(kUpdateWhereNames), "place"};
+}
+// The first parameter (state-dict order) whose fingerprint differs; -1: none.
+int first_differing_param(const std::vector<Fingerprint>& got, const std::vector<Fingerprint>& want);
 struct UpdateDifference {
   UpdateWhere where = UpdateWhere::kNone;
   std::string param;  // kParameter

@@ -1,0 +1,95 @@
+#include "record_json.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+
+namespace culprit::records::detail {
+
+namespace fs = std::filesystem;
+
+json header(const char* kind, int version) { return json{{"record", kind}, {"version", version}}; }
+int check_header(const json& j, const char* kind, int version) {
+  if (!j.is_object()) throw std::runtime_error("not a JSON object");
+  if (!j.contains("record") && !j.contains("version")) return 0;
+  const auto got = j.value("record", std::string());
+  if (got != kind) throw std::runtime_error("not a culprit " + std::string(kind) + " record");
+  const int v = j.at("version").get<int>();
+  if (v < 1 || v > version)
+    throw std::runtime_error("version " + std::to_string(v) + "; this culprit reads " + kind + " records up to " +
+                             std::to_string(version));
+  return v;
+}
+
+std::string dump(const json& j, int indent) {
+  return j.dump(indent, ' ', false, json::error_handler_t::replace);
+}
+
+namespace {
+Status io_error(const std::string& what, const std::string& path) {
+  return Status::IoError("cannot " + what + " '" + path + "': " + std::strerror(errno));
+}
+}  // namespace
+
+Status write_file(const std::string& path, const std::string& text, bool atomic) {
+  const std::string target = atomic ? path + ".tmp" : path;
+  const int fd = ::open(target.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) return io_error("write", target);
+  for (std::size_t done = 0; done < text.size();) {
+    const ssize_t n = ::write(fd, text.data() + done, text.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) {
+      const Status st = io_error("write", target);
+      ::close(fd);
+      return st;
+    }
+    done += static_cast<std::size_t>(n);
+  }
+  if (::fsync(fd) != 0) {
+    const Status st = io_error("sync", target);
+    ::close(fd);
+    return st;
+  }
+  if (::close(fd) != 0) return io_error("write", target);
+  if (!atomic) return Status::OK();
+  if (std::rename(target.c_str(), path.c_str()) != 0) return io_error("rename '" + target + "' to", path);
+  const std::string dir = fs::path(path).parent_path().empty() ? "." : fs::path(path).parent_path().string();
+  const int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (dfd < 0) return io_error("sync the directory", dir);
+  const int rc = ::fsync(dfd);
+  ::close(dfd);
+  return rc == 0 ? Status::OK() : io_error("sync the directory", dir);
+}
+
+Status open_record(const std::string& path, std::ifstream* in) {
+  in->open(path);
+  if (*in) return Status::OK();
+  std::error_code ec;
+  if (!fs::exists(path, ec)) return Status::BadInput("'" + path + "' does not exist");
+  return io_error("read", path);
+}
+
+Status field(const json& j, const std::string& name, const char* kind, std::string* out) {
+  if (name == "record" || name == "version" || !j.contains(name)) {
+    std::string valid;
+    for (const auto& [k, v] : j.items())
+      if (k != "record" && k != "version") valid += (valid.empty() ? "" : ", ") + k;
+    return Status::BadInput("a " + std::string(kind) + " record has no field '" + name + "' (valid: " + valid + ")");
+  }
+  const json& v = j.at(name);
+  if (v.is_string()) *out = v.get<std::string>();
+  else if (v.is_null()) out->clear();
+  else if (v.is_array()) {
+    out->clear();
+    for (const auto& e : v) *out += (out->empty() ? "" : ",") + (e.is_string() ? e.get<std::string>() : dump(e, -1));
+  } else {
+    *out = dump(v, -1);
+  }
+  return Status::OK();
+}
+
+}  // namespace culprit::records::detail
