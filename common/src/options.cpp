@@ -122,10 +122,13 @@ std::string help_text(const std::string& title, const std::vector<Row>& rows, bo
 
 // ---- values ----
 
-Status parse_number(const std::string& option, const std::string& text, std::int64_t* out) {
+namespace {
+// The whole text as one number (conv: a std::sto* function), or one line naming the option.
+template <class T, class Conv>
+Status parse_whole(const std::string& option, const std::string& text, const char* kind, Conv conv, T* out) {
   try {
     std::size_t used = 0;
-    const long long v = std::stoll(text, &used);
+    const T v = conv(text, &used);
     if (used == text.size()) {
       *out = v;
       return Status::OK();
@@ -134,38 +137,25 @@ Status parse_number(const std::string& option, const std::string& text, std::int
     return Status::BadInput("option '--" + option + "': " + text + " is out of range");
   } catch (const std::exception&) {
   }
-  return Status::BadInput("option '--" + option + "': '" + text + "' is not an integer");
+  return Status::BadInput("option '--" + option + "': '" + text + "' is not " + kind);
+}
+}  // namespace
+
+Status parse_number(const std::string& option, const std::string& text, std::int64_t* out) {
+  return parse_whole<std::int64_t>(option, text, "an integer",
+                                   [](const std::string& t, std::size_t* n) { return std::stoll(t, n); }, out);
 }
 
 Status parse_number(const std::string& option, const std::string& text, std::uint64_t* out) {
+  // stoull takes "-1" as its wrap-around.
   if (!text.empty() && text[0] == '-') return Status::BadInput("option '--" + option + "' must not be negative");
-  try {
-    std::size_t used = 0;
-    const unsigned long long v = std::stoull(text, &used);
-    if (used == text.size()) {
-      *out = v;
-      return Status::OK();
-    }
-  } catch (const std::out_of_range&) {
-    return Status::BadInput("option '--" + option + "': " + text + " is out of range");
-  } catch (const std::exception&) {
-  }
-  return Status::BadInput("option '--" + option + "': '" + text + "' is not an integer");
+  return parse_whole<std::uint64_t>(option, text, "an integer",
+                                    [](const std::string& t, std::size_t* n) { return std::stoull(t, n); }, out);
 }
 
 Status parse_number(const std::string& option, const std::string& text, double* out) {
-  try {
-    std::size_t used = 0;
-    const double v = std::stod(text, &used);
-    if (used == text.size()) {
-      *out = v;
-      return Status::OK();
-    }
-  } catch (const std::out_of_range&) {
-    return Status::BadInput("option '--" + option + "': " + text + " is out of range");
-  } catch (const std::exception&) {
-  }
-  return Status::BadInput("option '--" + option + "': '" + text + "' is not a number");
+  return parse_whole<double>(option, text, "a number", [](const std::string& t, std::size_t* n) { return std::stod(t, n); },
+                             out);
 }
 
 Status parse_bool(const std::string& option, const std::string& text, bool* out) {
