@@ -3,6 +3,7 @@
 // culprit_bisect.
 #pragma once
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -37,15 +38,31 @@ struct Context {
   replay::RunRecord run;
   std::vector<records::Incident> incidents;
   const records::Incident* first = nullptr;  // into `incidents`; null: no incident
-  std::int64_t end = 0;  // the last step the search replays
+  // The search's plan: from the newest checkpoint before the first incident (or the oldest) to the
+  // end of the trace; then, when nothing was found and it did not start there, from the oldest
+  // checkpoint up to where the first part started. `segment` is the part being searched.
+  int segment = 0;
+  std::int64_t start = 0;         // the step the first part started from
+  std::int64_t oldest = -1;       // the oldest start of a part searched (-1: none yet)
+  std::vector<records::StepRange> examined;  // steps replayed, in order
+  std::int64_t stopped_at = -1;   // a step the search gave up on (its replays kept disagreeing)
+  std::map<std::int64_t, int> redone;  // steps redone after a fault in the bisection's own replay
+
   bool layer = false;    // the trace holds per-layer fingerprints
   int W = 1, M = 1;      // this world; the run's micro-shards
   std::unique_ptr<harness::Engine> engine;
   Schema schema;
   LayerMap map;
   std::string checkpoint;  // where the replay started
+  int round = 0;           // draws of intermittent faults so far: a redone step draws anew
 
   void note(const std::string& line);  // evidence, and a progress line on rank 0
+  // The replay of rank r computed step s wrongly during the bisection (its device is suspect too).
+  void replay_fault(std::int64_t s, int r, const std::string& what);
+  // Step s is redone: its next replay draws intermittent faults anew.
+  void redo(std::int64_t s);
+  // The blamed rank r is not part of this world: its device was not rerun.
+  void note_outside(int r);
   // The first incident names a rank of this world at step s.
   bool incident_names(std::int64_t s) const;
   // Where rank r ran in the original run (its first micro-shard's record).
@@ -55,21 +72,30 @@ struct Context {
 // Where the search stands.
 struct Finding {
   std::int64_t step = -1;       // the faulty step
-  int bad_shard = -1;           // its first differing micro-shard; -1: the update differs
+  std::vector<int> bad_shards;  // its differing micro-shards, in order (empty: the update differs)
+  int bad_shard = -1;           // the one whose record is wrong
   struct Update {               // the update's first difference from any rank's record
     bool reduced = false;       // the reduced gradient differs
     std::string param;          // the first differing parameter ("" none)
     int param_rank = -1;        // whose record holds it
+    int replayed_by = -1;       // the lowest rank whose replay differs from a record
     std::string describe() const;
   } update;
   int blamed = -1;              // the blamed rank
+  std::vector<int> candidates;  // no rank could be blamed: one of these is at fault
   std::optional<Phase> phase;   // --inject's phase
   std::string layer;            // and layer
-  ShardResult reference;        // the faulty computation as recorded (kRerun compares with it)
+  ShardResult reference;        // the faulty computation (as recorded, or as the blamed rank computed it)
+  ShardResult healthy;          // the computation the healthy devices agree on (kRerun compares with it)
 };
 
 // Reads the run, picks the start, opens the rotated engine (bisect.cpp).
 Status open_context(Context* ctx);
+// Opens the engine for the plan's next part; *none: there is none (bisect.cpp).
+Status open_segment(Context* ctx, bool* none);
+// The run's coverage from ctx.examined, with reasons for the steps not examined (report.cpp);
+// `found`: the first faulty step (-1: none).
+records::Coverage coverage(const Context& ctx, std::int64_t found);
 
 // kFindStep (find_step.cpp): replays forward, each micro-shard on another rank than recorded it.
 Status find_step(Context& ctx, Finding* f, Evidence* ev);

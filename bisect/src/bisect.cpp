@@ -17,6 +17,26 @@ void Context::note(const std::string& line) {
   std::fflush(stderr);
 }
 
+void Context::replay_fault(std::int64_t s, int r, const std::string& what) {
+  records::ReplayFault f;
+  f.step = s;
+  f.rank = r;
+  f.what = what;
+  placement(r, &f.host, &f.device);
+  d->replay_faults.push_back(f);
+}
+
+void Context::redo(std::int64_t s) {
+  ++redone[s];
+  round += opt.reruns + 1;  // the redone step draws anew, apart from the reruns' draws
+}
+
+void Context::note_outside(int r) {
+  note("rank " + std::to_string(r) + " is not part of this bisection's " + std::to_string(W) +
+       " ranks: its device was not rerun, so transient and persistent cannot be told apart (bisect with at least " +
+       std::to_string(r + 1) + " ranks to rerun it)");
+}
+
 bool Context::incident_names(std::int64_t s) const {
   return first && first->step == s && first->rank >= 0 && first->rank < W;
 }
@@ -30,6 +50,38 @@ void Context::placement(int r, std::string* host, std::string* device) const {
     }
 }
 
+Status open_segment(Context* ctx, bool* none) {
+  const auto* first = ctx->first;
+  *none = false;
+  ctx->engine.reset();
+  if (ctx->segment == 0) {
+    // The newest valid checkpoint before the first incident; without one, the oldest. Rotated by
+    // one rank: run_step itself recomputes every micro-shard on the rank after the one that
+    // recorded it (same world size), so a replayed step costs one step-time.
+    CULPRIT_RETURN_IF_ERROR(replay::open_engine_before(ctx->run, ctx->comm, first ? first->step : ckpt::kAnyStep,
+                                                       first ? ckpt::Pick::kNewest : ckpt::Pick::kOldest, ctx->layer,
+                                                       /*rotate=*/1, &ctx->engine, &ctx->checkpoint));
+    ctx->start = ctx->engine->step();
+  } else if (ctx->segment == 1 && first) {
+    // Nothing after the incident's checkpoint: the steps before it, from the oldest checkpoint (a
+    // silent fault there can have caused what the incident saw).
+    std::string path;
+    CULPRIT_RETURN_IF_ERROR(replay::open_engine_before(ctx->run, ctx->comm, ckpt::kAnyStep, ckpt::Pick::kOldest,
+                                                       ctx->layer, 1, &ctx->engine, &path));
+    if (ctx->engine->step() >= ctx->start) {
+      ctx->engine.reset();
+      *none = true;
+      return Status::OK();
+    }
+    ctx->note("nothing differs from step " + std::to_string(ctx->start + 1) + " on; searching the steps before, from " + path);
+  } else {
+    *none = true;
+    return Status::OK();
+  }
+  ctx->oldest = ctx->oldest < 0 ? ctx->engine->step() : std::min(ctx->oldest, ctx->engine->step());
+  return Status::OK();
+}
+
 Status open_context(Context* ctx) {
   const Comm& comm = ctx->comm;
   CULPRIT_RETURN_IF_ERROR(replay::load_run(ctx->opt.run_dir, comm, &ctx->run));
@@ -39,17 +91,8 @@ Status open_context(Context* ctx) {
   ctx->W = comm.size;
   ctx->M = ctx->run.cfg.micro_shards;
   ctx->layer = ctx->run.trace.header.level == trace::Level::kLayer;
-  // Where to start: the newest valid checkpoint before the first incident; without one, the oldest.
-  // The search goes one step past the incident: a fault in the optimizer state shows in the
-  // parameters a step later.
-  const auto* first = ctx->first;
-  const std::int64_t last = ctx->run.trace.last_step;
-  ctx->end = first ? std::min(first->step + 1, last) : last;
-  // Rotated by one rank: run_step itself recomputes every micro-shard on the rank after the one that
-  // recorded it (same world size), so a replayed step costs one step-time.
-  CULPRIT_RETURN_IF_ERROR(replay::open_engine_before(ctx->run, comm, first ? first->step : ctx->end,
-                                                     first ? ckpt::Pick::kNewest : ckpt::Pick::kOldest, ctx->layer,
-                                                     /*rotate=*/1, &ctx->engine, &ctx->checkpoint));
+  bool none = false;
+  CULPRIT_RETURN_IF_ERROR(open_segment(ctx, &none));
   ctx->schema = replay::schema_of(*ctx->engine, ctx->run.trace);
   ctx->map.rows = {"input"};
   if (ctx->layer) ctx->map.rows.insert(ctx->map.rows.end(), ctx->schema.layers.begin(), ctx->schema.layers.end());
@@ -71,6 +114,20 @@ Status act(State state, Context& ctx, Finding* f, Evidence* ev) {
   return Status::OK();
 }
 
+// A record the bisection needs is damaged: that is the verdict, never a hardware one. The diagnosis
+// says which record; the damage's own category (exit 4) stands.
+Status damaged_record(Context& ctx, const Status& why) {
+  ctx.d->verdict = Verdict::kDamagedRecord;
+  ctx.note(why.message());
+  Status st;
+  if (ctx.comm.rank == 0) {
+    st = records::write_diagnosis(ctx.opt.run_dir, *ctx.d);
+    print_summary(*ctx.d, ctx.opt.run_dir);
+  }
+  CULPRIT_RETURN_IF_ERROR(agree(ctx.comm, st));
+  return why;
+}
+
 double since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
@@ -81,7 +138,9 @@ Status run(const Options& opt, const Comm& comm, records::Diagnosis* d) {
   const auto t0 = std::chrono::steady_clock::now();
   *d = records::Diagnosis();
   Context ctx(opt, comm, d);
-  CULPRIT_RETURN_IF_ERROR(open_context(&ctx));
+  const Status opened = open_context(&ctx);
+  if (opened.code() == StatusCode::kDamaged) return damaged_record(ctx, opened);
+  CULPRIT_RETURN_IF_ERROR(opened);
   d->startup_seconds = since(t0);
   ctx.note(std::string(ctx.first ? "first incident: step " + std::to_string(ctx.first->step) + " (" +
                                        name_of(ctx.first->detector) + ")"

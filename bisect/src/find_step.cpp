@@ -14,14 +14,14 @@ namespace {
 // One replayed step against the record, on this rank: the first differing micro-shard and the map's
 // rows (input, layers, leaf).
 struct StepCheck {
-  int first_bad;
+  std::vector<int> bad;  // per micro-shard: 1 where it differs
   std::vector<int> rows;
 };
 
 void compare_shard(const Context& ctx, const ShardResult& r, const trace::ShardRow& row, StepCheck* c) {
   const ShardResult want = harness::shard_result(row);
   if (replay::first_difference(r, want, ctx.schema.layers, ctx.schema.params, ctx.schema.layers_recorded))
-    c->first_bad = std::min(c->first_bad, r.shard);
+    c->bad[r.shard] = 1;
   c->rows[0] |= r.input_fp != want.input_fp;
   for (std::size_t i = 0; ctx.layer && i < ctx.schema.layers.size() && i < r.fwd.size() && i < want.fwd.size(); ++i)
     c->rows[1 + i] |= r.fwd[i] != want.fwd[i] || r.bwd[i] != want.bwd[i];
@@ -38,7 +38,7 @@ Status replay_returned_shards(Context& ctx, std::int64_t t, StepCheck* c) {
     const int rr = it->second.rank;
     if (harness::Engine::replay_rank(k, ctx.M, ctx.W, 1) != rr || (rr + 1) % ctx.W != ctx.comm.rank) continue;
     ShardResult r;
-    CULPRIT_RETURN_IF_ERROR(ctx.engine->compute_shard(k, 0, &r));
+    CULPRIT_RETURN_IF_ERROR(ctx.engine->compute_shard(k, ctx.round, &r));
     compare_shard(ctx, r, it->second, c);
   }
   return Status::OK();
@@ -48,7 +48,7 @@ Status replay_returned_shards(Context& ctx, std::int64_t t, StepCheck* c) {
 Status replay_shards(Context& ctx, std::int64_t t, StepCheck* c, StepResult* sr) {
   const auto& shards = ctx.run.trace.shards;
   CULPRIT_RETURN_IF_ERROR(agree(ctx.comm, replay_returned_shards(ctx, t, c)));
-  CULPRIT_RETURN_IF_ERROR(ctx.engine->run_step(sr));
+  CULPRIT_RETURN_IF_ERROR(ctx.engine->run_step(sr, ctx.round));
   for (const auto& r : sr->shards) {
     auto it = shards.find({t, r.shard});
     if (it != shards.end() && it->second.rank != ctx.comm.rank) compare_shard(ctx, r, it->second, c);
@@ -83,6 +83,7 @@ Finding::Update compare_update(const Context& ctx, std::int64_t t, const StepRes
   u.reduced = reduced != 0;
   u.param_rank = param_rank;
   u.param = broadcast_string(ctx.comm, u.param, from);
+  u.replayed_by = from;
   return u;
 }
 
@@ -90,7 +91,7 @@ Finding::Update compare_update(const Context& ctx, std::int64_t t, const StepRes
 void nothing_differs(Context& ctx, Finding* f, Evidence* ev) {
   std::int64_t bad = -1;
   for (const auto& [key, row] : ctx.run.trace.steps)
-    if (key.second <= ctx.end && !std::isfinite(row.loss) && (bad < 0 || key.second < bad)) bad = key.second;
+    if (!std::isfinite(row.loss) && (bad < 0 || key.second < bad)) bad = key.second;
   const auto* first = ctx.first;
   if (bad < 0 && first && (first->detector == Detector::kNonfinite || first->detector == Detector::kSpike))
     bad = first->step;
@@ -115,34 +116,89 @@ std::string Finding::Update::describe() const {
   return out;
 }
 
-Status find_step(Context& ctx, Finding* f, Evidence* ev) {
-  while (ctx.engine->step() < ctx.end) {
-    const std::int64_t t = ctx.engine->step() + 1;
-    CULPRIT_RETURN_IF_ERROR(agree(ctx.comm, ctx.engine->mark()));
-    StepCheck c{ctx.M, std::vector<int>(ctx.map.rows.size(), 0)};
-    StepResult sr;
-    CULPRIT_RETURN_IF_ERROR(replay_shards(ctx, t, &c, &sr));
-    int fb = ctx.M;
-    CULPRIT_MPI_CHECK(MPI_Allreduce(&c.first_bad, &fb, 1, MPI_INT, MPI_MIN, ctx.comm.comm));
-    ++ctx.d->steps_replayed;
-    const Finding::Update u = compare_update(ctx, t, sr);
-    const bool update_differs = u.reduced || !u.param.empty();
-    c.rows.back() = update_differs;
-    CULPRIT_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, c.rows.data(), static_cast<int>(c.rows.size()), MPI_INT, MPI_MAX,
-                                    ctx.comm.comm));
+namespace {
+
+void examined(Context& ctx, std::int64_t t) {
+  auto& e = ctx.examined;
+  if (!e.empty() && e.back().to + 1 == t) e.back().to = t;
+  else if (e.empty() || e.back().to != t) e.push_back({t, t, ""});
+}
+
+// Replays step t against the record; true when it does not reproduce (*f then holds where).
+Status check_step(Context& ctx, std::int64_t t, Finding* f, bool* differs) {
+  CULPRIT_RETURN_IF_ERROR(agree(ctx.comm, ctx.engine->mark()));
+  StepCheck c{std::vector<int>(ctx.M, 0), std::vector<int>(ctx.map.rows.size(), 0)};
+  StepResult sr;
+  CULPRIT_RETURN_IF_ERROR(replay_shards(ctx, t, &c, &sr));
+  CULPRIT_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, c.bad.data(), ctx.M, MPI_INT, MPI_MAX, ctx.comm.comm));
+  std::vector<int> bad;
+  for (int k = 0; k < ctx.M; ++k)
+    if (c.bad[k]) bad.push_back(k);
+  ++ctx.d->steps_replayed;
+  examined(ctx, t);
+  const Finding::Update u = compare_update(ctx, t, sr);
+  const bool update_differs = u.reduced || !u.param.empty();
+  c.rows.back() = update_differs;
+  CULPRIT_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, c.rows.data(), static_cast<int>(c.rows.size()), MPI_INT, MPI_MAX,
+                                  ctx.comm.comm));
+  // A step redone after a fault in the bisection's own replay replaces its row of the map.
+  if (!ctx.map.steps.empty() && ctx.map.steps.back() == t) {
+    ctx.map.cells.back() = c.rows;
+  } else {
     ctx.map.steps.push_back(t);
     ctx.map.cells.push_back(c.rows);
-    if (fb < ctx.M || update_differs) {
-      f->step = t;
-      f->bad_shard = fb < ctx.M ? fb : -1;
-      f->update = u;
-      ev->step_found = true;
-      ctx.note("step " + std::to_string(t) + " does not reproduce: " +
-               (fb < ctx.M ? "micro-shard " + std::to_string(fb) + " differs" : "its update differs (" + u.describe() + ")"));
-      return agree(ctx.comm, ctx.engine->rewind());
+  }
+  *differs = !bad.empty() || update_differs;
+  if (!*differs) return Status::OK();
+  f->step = t;
+  f->bad_shards = bad;
+  f->bad_shard = bad.empty() ? -1 : bad[0];
+  f->update = u;
+  std::string which;
+  for (int k : bad) which += (which.empty() ? "" : ", ") + std::to_string(k);
+  ctx.note("step " + std::to_string(t) + " does not reproduce: " +
+           (!bad.empty() ? "micro-shard(s) " + which + " differ" : "its update differs (" + u.describe() + ")"));
+  return agree(ctx.comm, ctx.engine->rewind());
+}
+
+// How often the bisection's own replay of one step may be found faulty before the step is given up.
+constexpr int kMaxRedos = 8;
+
+int redos(const Context& ctx, std::int64_t t) {
+  auto it = ctx.redone.find(t);
+  return it == ctx.redone.end() ? 0 : it->second;
+}
+
+}  // namespace
+
+Status find_step(Context& ctx, Finding* f, Evidence* ev) {
+  const std::int64_t last = ctx.run.trace.last_step;
+  for (;;) {
+    // The first part runs to the end of the trace; the second up to where the first started.
+    const std::int64_t to = ctx.segment == 0 ? last : ctx.start;
+    while (ctx.engine->step() < to) {
+      const std::int64_t t = ctx.engine->step() + 1;
+      if (redos(ctx, t) > kMaxRedos) {
+        ctx.note("step " + std::to_string(t) + ": the bisection's own replays disagreed " + std::to_string(redos(ctx, t)) +
+                 " times; the search stops there");
+        ctx.stopped_at = t;
+        break;
+      }
+      bool differs = false;
+      CULPRIT_RETURN_IF_ERROR(check_step(ctx, t, f, &differs));
+      if (differs) {
+        ev->step_found = true;
+        return Status::OK();
+      }
     }
+    if (ctx.stopped_at >= 0) break;
+    ++ctx.segment;
+    bool none = false;
+    CULPRIT_RETURN_IF_ERROR(open_segment(&ctx, &none));
+    if (none) break;
   }
   nothing_differs(ctx, f, ev);
+  ev->unexamined = !coverage(ctx, -1).not_examined.empty();
   return Status::OK();
 }
 

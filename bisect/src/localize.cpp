@@ -4,6 +4,7 @@
 #include <cstring>
 
 #include "actions.h"
+#include "opinions.h"
 
 namespace culprit::bisect {
 
@@ -40,23 +41,16 @@ std::vector<ShardResult> allgather(const Comm& comm, const ShardResult& mine, st
   return out;
 }
 
-// The replays grouped by equal results, and the largest group (the first of equal size).
-struct Groups {
-  std::vector<std::vector<int>> members;
-  std::size_t major = 0;
-};
-Groups group(const std::vector<ShardResult>& all) {
-  Groups g;
-  for (int r = 0; r < static_cast<int>(all.size()); ++r) {
-    bool placed = false;
-    for (auto& m : g.members)
-      if (!placed && same_result(all[m[0]], all[r])) m.push_back(r), placed = true;
-    if (!placed) g.members.push_back({r});
+// Value ids for opinions.h: equal ids for bitwise equal results.
+struct Values {
+  std::vector<ShardResult> distinct;
+  int id(const ShardResult& r) {
+    for (std::size_t i = 0; i < distinct.size(); ++i)
+      if (same_result(distinct[i], r)) return static_cast<int>(i);
+    distinct.push_back(r);
+    return static_cast<int>(distinct.size()) - 1;
   }
-  for (std::size_t i = 1; i < g.members.size(); ++i)
-    if (g.members[i].size() > g.members[g.major].size()) g.major = i;
-  return g;
-}
+};
 
 // Where `got` first differs from `want`: the phase (grad when only the leaf or loss differ) and layer.
 void place(const Context& ctx, const ShardResult& got, const ShardResult& want, Finding* f, Evidence* ev) {
@@ -66,89 +60,156 @@ void place(const Context& ctx, const ShardResult& got, const ShardResult& want, 
   ev->input_differs = f->phase == Phase::kData;
 }
 
-// The differing micro-shard, recomputed on every rank: the record and the replays, compared.
-Status localize_shard(Context& ctx, Finding* f, Evidence* ev) {
-  const int k = f->bad_shard, W = ctx.W;
-  const trace::ShardRow& row = ctx.run.trace.shards.at({f->step, k});
+std::string rank_list(const std::vector<int>& ranks) {
+  std::string out;
+  for (int r : ranks) out += (out.empty() ? "" : ", ") + std::to_string(r);
+  return out;
+}
+
+// Every differing micro-shard's record was healthy: the search's own replay computed them wrongly,
+// on the ranks that replayed them then and on any rank whose recomputation differs now. Each is
+// noted as suspect; the step is redone.
+void replay_faulted(Context& ctx, std::int64_t step, const std::vector<int>& suspects, Evidence* ev) {
+  for (int r : suspects) ctx.replay_fault(step, r, "computed a micro-shard of this step unlike its record and the other ranks");
+  ctx.redo(step);
+  ev->replay_fault = true;
+  ctx.note("step " + std::to_string(step) + ": every differing micro-shard's record agrees with the other ranks; rank(s) " +
+           rank_list(suspects) + " computed them wrongly during this bisection (suspect); the step is redone");
+}
+
+// One micro-shard's opinions: the record and every rank's recomputation, settled by opinions.h
+// (never by rank order). Collective.
+struct ShardVote {
+  Values v;
+  Opinions o;
+  Settlement s;
+  std::vector<ShardResult> all;  // every rank's first recomputation
+  const trace::ShardRow* row = nullptr;
+};
+Status vote_shard(Context& ctx, std::int64_t step, int k, ShardVote* out) {
+  out->row = &ctx.run.trace.shards.at({step, k});
+  const std::size_t nl = ctx.layer ? ctx.schema.layers.size() : 0, np = ctx.layer ? ctx.schema.params.size() : 0;
   ShardResult mine;
-  CULPRIT_RETURN_IF_ERROR(agree(ctx.comm, ctx.engine->compute_shard(k, 0, &mine)));
+  CULPRIT_RETURN_IF_ERROR(agree(ctx.comm, ctx.engine->compute_shard(k, ctx.round, &mine)));
   mine.rank = ctx.comm.rank;
-  const auto all = allgather(ctx.comm, mine, ctx.layer ? ctx.schema.layers.size() : 0,
-                             ctx.layer ? ctx.schema.params.size() : 0);
-  f->reference = harness::shard_result(row);
-  const Groups g = group(all);
-  const ShardResult& good = all[g.members[g.major][0]];
-  const int orig = row.rank;
-  const bool named = ctx.incident_names(f->step);
-  const std::string K = "micro-shard " + std::to_string(k);
-  if (g.members.size() == 1) {
-    // Every replay agrees, and not with the record: the recording rank was wrong there.
-    f->blamed = orig;
-    ctx.note(K + ": every replay agrees with the others and not with the record of rank " + std::to_string(orig));
-  } else if (W == 2 && g.members.size() == 2 && orig < W && same_result(all[orig], f->reference) && !named) {
-    // Two ranks, each reproducing its own result: the recording rank its record, the other something
-    // else. Either the recording rank is persistently faulty or the other one is; two opinions
-    // cannot tell which (an online incident naming a rank would).
-    ev->ambiguous_pair = true;
-    const int other = 1 - orig;
-    place(ctx, all[orig], all[other], f, ev);
-    ctx.note(K + ": rank " + std::to_string(orig) + " reproduces its record, rank " + std::to_string(other) +
-             " computes it differently (" + name_of(*f->phase) + (f->layer.empty() ? "" : " of " + f->layer) +
-             "): a persistent fault on one of ranks 0 and 1; bisect with 3 or more ranks to tell which");
-    return Status::OK();
-  } else if (g.members.size() == 2 && (g.members[g.major].size() >= 2 || W == 2)) {
-    // One rank is the odd one out (with two: the recording one, or the one an incident named).
-    const auto& odd = g.members[1 - g.major];
-    const int x = W == 2 ? (named ? ctx.first->rank : orig) : odd[0];
-    const bool x_is_record = same_result(all[x], f->reference);
-    if (odd.size() == 1 || W == 2) {
-      f->blamed = x;
-      if (!x_is_record) f->reference = all[x];
-      ctx.note(K + ": rank " + std::to_string(x) +
-               (x_is_record ? " reproduces the record; the other ranks agree among themselves"
-                            : "'s replay differs from the other ranks'"));
-    } else {
-      ev->healthy_disagree = true;
-    }
-  } else {
-    ev->healthy_disagree = true;
-    ctx.note(K + ": the replays on " + std::to_string(W) + " ranks fall into " + std::to_string(g.members.size()) +
-             " groups");
+  out->all = allgather(ctx.comm, mine, nl, np);
+  out->o.records = {{out->row->rank, out->v.id(harness::shard_result(*out->row))}};
+  for (const auto& r : out->all) out->o.replay.push_back(out->v.id(r));
+  out->s = settle(out->o);
+  if (out->s.healthy >= 0) return Status::OK();
+  // Before calling it a tie: every rank recomputes it again. A device that contradicts itself is
+  // faulty (an intermittent fault draws anew), and with that the tie may be settled.
+  for (int i = 1; i <= ctx.opt.reruns; ++i) {
+    ShardResult again;
+    CULPRIT_RETURN_IF_ERROR(agree(ctx.comm, ctx.engine->compute_shard(k, ctx.round + i, &again)));
+    again.rank = ctx.comm.rank;
+    const auto each = allgather(ctx.comm, again, nl, np);
+    for (int r = 0; r < ctx.W; ++r) out->o.more.push_back({r, out->v.id(each[r])});
   }
-  if (f->blamed >= 0) {
-    ev->blamed = true;
-    ev->rerunnable = true;
-    place(ctx, f->reference, good, f, ev);
-  }
+  out->s = settle(out->o);
   return Status::OK();
 }
 
-// Every rank's replayed parameters, on every rank; the healthy update is the one most ranks
-// replayed (a fault at rest may reappear on its own rank; a tie goes away from the rank an
-// incident at this step names).
-struct Updates {
-  std::vector<std::uint64_t> all;
-  std::size_t np = 0;
-  int good = -1;
-  bool odd_now = false;  // some rank's replay differs from the healthy one
-  const std::uint64_t* of(int r) const { return all.data() + static_cast<std::size_t>(r) * np; }
-};
-Updates gather_updates(const Context& ctx, const StepResult& sr, int suspect) {
-  Updates u;
-  u.np = sr.param_fps.size();
-  const int W = ctx.W;
-  u.all.resize(u.np * W);
-  std::vector<std::uint64_t> mine(sr.param_fps.begin(), sr.param_fps.end());
-  CULPRIT_MPI_CHECK(MPI_Allgather(mine.data(), static_cast<int>(u.np), MPI_UINT64_T, u.all.data(),
-                                  static_cast<int>(u.np), MPI_UINT64_T, ctx.comm.comm));
-  auto same = [&](int a, int b) { return std::equal(u.of(a), u.of(a) + u.np, u.of(b)); };
-  int best = 0;
-  for (int r = 0; r < W; ++r) {
-    int votes = 0;
-    for (int q = 0; q < W; ++q) votes += same(r, q);
-    if (votes > best || (votes == best && u.good == suspect)) u.good = r, best = votes;
+// A micro-shard whose record is not the healthy result, or for which none could be told: who is
+// blamed, and where the fault first shows.
+void judge_shard(Context& ctx, const ShardVote& sv, Finding* f, Evidence* ev) {
+  const auto& s = sv.s;
+  const auto& row = *sv.row;
+  const auto& all = sv.all;
+  const std::string K = "micro-shard " + std::to_string(f->bad_shard);
+  f->reference = sv.v.distinct[sv.o.records[0].value];
+  if (s.healthy < 0) {
+    // No healthy value. An online incident naming a rank at this step is the one more opinion.
+    if (ctx.incident_names(f->step) && s.ambiguous) {
+      f->blamed = ctx.first->rank;
+      f->healthy = all[1 - f->blamed];
+      f->reference = all[f->blamed];
+      ctx.note(K + ": ranks 0 and 1 each reproduce their own result; the " + name_of(ctx.first->detector) +
+               " incident of this step names rank " + std::to_string(f->blamed));
+    } else {
+      ev->ambiguous_pair = s.ambiguous;
+      ev->healthy_disagree = s.disagree;
+      f->candidates = s.candidates;
+      const int other = s.candidates[0] == row.rank ? s.candidates.back() : s.candidates[0];
+      place(ctx, f->reference, all[std::min(other, ctx.W - 1)], f, ev);
+      ctx.note(K + (s.ambiguous ? ": ranks " + rank_list(s.candidates) +
+                                      " each reproduce their own result, rerun after rerun: one of them is persistently "
+                                      "faulty, and two opinions cannot tell which (bisect with 3 or more ranks, or screen "
+                                      "both)"
+                                : ": the record and the replays on " + std::to_string(ctx.W) +
+                                      " ranks give no result two devices agree on (ranks " + rank_list(s.candidates) + ")"));
+      return;
+    }
+  } else {
+    f->blamed = row.rank;
+    f->healthy = sv.v.distinct[s.healthy];
+    for (int r : s.wrong_now)
+      if (r != row.rank) ctx.replay_fault(f->step, r, "recomputed " + K + " unlike the healthy result");
+    ctx.note(K + ": the healthy result (" + std::to_string(ctx.W) + " rank(s) replaying) differs from the record of rank " +
+             std::to_string(row.rank) +
+             (row.rank < ctx.W && sv.o.replay[row.rank] == sv.o.records[0].value ? ", whose replay reproduces it" : ""));
   }
-  for (int r = 0; r < W; ++r) u.odd_now = u.odd_now || !same(r, u.good);
+  ev->blamed = true;
+  ev->rerunnable = true;
+  ev->outside = f->blamed >= ctx.W;
+  if (ev->outside) ctx.note_outside(f->blamed);
+  place(ctx, f->reference, f->healthy, f, ev);
+}
+
+// The differing micro-shards in order: the first whose record is wrong is the fault; a differing
+// one whose record is healthy was the search's own replay's fault.
+Status localize_shard(Context& ctx, Finding* f, Evidence* ev) {
+  std::vector<int> suspects;
+  for (int k : f->bad_shards) {
+    ShardVote sv;
+    CULPRIT_RETURN_IF_ERROR(vote_shard(ctx, f->step, k, &sv));
+    if (sv.s.healthy >= 0 && sv.s.wrong_records.empty()) {
+      suspects.push_back(harness::Engine::replay_rank(k, ctx.M, ctx.W, 1));
+      suspects.insert(suspects.end(), sv.s.wrong_now.begin(), sv.s.wrong_now.end());
+      continue;
+    }
+    for (int r : suspects) ctx.replay_fault(f->step, r, "computed a micro-shard of this step unlike its record and the other ranks");
+    f->bad_shard = k;
+    judge_shard(ctx, sv, f, ev);
+    return Status::OK();
+  }
+  std::sort(suspects.begin(), suspects.end());
+  suspects.erase(std::unique(suspects.begin(), suspects.end()), suspects.end());
+  replay_faulted(ctx, f->step, suspects, ev);
+  return Status::OK();
+}
+
+// Every rank's replayed parameters after the step, on every rank.
+std::vector<std::vector<Fingerprint>> gather_updates(const Context& ctx, const StepResult& sr) {
+  const std::size_t np = sr.param_fps.size();
+  std::vector<std::uint64_t> mine(sr.param_fps.begin(), sr.param_fps.end()), all(np * ctx.W);
+  CULPRIT_MPI_CHECK(MPI_Allgather(mine.data(), static_cast<int>(np), MPI_UINT64_T, all.data(), static_cast<int>(np),
+                                  MPI_UINT64_T, ctx.comm.comm));
+  std::vector<std::vector<Fingerprint>> out(ctx.W);
+  for (int r = 0; r < ctx.W; ++r) out[r].assign(all.begin() + r * np, all.begin() + (r + 1) * np);
+  return out;
+}
+
+// The update's opinions: every rank's record of the parameters after step s and every rank's replay.
+struct UpdateVote {
+  std::vector<std::vector<Fingerprint>> distinct;
+  Opinions o;
+  Settlement s;
+  int id(const std::vector<Fingerprint>& v) {
+    for (std::size_t i = 0; i < distinct.size(); ++i)
+      if (distinct[i] == v) return static_cast<int>(i);
+    distinct.push_back(v);
+    return static_cast<int>(distinct.size()) - 1;
+  }
+};
+UpdateVote vote_update(const Context& ctx, std::int64_t s, const StepResult& sr) {
+  UpdateVote u;
+  for (const auto& p : gather_updates(ctx, sr)) u.o.replay.push_back(u.id(p));
+  for (int r : ctx.run.trace.ranks) {
+    auto it = ctx.run.trace.steps.find({r, s});
+    if (it != ctx.run.trace.steps.end()) u.o.records.push_back({r, u.id(it->second.param_fps)});
+  }
+  u.s = settle(u.o);
   return u;
 }
 
@@ -161,54 +222,66 @@ Status localize_update(Context& ctx, Finding* f, Evidence* ev) {
   StepResult sr;
   CULPRIT_RETURN_IF_ERROR(agree(ctx.comm, ctx.engine->set_rotation(0)));
   CULPRIT_RETURN_IF_ERROR(agree(ctx.comm, ctx.engine->mark()));
-  CULPRIT_RETURN_IF_ERROR(ctx.engine->run_step(&sr));
-  const int suspect = first && first->step >= s - 1 && first->rank >= 0 ? first->rank : -1;
-  const Updates u = gather_updates(ctx, sr, suspect);
-  // Ranks whose recorded parameters after the step differ from the healthy replayed update.
-  std::vector<int> differ;
+  CULPRIT_RETURN_IF_ERROR(ctx.engine->run_step(&sr, ctx.round));
+  UpdateVote u = vote_update(ctx, s, sr);
   std::string first_param;
-  for (int r : rec.ranks) {
-    auto it = rec.steps.find({r, s});
-    if (it == rec.steps.end()) continue;
-    const std::vector<Fingerprint> healthy(u.of(u.good), u.of(u.good) + u.np);
-    const int i = replay::first_differing_param(healthy, it->second.param_fps);
-    if (i < 0 || static_cast<std::size_t>(i) >= ctx.schema.params.size()) continue;
-    differ.push_back(r);
-    if (first_param.empty()) first_param = ctx.schema.params[i];
-  }
+  if (u.s.healthy >= 0)
+    for (int r : u.s.wrong_records) {
+      const int i = replay::first_differing_param(u.distinct[u.s.healthy], rec.steps.at({r, s}).param_fps);
+      if (first_param.empty() && i >= 0 && static_cast<std::size_t>(i) < ctx.schema.params.size()) first_param = ctx.schema.params[i];
+    }
   // A reduction fault: the replay's comm check sees a message change on its way (the link's fault
   // reappeared), or the reduced gradient differs from the record.
   const bool comm_now = !sr.comm_faults.empty();
   const bool reduced = comm_now || (rec.steps.count({rec.ranks[0], s}) && rec.steps.at({rec.ranks[0], s}).grad_fp != sr.grad_fp);
   int odd_rank = -1;
+  bool reproduced = false;
   if (reduced) {
     // The replay's own comm check names a sender whose fault reappeared; otherwise the online comm
     // check's incident does.
     f->phase = Phase::kComm;
     odd_rank = comm_now ? sr.comm_faults[0].first
                : first && first->step == s && first->detector == Detector::kComm ? first->rank : -1;
-  } else if (differ.size() == 1) {
+    reproduced = comm_now;
+  } else if (u.s.healthy >= 0 && u.s.wrong_records.empty()) {
+    // Every record is healthy: the search's replay of this update was wrong.
+    const int then = f->update.replayed_by;
+    std::vector<int> suspects = u.s.wrong_now;
+    if (then >= 0 && std::find(suspects.begin(), suspects.end(), then) == suspects.end()) suspects.push_back(then);
+    for (int r : suspects) ctx.replay_fault(s, r, "replayed the update of step " + std::to_string(s) + " unlike the records");
+    ctx.redo(s);
+    ev->replay_fault = true;
+    ctx.note("the update of step " + std::to_string(s) + " agrees with every record when replayed again; rank(s) " +
+             rank_list(suspects) + " replayed it wrongly during this bisection (suspect); the step is redone");
+    CULPRIT_RETURN_IF_ERROR(agree(ctx.comm, ctx.engine->rewind()));
+    return agree(ctx.comm, ctx.engine->set_rotation(1));
+  } else if (u.s.healthy >= 0 && u.s.wrong_records.size() == 1) {
     // The replica check said which state differed first: the optimizer's shows a step late in the parameters.
-    const bool opt_state = first && first->what == Subject::kOptimizerState && first->rank == differ[0];
+    odd_rank = u.s.wrong_records[0];
+    const bool named = first && (first->rank == odd_rank || (first->rank < 0 && std::find(first->ranks.begin(), first->ranks.end(), odd_rank) != first->ranks.end()));
+    const bool opt_state = named && first->what == Subject::kOptimizerState;
     f->phase = opt_state ? Phase::kOptimizer : Phase::kParam;
-    odd_rank = differ[0];
     if (opt_state && first->step > 0) f->step = first->step;
-  } else if (first && first->rank >= 0) {
-    odd_rank = first->rank;
+    reproduced = odd_rank < ctx.W && u.o.replay[odd_rank] != u.s.healthy;
+  } else {
     f->phase = Phase::kParam;
+    f->candidates = u.s.healthy >= 0 ? u.s.wrong_records : u.s.candidates;
+    ev->ambiguous_pair = u.s.ambiguous;
+    ev->healthy_disagree = !u.s.ambiguous;
   }
   const std::string& param = first_param.empty() ? f->update.param : first_param;
   f->layer = param.substr(0, param.rfind('.') == std::string::npos ? param.size() : param.rfind('.'));
-  const bool reproduced = reduced ? comm_now : u.odd_now;
   ev->update_reproduced = reproduced;
-  ctx.d->reruns = 1;
+  ctx.d->reruns = odd_rank >= ctx.W ? 0 : 1;  // the update's replay on its rank, when it has one here
   ctx.d->reproduced = reproduced;
   ctx.note("step " + std::to_string(f->step) + ": the micro-shards reproduce, the update does not (" +
            f->update.describe() + "): phase " + (f->phase ? name_of(*f->phase) : "") +
-           (odd_rank >= 0 ? ", rank " + std::to_string(odd_rank) : ""));
+           (odd_rank >= 0 ? ", rank " + std::to_string(odd_rank) : "") +
+           (!f->candidates.empty() ? ", one of ranks " + rank_list(f->candidates) : ""));
   f->blamed = odd_rank;
   ev->blamed = odd_rank >= 0;
-  ev->healthy_disagree = odd_rank < 0 && !reduced;
+  ev->outside = odd_rank >= ctx.W;
+  if (ev->outside) ctx.note_outside(odd_rank);
   return Status::OK();
 }
 
@@ -219,28 +292,24 @@ Status localize(Context& ctx, Finding* f, Evidence* ev) {
 }
 
 Status rerun(Context& ctx, Finding* f, Evidence* ev) {
-  // The blamed rank recomputes the micro-shard again and again (intermittent faults draw anew).
-  const int W = ctx.W, reruns = ctx.opt.reruns;
-  if (f->blamed >= W)
-    ctx.note("rank " + std::to_string(f->blamed) + " is not part of this bisection's " + std::to_string(W) +
-             " ranks and cannot rerun; with at least " + std::to_string(f->blamed + 1) +
-             " ranks the reruns tell persistent from transient");
+  // The blamed rank recomputes the micro-shard again and again (intermittent faults draw anew). A
+  // rerun reproduces the fault when it differs from the healthy result, whatever its wrong value.
+  const int reruns = ctx.opt.reruns;
   int reproduced = 0;
   Status st;
   for (int i = 1; i <= reruns && ctx.comm.rank == f->blamed && st.ok(); ++i) {
     ShardResult r;
-    st = ctx.engine->compute_shard(f->bad_shard, i, &r);
-    if (st.ok() && same_result(r, f->reference)) ++reproduced;
+    st = ctx.engine->compute_shard(f->bad_shard, ctx.round + i, &r);
+    if (st.ok() && !same_result(r, f->healthy)) ++reproduced;
   }
   CULPRIT_RETURN_IF_ERROR(agree(ctx.comm, st));
   int total = 0;
   CULPRIT_MPI_CHECK(MPI_Allreduce(&reproduced, &total, 1, MPI_INT, MPI_SUM, ctx.comm.comm));
   ev->reproduced = total;
-  ctx.d->reruns = f->blamed < W ? reruns : 0;
+  ctx.d->reruns = reruns;
   ctx.d->reproduced = total;
-  if (f->blamed < W)
-    ctx.note("rank " + std::to_string(f->blamed) + " recomputed micro-shard " + std::to_string(f->bad_shard) + " " +
-             std::to_string(reruns) + " times: the fault reproduced " + std::to_string(total) + " time(s)");
+  ctx.note("rank " + std::to_string(f->blamed) + " recomputed micro-shard " + std::to_string(f->bad_shard) + " " +
+           std::to_string(reruns) + " times: " + std::to_string(total) + " differ from the healthy result");
   return Status::OK();
 }
 

@@ -7,11 +7,13 @@ Transition next(State s, const Evidence& e) {
     case State::kFindStep:
       if (e.step_found) return {State::kLocalize, Verdict::kNone};
       if (e.nonfinite_reproduced) return {State::kDone, Verdict::kNumericalInstability};
-      return {State::kDone, Verdict::kNone};
+      return {State::kDone, e.unexamined ? Verdict::kInconclusive : Verdict::kNone};
     case State::kLocalize:
+      if (e.replay_fault) return {State::kFindStep, Verdict::kNone};
       if (e.input_differs) return {State::kDone, Verdict::kData};
       if (e.ambiguous_pair) return {State::kDone, Verdict::kHardwarePersistent};
       if (e.healthy_disagree) return {State::kDone, Verdict::kSoftwareNondeterminism};
+      if (e.blamed && e.outside) return {State::kDone, Verdict::kHardwareUnconfirmed};
       if (e.blamed && e.rerunnable) return {State::kRerun, Verdict::kNone};
       if (e.blamed) return {State::kDone, e.update_reproduced ? Verdict::kHardwarePersistent : Verdict::kHardwareTransient};
       return {State::kDone, Verdict::kSoftwareNondeterminism};

@@ -25,10 +25,14 @@ struct Evidence {
   // kFindStep
   bool step_found = false;            // a step whose replay disagrees with the trace
   bool nonfinite_reproduced = false;  // none did, and a recorded NaN/Inf or spike reproduced bitwise
+  bool unexamined = false;            // none did, but part of the run could not be replayed
   // kLocalize
+  bool replay_fault = false;          // every rank's recomputation agrees with the record: the
+                                      // search's own replay computed wrongly (redo the step)
   bool input_differs = false;         // the micro-shard's input as loaded differs from the record
   bool blamed = false;                // one rank explains the difference
   bool healthy_disagree = false;      // replays on healthy ranks disagree among themselves
+  bool outside = false;               // the blamed rank is not part of this world: never rerun
   bool rerunnable = false;            // the blamed computation is a micro-shard (else: the update)
   bool update_reproduced = false;     // the update's fault reappeared on its rank in the replay
   bool ambiguous_pair = false;        // two ranks, each reproducing its own result: one of them is

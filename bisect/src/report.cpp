@@ -132,8 +132,39 @@ Status write_page(const std::string& run_dir, const Diagnosis& d, const trace::R
 
 }  // namespace
 
+records::Coverage coverage(const Context& ctx, std::int64_t found) {
+  records::Coverage c;
+  c.first_step = ctx.run.trace.first_step;
+  c.last_step = ctx.run.trace.last_step;
+  auto ex = ctx.examined;
+  std::sort(ex.begin(), ex.end(), [](const auto& a, const auto& b) { return a.from < b.from; });
+  for (const auto& r : ex) {
+    if (!c.examined.empty() && c.examined.back().to + 1 >= r.from) c.examined.back().to = std::max(c.examined.back().to, r.to);
+    else c.examined.push_back(r);
+  }
+  // The gaps, each with its reason.
+  auto why = [&](std::int64_t from) -> std::string {
+    if (found >= 0 && from > found) return "after the faulty step " + std::to_string(found) + ": the search stops at the first";
+    if (ctx.stopped_at >= 0 && from >= ctx.stopped_at) return "the bisection's own replays of step " + std::to_string(ctx.stopped_at) + " kept disagreeing";
+    if (ctx.oldest >= 0 && from <= ctx.oldest)
+      return "no valid checkpoint before step " + std::to_string(ctx.oldest + 1) + " to replay from";
+    return "not replayed";
+  };
+  std::int64_t next = c.first_step;
+  for (const auto& r : c.examined) {
+    if (r.from > next) c.not_examined.push_back({next, r.from - 1, why(next)});
+    next = std::max(next, r.to + 1);
+  }
+  if (next <= c.last_step) c.not_examined.push_back({next, c.last_step, why(next)});
+  // Steps after the faulty one are not needed for the verdict; they stay listed, but only the others
+  // make a search without a finding inconclusive.
+  return c;
+}
+
 void conclude(const Context& ctx, const Finding& f, Verdict v, Diagnosis* d) {
   d->verdict = v;
+  d->coverage = coverage(ctx, v == Verdict::kNone || v == Verdict::kInconclusive ? -1 : f.step);
+  d->candidates = f.candidates;
   if (v != Verdict::kNone) d->step = f.step;
   if (is_hardware(v) || v == Verdict::kData) {
     d->rank = f.blamed;
@@ -156,8 +187,22 @@ void print_summary(const Diagnosis& d, const std::string& run_dir) {
   if (d.step >= 0) std::printf("step:    %lld\n", static_cast<long long>(d.step));
   if (d.phase) std::printf("phase:   %s\n", name_of(*d.phase));
   if (!d.layer.empty()) std::printf("layer:   %s\n", d.layer.c_str());
+  if (d.sample >= 0) std::printf("sample:  %lld\n", static_cast<long long>(d.sample));
   if (d.rank >= 0) std::printf("rank:    %d (host %s, device %s)\n", d.rank, d.host.c_str(), d.device.c_str());
-  if (d.reruns) std::printf("reruns:  %d, the fault reproduced %d time(s)\n", d.reruns, d.reproduced);
+  if (!d.candidates.empty()) {
+    std::string c;
+    for (int r : d.candidates) c += (c.empty() ? "" : ", ") + std::to_string(r);
+    std::printf("one of:  ranks %s (nobody is excluded)\n", c.c_str());
+  }
+  if (d.reruns) std::printf("reruns:  %d, %d differ from the healthy result\n", d.reruns, d.reproduced);
+  for (const auto& f : d.replay_faults)
+    std::printf("replay fault: rank %d (host %s) at step %lld: %s\n", f.rank, f.host.c_str(),
+                static_cast<long long>(f.step), f.what.c_str());
+  for (const auto& r : d.coverage.examined)
+    std::printf("examined:     steps %lld..%lld\n", static_cast<long long>(r.from), static_cast<long long>(r.to));
+  for (const auto& r : d.coverage.not_examined)
+    std::printf("not examined: steps %lld..%lld (%s)\n", static_cast<long long>(r.from), static_cast<long long>(r.to),
+                r.reason.c_str());
   std::printf("replayed %lld step(s) in %.2f s; %s\n", static_cast<long long>(d.steps_replayed), d.seconds,
               records::diagnosis_path(run_dir).c_str());
   std::fflush(stdout);

@@ -371,9 +371,11 @@ Status apply_retention(const std::string& run_dir, std::int64_t keep_step, int k
   std::vector<std::pair<std::int64_t, std::string>> older;
   for (const auto& e : all)
     if (e.first < keep_step) older.push_back(e);
-  // keep_step itself counts as one of the newest keep_last.
+  // keep_step itself counts as one of the newest keep_last. The oldest checkpoint is the run's
+  // start (step 0, or the one it was resumed from first): it is always kept, so that any step of
+  // the run can be reached by replaying forward and a silent fault anywhere can be localised.
   const int keep_older = std::max(0, keep_last - 1);
-  for (std::size_t i = 0; i + keep_older < older.size(); ++i) {
+  for (std::size_t i = 1; i + keep_older < older.size(); ++i) {
     const auto& [step, path] = older[i];
     if (keep_every > 0 && step > 0 && step % keep_every == 0) continue;
     std::error_code ec;

@@ -35,6 +35,9 @@ int verdict_exit_code(Verdict v) {
     case Verdict::kSoftwareNondeterminism: return kExitSoftwareNondeterminism;
     case Verdict::kNumericalInstability: return kExitNumericalInstability;
     case Verdict::kData: return kExitData;
+    case Verdict::kInconclusive: return kExitInconclusive;
+    case Verdict::kHardwareUnconfirmed: return kExitHardwareUnconfirmed;
+    case Verdict::kDamagedRecord: return kExitDamaged;
   }
   return kExitFailure;
 }
@@ -138,6 +141,13 @@ std::string log_line(const Incident& i) {
 
 // ---- diagnosis ----
 
+json to_json(const StepRange& r) {
+  json j = {{"from", r.from}, {"to", r.to}};
+  if (!r.reason.empty()) j["reason"] = r.reason;
+  return j;
+}
+StepRange range_from(const json& j) { return {j.at("from").get<std::int64_t>(), j.at("to").get<std::int64_t>(), field_or<std::string>(j, "reason", "")}; }
+
 json to_json(const Diagnosis& d) {
   json j = header("diagnosis", kDiagnosisVersion);
   j["verdict"] = name_of(d.verdict);
@@ -147,8 +157,19 @@ json to_json(const Diagnosis& d) {
   j["rank"] = d.rank;
   j["host"] = d.host;
   j["device"] = d.device;
+  j["candidates"] = d.candidates;
+  j["sample"] = d.sample;
   j["reruns"] = d.reruns;
   j["reproduced"] = d.reproduced;
+  json cov = {{"first_step", d.coverage.first_step}, {"last_step", d.coverage.last_step}};
+  cov["examined"] = json::array();
+  for (const auto& r : d.coverage.examined) cov["examined"].push_back(to_json(r));
+  cov["not_examined"] = json::array();
+  for (const auto& r : d.coverage.not_examined) cov["not_examined"].push_back(to_json(r));
+  j["coverage"] = cov;
+  j["replay_faults"] = json::array();
+  for (const auto& f : d.replay_faults)
+    j["replay_faults"].push_back({{"step", f.step}, {"rank", f.rank}, {"host", f.host}, {"device", f.device}, {"what", f.what}});
   j["evidence"] = d.evidence;
   j["steps_replayed"] = d.steps_replayed;
   j["seconds"] = d.seconds;
@@ -165,8 +186,22 @@ Diagnosis diagnosis_from(const json& j) {
   d.rank = j.at("rank").get<int>();
   d.host = j.at("host").get<std::string>();
   d.device = j.at("device").get<std::string>();
+  // Version 2's fields; a version 0 or 1 record has none of them.
+  d.candidates = field_or<std::vector<int>>(j, "candidates", {});
+  d.sample = field_or<std::int64_t>(j, "sample", -1);
   d.reruns = j.at("reruns").get<int>();
   d.reproduced = j.at("reproduced").get<int>();
+  if (j.contains("coverage")) {
+    const json& c = j.at("coverage");
+    d.coverage.first_step = c.at("first_step").get<std::int64_t>();
+    d.coverage.last_step = c.at("last_step").get<std::int64_t>();
+    for (const auto& r : c.at("examined")) d.coverage.examined.push_back(range_from(r));
+    for (const auto& r : c.at("not_examined")) d.coverage.not_examined.push_back(range_from(r));
+  }
+  if (j.contains("replay_faults"))
+    for (const auto& f : j.at("replay_faults"))
+      d.replay_faults.push_back({f.at("step").get<std::int64_t>(), f.at("rank").get<int>(), f.at("host").get<std::string>(),
+                                 f.at("device").get<std::string>(), f.at("what").get<std::string>()});
   d.evidence = j.at("evidence").get<std::vector<std::string>>();
   d.steps_replayed = j.at("steps_replayed").get<std::int64_t>();
   d.seconds = j.at("seconds").get<double>();

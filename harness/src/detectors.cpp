@@ -207,9 +207,12 @@ void StepDetectors::check_replicas(const StepFacts& f, const std::vector<VoteRec
   const std::size_t i = static_cast<std::size_t>(rc.first_index);
   const bool opt_state = i >= P;
   const std::string& tensor = params_[i % P];
-  Incident inc = make_incident(f.step, Detector::kReplicaDivergence, IncidentClass::kHardware, rc.odd_ranks[0],
-                               "rank(s) " + ranks + " differ from the other replicas, first in '" + tensor +
-                                   (opt_state ? " (optimizer state)" : "") + "'");
+  const std::string where = "first in '" + tensor + (opt_state ? " (optimizer state)" : "") + "'";
+  Incident inc = make_incident(f.step, Detector::kReplicaDivergence, IncidentClass::kHardware,
+                               rc.tied ? -1 : rc.odd_ranks[0],
+                               rc.tied ? "replicas of rank(s) " + ranks + " disagree with no majority, " + where +
+                                             ": nobody is blamed before a bisection settles it against the record"
+                                       : "rank(s) " + ranks + " differ from the other replicas, " + where);
   inc.ranks = rc.odd_ranks;
   inc.tensor = tensor;
   inc.what = opt_state ? Subject::kOptimizerState : Subject::kParameter;

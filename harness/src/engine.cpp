@@ -44,11 +44,13 @@ Status Trainer::rewind(const ckpt::Checkpoint& c) {
   return Status::OK();
 }
 
-void Trainer::replay_step(StepResult* out) {
+void Trainer::replay_step(StepResult* out, int round) {
   const std::int64_t s = done_ + 1;
   step_.shard_rows.clear();
   trace::StepRow row;
+  replay_round_ = round;
   step(s, StepMode::kReplay, &row);
+  replay_round_ = 0;
   done_ = s;
   out->step = s;
   out->loss = row.loss;
@@ -132,9 +134,9 @@ class EngineImpl : public Engine {
     return Status::OK();
   }
   std::int64_t step() const override { return trainer_->replayed(); }
-  Status run_step(StepResult* out) override {
+  Status run_step(StepResult* out, int round = 0) override {
     return agree(comm_, guarded(StatusCode::kInternal, "replaying step " + std::to_string(step() + 1), [&] {
-      trainer_->replay_step(out);
+      trainer_->replay_step(out, round);
       return Status::OK();
     }));
   }

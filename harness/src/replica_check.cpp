@@ -10,27 +10,38 @@ namespace culprit::harness {
 ReplicaCheck compare_replicas(int world, const std::vector<Fingerprint>& all, std::size_t n) {
   ReplicaCheck out;
   if (world == 1) return out;
-  // Each rank's set, compared as a whole; the majority set wins (ties: rank 0's).
+  // Each rank's set, compared as a whole; a set held by more ranks than any other wins. A tie (1 vs
+  // 1 with two ranks) has no winner: rank order is no evidence, so nobody is odd, every rank in the
+  // largest groups is a candidate, and the bisection settles it against the record.
   std::map<std::vector<Fingerprint>, int> votes;
   std::vector<std::vector<Fingerprint>> sets(world);
   for (int r = 0; r < world; ++r) {
     sets[r].assign(all.begin() + static_cast<std::ptrdiff_t>(r) * n, all.begin() + static_cast<std::ptrdiff_t>(r + 1) * n);
     votes[sets[r]]++;
   }
-  const std::vector<Fingerprint>* majority = &sets[0];
-  for (const auto& [set, count] : votes)
-    if (count > votes[*majority]) majority = &set;
-  for (int r = 0; r < world; ++r) {
-    if (sets[r] == *majority) continue;
-    out.diverged = true;
-    out.odd_ranks.push_back(r);
-    if (out.first_index < 0)
-      for (std::size_t i = 0; i < n; ++i)
-        if (sets[r][i] != (*majority)[i]) {
-          out.first_index = static_cast<int>(i);
-          break;
-        }
+  if (votes.size() == 1) return out;
+  out.diverged = true;
+  int best = 0, holders = 0;
+  for (const auto& [set, count] : votes) {
+    if (count > best) best = count, holders = 0;
+    if (count == best) ++holders;
   }
+  const std::vector<Fingerprint>* majority = nullptr;
+  for (const auto& [set, count] : votes)
+    if (count == best && holders == 1) majority = &set;
+  out.tied = majority == nullptr;
+  for (int r = 0; r < world; ++r) {
+    if (majority ? sets[r] == *majority : votes[sets[r]] != best) continue;
+    out.odd_ranks.push_back(r);
+  }
+  // The first position where the sets differ: from the majority for an odd rank, else among themselves.
+  const std::vector<Fingerprint>& ref = majority ? *majority : sets[out.odd_ranks[0]];
+  for (std::size_t i = 0; i < n && out.first_index < 0; ++i)
+    for (int r = 0; r < world; ++r)
+      if (sets[r][i] != ref[i]) {
+        out.first_index = static_cast<int>(i);
+        break;
+      }
   return out;
 }
 

@@ -9,12 +9,14 @@
 
 namespace culprit::harness {
 
-// Compares every rank's fingerprint set (all: `world` sets of `n` fingerprints, rank by rank). The
-// majority set wins (ties: the lowest rank's). On disagreement, the ranks whose set differs from the
-// majority are "odd" and first_index is the first position (in the set's order) where an odd rank
-// differs.
+// Compares every rank's fingerprint set (all: `world` sets of `n` fingerprints, rank by rank). A set
+// held by more ranks than any other wins; the ranks whose set differs from it are "odd". With no
+// such set (a tie: 1 vs 1 with two ranks, 2 vs 2 with four), `tied` is set and odd_ranks lists the
+// ranks of the largest groups: one of them is wrong, and rank order does not say which.
+// first_index is the first position (in the set's order) where the sets differ.
 struct ReplicaCheck {
   bool diverged = false;
+  bool tied = false;
   std::vector<int> odd_ranks;
   int first_index = -1;
 };

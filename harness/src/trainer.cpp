@@ -191,7 +191,7 @@ void Trainer::step(std::int64_t s, StepMode mode, trace::StepRow* replayed) {
 double Trainer::begin_step(std::int64_t s, StepMode mode) {
   if (comm_.watchdog) comm_.watchdog->set_step(s);
   const ShardRange mine = shard_range(comm_.rank, comm_.size, cfg_.micro_shards);
-  step_.fire = FireContext{s, self(), mine.lo, 0, mode, 0};
+  step_.fire = FireContext{s, self(), mine.lo, 0, mode, mode == StepMode::kReplay ? replay_round_ : 0};
   StepFacts& f = step_.facts;
   f = StepFacts();
   f.step = s;

@@ -71,7 +71,7 @@ class Trainer {
   // StepMode::kReplay. device_rank: the rank whose device this process is (its faults, the rank in
   // its results) when `comm` is a re-ordered layout of the ranks; -1: comm's own rank.
   void begin_replay(std::int64_t done, int device_rank = -1);
-  void replay_step(StepResult* out);
+  void replay_step(StepResult* out, int round);
   void replay_shard(int k, int round, ShardResult* out);
   std::int64_t replayed() const { return done_; }
   void mark(ckpt::Checkpoint* c) const { snapshot(done_, c); }
@@ -138,6 +138,7 @@ class Trainer {
   std::unique_ptr<CheckpointPipeline> pipeline_;  // null in a replay
   FILE* metrics_ = nullptr;       // rank 0: RUN/metrics.jsonl
   int device_rank_ = -1;          // begin_replay's; see self()
+  int replay_round_ = 0;          // replay_step's draw of intermittent faults
   std::int64_t done_ = 0;         // replay: steps completed
 };
 

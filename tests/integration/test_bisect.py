@@ -15,7 +15,7 @@ sys.path.insert(0, os.path.dirname(__file__))
 from culprit_testlib import TempDirTest, run, run_each_rank_code  # noqa: E402
 
 CODES = {"none": 0, "hardware-transient": 20, "hardware-persistent": 21, "software-nondeterminism": 22,
-         "numerical-instability": 23, "data": 24}
+         "numerical-instability": 23, "data": 24, "inconclusive": 25, "hardware-unconfirmed": 26, "damaged-record": 4}
 SIZE = {"mlp": ["--global-batch", "24", "--micro-shards", "4", "--samples", "96"],
         "cnn": ["--global-batch", "16", "--micro-shards", "4", "--samples", "64"],
         "gpt": ["--global-batch", "8", "--micro-shards", "4", "--samples", "32", "--optimizer", "adamw",
@@ -33,7 +33,7 @@ CASES = [
     ("mlp", 3, 3, "step=5,rank=1,layer=fc1,index=2,phase=param,kind=bitflip,bit=22",
      "hardware-transient", 5, "param", "fc1", 1),
     ("mlp", 3, 2, "step=3,rank=2,layer=fc2,index=2,phase=param,kind=scale,factor=2,mode=persistent",
-     "hardware-transient", 3, "param", "fc2", 2),  # rank 2 is not in the bisect world: no rerun there
+     "hardware-unconfirmed", 3, "param", "fc2", 2),  # rank 2 is not in the bisect world: never rerun
     ("mlp", 3, 3, "step=3,rank=2,layer=fc2,index=2,phase=param,kind=scale,factor=2,mode=persistent",
      "hardware-persistent", 3, "param", "fc2", 2),
     ("mlp", 3, 3, "step=5,rank=1,layer=fc2,index=3,phase=optimizer,kind=bitflip,bit=22",
@@ -43,12 +43,12 @@ CASES = [
     ("cnn", 2, 3, "step=3,rank=0,layer=conv2,index=11,phase=forward,kind=bitflip,bit=22,mode=persistent",
      "hardware-persistent", 3, "forward", "conv2", 0),
     ("gpt", 4, 2, "step=4,rank=3,layer=blocks.0.mlp.fc,index=5,phase=forward,kind=bitflip,bit=22",
-     "hardware-transient", 4, "forward", "blocks.0.mlp.fc", 3),
+     "hardware-unconfirmed", 4, "forward", "blocks.0.mlp.fc", 3),
     # The other phase x mode cells, on other models, ranks, layers and steps.
     ("mlp", 3, 3, "step=5,rank=0,layer=fc1,index=3,phase=grad,kind=bitflip,bit=22,mode=persistent",
      "hardware-persistent", 5, "grad", "fc1", 0),
     ("mlp", 4, 3, "step=6,rank=3,layer=fc2,index=2,phase=backward,kind=bitflip,bit=22",
-     "hardware-transient", 6, "backward", "fc2", 3),
+     "hardware-unconfirmed", 6, "backward", "fc2", 3),
     ("mlp", 3, 3, "step=5,rank=2,layer=fc1,index=2,phase=optimizer,kind=bitflip,bit=22,mode=persistent",
      "hardware-persistent", 5, "optimizer", "fc1", 2),
     ("mlp", 3, 3, "step=4,rank=1,layer=fc1,index=3,phase=comm,kind=bitflip,bit=30,mode=persistent",
@@ -136,6 +136,9 @@ class Bisect(TempDirTest):
                     self.assertTrue(any("3 or more ranks" in e for e in got["evidence"]), got)
                 elif verdict == "hardware-persistent" and phase not in ("param", "optimizer", "comm"):
                     self.assertEqual((got["reruns"], got["reproduced"]), (8, 8), got)
+                if verdict == "hardware-unconfirmed":
+                    self.assertEqual(got["reruns"], 0, got)
+                    self.assertTrue(any("not part of this bisection" in e for e in got["evidence"]), got)
                 if verdict == "hardware-transient" and rank < wb and phase in ("forward", "backward", "grad"):
                     self.assertEqual((got["reruns"], got["reproduced"]), (8, 0), got)
 

@@ -109,7 +109,7 @@ class Retention(TempDirTest):
         self.train("r", ["--steps", "23", "--checkpoint-every", "2", "--keep-last", "2", "--keep-every", "10",
                          "--global-batch", "32", "--micro-shards", "4"])
         steps = sorted(int(os.path.basename(p)[5:13]) for p in glob.glob(self.path("r", "checkpoints", "*.h5")))
-        self.assertEqual(steps, [10, 20, 22, 23])
+        self.assertEqual(steps, [0, 10, 20, 22, 23])  # step 0: the run's start is always kept
         self.assertEqual(glob.glob(self.path("r", "checkpoints", "*.tmp")), [])
 
 

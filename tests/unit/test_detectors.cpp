@@ -110,6 +110,28 @@ TEST(Replicas, OddRankAndFirstParameter) {
   EXPECT_FALSE(h::compare_replicas(3, {1, 2, 3, 1, 2, 3, 1, 2, 3}, names.size()).diverged);
 }
 
+TEST(Replicas, ATieBlamesNobody) {
+  // Two ranks, 1 vs 1: no majority, so neither is odd by rank order; both are candidates.
+  const auto two = h::compare_replicas(2, {1, 2, 1, 9}, 2);
+  EXPECT_TRUE(two.diverged);
+  EXPECT_TRUE(two.tied);
+  EXPECT_EQ(two.odd_ranks, (std::vector<int>{0, 1}));
+  EXPECT_EQ(two.first_index, 1);
+  // Four ranks, 2 vs 2: the same.
+  const auto four = h::compare_replicas(4, {5, 1, 5, 1, 7, 1, 7, 1}, 2);
+  EXPECT_TRUE(four.tied);
+  EXPECT_EQ(four.odd_ranks, (std::vector<int>{0, 1, 2, 3}));
+  EXPECT_EQ(four.first_index, 0);
+  // Four ranks, 2 vs 1 vs 1: the pair wins, the two others are odd.
+  const auto split = h::compare_replicas(4, {5, 5, 6, 7}, 1);
+  EXPECT_FALSE(split.tied);
+  EXPECT_EQ(split.odd_ranks, (std::vector<int>{2, 3}));
+  // Three ranks, rank 0 alone: rank 0 is odd (the majority is not rank 0's view).
+  const auto zero = h::compare_replicas(3, {9, 1, 1}, 1);
+  EXPECT_FALSE(zero.tied);
+  EXPECT_EQ(zero.odd_ranks, std::vector<int>{0});
+}
+
 TEST(Spikes, NeedHistoryAndBothThresholds) {
   h::SpikeDetector d;
   d.configure(8, 8, 3);

@@ -29,6 +29,8 @@ TEST(Machine, FindStep) {
   expect(State::kFindStep, Evidence(), State::kDone, Verdict::kNone);  // everything reproduced
   expect(State::kFindStep, with(&Evidence::step_found), State::kLocalize, Verdict::kNone);
   expect(State::kFindStep, with(&Evidence::nonfinite_reproduced), State::kDone, Verdict::kNumericalInstability);
+  // Nothing differs in what was examined, but part of the run could not be: never "none".
+  expect(State::kFindStep, with(&Evidence::unexamined), State::kDone, Verdict::kInconclusive);
   Evidence both = with(&Evidence::step_found);
   both.nonfinite_reproduced = true;
   expect(State::kFindStep, both, State::kLocalize, Verdict::kNone);  // a differing step comes first
@@ -46,13 +48,23 @@ TEST(Machine, LocalizeEveryOutcome) {
   update.update_reproduced = true;
   expect(State::kLocalize, update, State::kDone, Verdict::kHardwarePersistent);  // the update's fault came back
   expect(State::kLocalize, Evidence(), State::kDone, Verdict::kSoftwareNondeterminism);  // nobody explains it
+  // The record was healthy: the search's own replay was wrong; the search goes on.
+  expect(State::kLocalize, with(&Evidence::replay_fault), State::kFindStep, Verdict::kNone);
+  // The blamed rank is not in this world: its device cannot be rerun.
+  Evidence outside = with(&Evidence::blamed);
+  outside.rerunnable = outside.outside = true;
+  expect(State::kLocalize, outside, State::kDone, Verdict::kHardwareUnconfirmed);
+  outside.rerunnable = false;
+  expect(State::kLocalize, outside, State::kDone, Verdict::kHardwareUnconfirmed);
 }
 
 TEST(Machine, LocalizePrecedence) {
   // The input as loaded differing is data, whatever else was seen; an ambiguous pair is decided
   // before healthy ranks disagreeing, and both before blaming.
   Evidence e;
-  e.input_differs = e.ambiguous_pair = e.healthy_disagree = e.blamed = e.rerunnable = true;
+  e.replay_fault = e.input_differs = e.ambiguous_pair = e.healthy_disagree = e.blamed = e.rerunnable = true;
+  expect(State::kLocalize, e, State::kFindStep, Verdict::kNone);  // a replay fault: no evidence at all
+  e.replay_fault = false;
   expect(State::kLocalize, e, State::kDone, Verdict::kData);
   e.input_differs = false;
   expect(State::kLocalize, e, State::kDone, Verdict::kHardwarePersistent);

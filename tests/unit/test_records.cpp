@@ -70,6 +70,11 @@ TEST(Vocabularies, EveryNameParsesBackToItsValue) {
   EXPECT_EQ(culprit::verdict_exit_code(Verdict::kNone), 0);
   EXPECT_EQ(culprit::verdict_exit_code(Verdict::kHardwareTransient), 20);
   EXPECT_EQ(culprit::verdict_exit_code(Verdict::kData), 24);
+  EXPECT_EQ(culprit::verdict_exit_code(Verdict::kInconclusive), 25);
+  EXPECT_EQ(culprit::verdict_exit_code(Verdict::kHardwareUnconfirmed), 26);
+  EXPECT_EQ(culprit::verdict_exit_code(Verdict::kDamagedRecord), 4);  // damaged, never hardware
+  EXPECT_FALSE(culprit::is_hardware(Verdict::kDamagedRecord));
+  EXPECT_TRUE(culprit::is_hardware(Verdict::kHardwareUnconfirmed));
   EXPECT_EQ(culprit::status_code_for(IncidentClass::kHardware), culprit::StatusCode::kHardware);
 }
 
@@ -183,6 +188,13 @@ TEST_F(Records, DiagnosisRoundTripsAndItsFieldsReadForScripts) {
   d.steps_replayed = 4;
   d.seconds = 1.5;
   d.startup_seconds = 0.25;
+  d.candidates = {0, 1};
+  d.sample = 17;
+  d.coverage.first_step = 1;
+  d.coverage.last_step = 9;
+  d.coverage.examined = {{3, 5, ""}};
+  d.coverage.not_examined = {{1, 2, "no valid checkpoint before step 3 to replay from"}, {6, 9, "after"}};
+  d.replay_faults = {{4, 1, "node2", "cpu", "recomputed micro-shard 2 unlike the record"}};
   ASSERT_TRUE(r::write_diagnosis(run(), d).ok());
   EXPECT_FALSE(fs::exists(dir / "diagnosis.json.tmp"));  // written under a temporary name, then renamed
   r::Diagnosis got;
@@ -194,6 +206,17 @@ TEST_F(Records, DiagnosisRoundTripsAndItsFieldsReadForScripts) {
   EXPECT_EQ(*got.phase, Phase::kComm);
   EXPECT_EQ(got.evidence, d.evidence);
   EXPECT_DOUBLE_EQ(got.startup_seconds, 0.25);
+  EXPECT_EQ(got.candidates, d.candidates);
+  EXPECT_EQ(got.sample, 17);
+  ASSERT_EQ(got.coverage.examined.size(), 1u);
+  EXPECT_EQ(got.coverage.examined[0].from, 3);
+  EXPECT_EQ(got.coverage.examined[0].to, 5);
+  ASSERT_EQ(got.coverage.not_examined.size(), 2u);
+  EXPECT_EQ(got.coverage.not_examined[0].reason, d.coverage.not_examined[0].reason);
+  EXPECT_EQ(got.coverage.last_step, 9);
+  ASSERT_EQ(got.replay_faults.size(), 1u);
+  EXPECT_EQ(got.replay_faults[0].rank, 1);
+  EXPECT_EQ(got.replay_faults[0].host, "node2");
   std::string v;
   ASSERT_TRUE(r::field_of(got, "host", &v).ok());
   EXPECT_EQ(v, "node2");

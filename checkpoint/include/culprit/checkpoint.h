@@ -70,8 +70,9 @@ Status find_valid(const Comm& comm, const std::string& run_dir, std::int64_t bef
 // The same for the files `candidates`, tried in order.
 Status first_valid(const Comm& comm, const std::vector<std::string>& candidates, Checkpoint* out, std::string* path);
 
-// Deletes checkpoints beyond retention: keeps the newest keep_last, every one whose step is a
-// multiple of keep_every (> 0), `keep_step` itself and everything newer than it.
+// Deletes checkpoints beyond retention: keeps the oldest (the run's start: every step stays
+// reachable), the newest keep_last, every one whose step is a multiple of keep_every (> 0),
+// `keep_step` itself and everything newer than it.
 Status apply_retention(const std::string& run_dir, std::int64_t keep_step, int keep_last, std::int64_t keep_every);
 
 }  // namespace culprit::ckpt

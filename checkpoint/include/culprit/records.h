@@ -58,16 +58,35 @@ inline constexpr NameRow<Subject> kSubjectNames[] = {{Subject::kNone, ""},
 constexpr NameTable<Subject> enum_names(Subject) { return {kSubjectNames, std::size(kSubjectNames), "subject"}; }
 
 // culprit bisect's verdict (docs/bisect.md); its exit code: verdict_exit_code.
-enum class Verdict { kNone, kHardwareTransient, kHardwarePersistent, kSoftwareNondeterminism, kNumericalInstability, kData };
+//   inconclusive: nothing found in what was examined, but part of the run could not be examined
+//   hardware-unconfirmed: the record shows a rank computed wrongly, but its device was not rerun
+//     (it is not part of the bisection's world), so transient and persistent cannot be told apart
+//   damaged-record: a trace or incident record the bisection needs is damaged (never hardware)
+enum class Verdict {
+  kNone,
+  kHardwareTransient,
+  kHardwarePersistent,
+  kSoftwareNondeterminism,
+  kNumericalInstability,
+  kData,
+  kInconclusive,
+  kHardwareUnconfirmed,
+  kDamagedRecord,
+};
 inline constexpr NameRow<Verdict> kVerdictNames[] = {{Verdict::kNone, "none"},
                                                       {Verdict::kHardwareTransient, "hardware-transient"},
                                                       {Verdict::kHardwarePersistent, "hardware-persistent"},
                                                       {Verdict::kSoftwareNondeterminism, "software-nondeterminism"},
                                                       {Verdict::kNumericalInstability, "numerical-instability"},
-                                                      {Verdict::kData, "data"}};
+                                                      {Verdict::kData, "data"},
+                                                      {Verdict::kInconclusive, "inconclusive"},
+                                                      {Verdict::kHardwareUnconfirmed, "hardware-unconfirmed"},
+                                                      {Verdict::kDamagedRecord, "damaged-record"}};
 constexpr NameTable<Verdict> enum_names(Verdict) { return {kVerdictNames, std::size(kVerdictNames), "verdict"}; }
-int verdict_exit_code(Verdict v);  // README's table: 0 for none, 20..24
-inline bool is_hardware(Verdict v) { return v == Verdict::kHardwareTransient || v == Verdict::kHardwarePersistent; }
+int verdict_exit_code(Verdict v);  // README's table: 0 for none, 20..26, 4 for damaged-record
+inline bool is_hardware(Verdict v) {
+  return v == Verdict::kHardwareTransient || v == Verdict::kHardwarePersistent || v == Verdict::kHardwareUnconfirmed;
+}
 
 // A jobs/ script's decision after culprit train exited.
 enum class Decision { kDone, kStop, kRequeue, kPostmortem };
@@ -89,7 +108,7 @@ namespace records {
 
 // Schema versions (docs/records.md): a reader refuses a record of a newer version.
 constexpr int kIncidentVersion = 1;
-constexpr int kDiagnosisVersion = 1;
+constexpr int kDiagnosisVersion = 2;
 constexpr int kAuditVersion = 1;
 constexpr int kScreenVersion = 1;
 
@@ -129,6 +148,27 @@ const Incident* first_fault(const std::vector<Incident>& all);
 
 // ---- RUN/diagnosis.json: culprit bisect's result ----
 
+// Which steps a bisection replayed, and which it could not, with the reason (the verdict "none"
+// speaks only for `examined`).
+struct StepRange {
+  std::int64_t from = 0, to = 0;  // inclusive
+  std::string reason;             // not examined: why (for people)
+};
+struct Coverage {
+  std::int64_t first_step = 0, last_step = 0;  // the run's recorded steps
+  std::vector<StepRange> examined;             // sorted, merged
+  std::vector<StepRange> not_examined;
+};
+
+// A replay that disagreed with another replay of the same computation: the replaying rank's device
+// computed wrongly during the bisection itself (it is suspect too; the step was redone).
+struct ReplayFault {
+  std::int64_t step = -1;
+  int rank = -1;
+  std::string host, device;
+  std::string what;  // for people
+};
+
 struct Diagnosis {
   Verdict verdict = Verdict::kNone;
   std::int64_t step = -1;
@@ -136,7 +176,11 @@ struct Diagnosis {
   std::optional<Phase> phase;
   int rank = -1;
   std::string host, device;
+  std::vector<int> candidates;  // ranks one of which is at fault when `rank` cannot be told (-1)
+  std::int64_t sample = -1;     // data: the first differing sample's index in the data set
   int reruns = 0, reproduced = 0;
+  Coverage coverage;
+  std::vector<ReplayFault> replay_faults;
   std::vector<std::string> evidence;  // for people, in the order found
   std::int64_t steps_replayed = 0;
   double seconds = 0;

@@ -25,6 +25,9 @@ enum ExitCode : int {
   kExitSoftwareNondeterminism = 22,
   kExitNumericalInstability = 23,
   kExitData = 24,
+  kExitInconclusive = 25,         // nothing found, but part of the run was not examined
+  kExitHardwareUnconfirmed = 26,  // a rank computed wrongly; its device was not rerun
+  // bisect's damaged-record verdict exits kExitDamaged (4).
 };
 
 // The exit code of a Status's category (kExitOk for OK).

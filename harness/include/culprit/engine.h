@@ -63,8 +63,10 @@ class Engine {
   virtual ~Engine() = default;
   // Steps completed so far (the checkpoint's step, then one more per run_step).
   virtual std::int64_t step() const = 0;
-  // Collective: the next step, as the original run computed it, the micro-shards spread over this world.
-  virtual Status run_step(StepResult* out) = 0;
+  // Collective: the next step, as the original run computed it, the micro-shards spread over this
+  // world. `round` as for compute_shard (0: the first replay; compute_shard(k, round) then draws
+  // as this step's micro-shard k did).
+  virtual Status run_step(StepResult* out, int round = 0) = 0;
   // Local: micro-shard k of the next step computed on this rank; nothing is updated. `round` makes
   // an intermittent fault draw anew on each rerun.
   virtual Status compute_shard(int k, int round, ShardResult* out) = 0;

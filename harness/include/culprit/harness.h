@@ -110,7 +110,7 @@ struct TrainConfig {
   bool resume = false;             // continue from the newest valid checkpoint of run_dir
   std::string resume_from;         // continue from this checkpoint file
   CheckpointOptions checkpoint;
-  TraceLevel trace = TraceLevel::kStep;
+  TraceLevel trace = TraceLevel::kLayer;  // layer: a silent fault is localised to its layer by default
   std::vector<std::string> inject;  // fault specs (culprit/fault_spec.h)
   DetectorOptions detect;
   std::int64_t steps = 20;

@@ -1,0 +1,98 @@
+"""Exact localisation (issue 14's classes), end to end under real mpirun, each case scored against the
+injected truth and paired with its clean twin (the negative control): a tie between two replicas
+blames nobody online and the bisection names the faulty rank from the record; a persistent fault
+whose wrong value differs every time is persistent; a silent fault before the oldest checkpoint
+retention would once have kept is still found with default retention; steps that cannot be
+replayed make the verdict inconclusive, never none; coverage is in every diagnosis."""
+import json
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(__file__))
+from culprit_testlib import TempDirTest, incidents, run, run_each_rank_code  # noqa: E402
+
+MLP = ["--model", "mlp", "--global-batch", "24", "--micro-shards", "4", "--samples", "96", "--quiet"]
+CODES = {"none": 0, "hardware-transient": 20, "hardware-persistent": 21, "inconclusive": 25}
+
+
+def diagnosis(run_dir):
+    with open(os.path.join(run_dir, "diagnosis.json")) as f:
+        return json.load(f)
+
+
+class Localize(TempDirTest):
+    def train(self, name, world, extra, code=0):
+        res = run(["train"] + MLP + extra, world=world, run_dir=self.path(name))
+        self.assertEqual(res.code, code, res.err)
+        return self.path(name)
+
+    def bisect(self, run_dir, world, verdict):
+        res = run(["bisect", "--run-dir", run_dir], world=world, use_mpirun=True)
+        self.assertEqual(res.code, CODES[verdict], res.out + res.err)
+        return diagnosis(run_dir)
+
+    def test_a_two_rank_tie_blames_nobody_online_and_the_record_settles_it(self):
+        # A parameter of rank 0 flips at rest after step 3's update: with two ranks the replica check
+        # sees 1 vs 1. Rank order is no evidence: nobody is blamed online; the bisection replays the
+        # update on both ranks and finds rank 0's record alone wrong.
+        d = self.path("tie")
+        workdir = self.path("tie-rc")
+        os.makedirs(workdir)
+        codes, out, err = run_each_rank_code(
+            ["train", "--run-dir", d, "--steps", "6", "--trace", "step", "--on-detect", "diagnose",
+             "--inject", "step=3,rank=0,layer=fc1,index=2,phase=param,kind=bitflip,bit=22"] + MLP, 2, workdir)
+        inc = [i for i in incidents(d) if i["detector"] == "replica-divergence"]
+        self.assertTrue(inc, err)
+        self.assertEqual((inc[0]["step"], inc[0]["rank"], inc[0]["ranks"]), (3, -1, [0, 1]), inc[0])
+        self.assertEqual(codes, [CODES["hardware-transient"]] * 2, err)
+        got = diagnosis(d)
+        self.assertEqual((got["verdict"], got["step"], got["phase"], got["layer"], got["rank"]),
+                         ("hardware-transient", 3, "param", "fc1", 0), got)
+        self.assertRegex(err, r"exclude host \S+ \(rank 0,")
+        self.assertNotIn("(rank 1,", err)
+        # The clean twin: no incident, nothing to diagnose.
+        clean = self.train("tie-clean", 2, ["--steps", "6", "--trace", "step", "--on-detect", "diagnose"])
+        self.assertEqual(incidents(clean), [])
+
+    def test_a_persistent_fault_with_a_new_wrong_value_each_time_is_persistent(self):
+        d = self.train("noise", 3, ["--steps", "6", "--checkpoint-every", "2", "--trace", "layer", "--on-detect", "warn",
+                                    "--inject", "step=4,rank=1,layer=fc2,index=3,phase=forward,kind=noise,mode=persistent"])
+        got = self.bisect(d, 3, "hardware-persistent")
+        self.assertEqual((got["step"], got["phase"], got["layer"], got["rank"]), (4, "forward", "fc2", 1), got)
+        self.assertEqual((got["reruns"], got["reproduced"]), (8, 8), got)
+
+    def test_a_silent_fault_is_found_with_default_retention(self):
+        # A flipped exponent bit in one micro-shard's output is reduced into every replica: nothing
+        # fires online. With --keep-last 3 only steps 10..14 had checkpoints left before the run's
+        # start was always kept; the fault at step 3 is found from step 0.
+        args = ["--steps", "14", "--checkpoint-every", "2"]
+        d = self.train("silent", 3, args + ["--inject", "step=3,rank=1,layer=fc2,index=3,phase=forward,kind=bitflip,bit=27"])
+        self.assertEqual(incidents(d), [])
+        ck = sorted(os.listdir(os.path.join(d, "checkpoints")))
+        self.assertEqual(ck[0], "step-00000000.h5", ck)
+        self.assertEqual(len(ck), 4, ck)  # the start and the newest three
+        got = self.bisect(d, 3, "hardware-transient")
+        self.assertEqual((got["step"], got["phase"], got["layer"], got["rank"]), (3, "forward", "fc2", 1), got)
+        cov = got["coverage"]
+        self.assertEqual((cov["first_step"], cov["last_step"]), (1, 14), cov)
+        self.assertEqual(cov["examined"], [{"from": 1, "to": 3}], cov)
+        self.assertEqual([(r["from"], r["to"]) for r in cov["not_examined"]], [(4, 14)], cov)
+        self.assertIn("after the faulty step", cov["not_examined"][0]["reason"])
+        self.assertEqual(got["steps_replayed"], 3)
+        # The clean twin: none, and every step examined.
+        clean = self.bisect(self.train("silent-clean", 3, args), 3, "none")
+        self.assertEqual(clean["coverage"]["examined"], [{"from": 1, "to": 14}], clean)
+        self.assertEqual(clean["coverage"]["not_examined"], [], clean)
+        # Without the run's start (a run from before it was kept), steps 1..10 cannot be replayed: the
+        # verdict says so and is never none.
+        os.remove(os.path.join(d, "checkpoints", "step-00000000.h5"))
+        got = self.bisect(d, 3, "inconclusive")
+        self.assertEqual((got["step"], got["rank"]), (-1, -1), got)
+        self.assertEqual([(r["from"], r["to"]) for r in got["coverage"]["not_examined"]], [(1, 10)], got)
+        self.assertIn("no valid checkpoint before step 11", got["coverage"]["not_examined"][0]["reason"])
+        self.assertEqual(got["coverage"]["examined"], [{"from": 11, "to": 14}], got)
+
+
+if __name__ == "__main__":
+    import unittest
+    unittest.main(verbosity=2)
