@@ -49,6 +49,7 @@ struct Context {
   std::map<std::int64_t, int> redone;  // steps redone after a fault in the bisection's own replay
 
   bool layer = false;    // the trace holds per-layer fingerprints
+  bool opt_recorded = false;  // the trace holds the optimizer state's fingerprints (format 3)
   int W = 1, M = 1;      // this world; the run's micro-shards
   std::unique_ptr<harness::Engine> engine;
   Schema schema;
@@ -63,6 +64,13 @@ struct Context {
   void redo(std::int64_t s);
   // The blamed rank r is not part of this world: its device was not rerun.
   void note_outside(int r);
+  // What an update leaves, as compared: every parameter's fingerprint, then (when the trace has
+  // them) every parameter's optimizer state's. Index i names params[i mod P].
+  std::vector<Fingerprint> update_state(const std::vector<Fingerprint>& params, const std::vector<Fingerprint>& opt) const {
+    std::vector<Fingerprint> v = params;
+    if (opt_recorded) v.insert(v.end(), opt.begin(), opt.end());
+    return v;
+  }
   // The first incident names a rank of this world at step s.
   bool incident_names(std::int64_t s) const;
   // Where rank r ran in the original run (its first micro-shard's record).
@@ -77,12 +85,14 @@ struct Finding {
   struct Update {               // the update's first difference from any rank's record
     bool reduced = false;       // the reduced gradient differs
     std::string param;          // the first differing parameter ("" none)
+    bool optimizer = false;     // its optimizer state differs, not (yet) its value
     int param_rank = -1;        // whose record holds it
     int replayed_by = -1;       // the lowest rank whose replay differs from a record
     std::string describe() const;
   } update;
   int blamed = -1;              // the blamed rank
   std::vector<int> candidates;  // no rank could be blamed: one of these is at fault
+  std::int64_t sample = -1;     // data: the data set index of the first sample loaded wrongly
   std::optional<Phase> phase;   // --inject's phase
   std::string layer;            // and layer
   ShardResult reference;        // the faulty computation (as recorded, or as the blamed rank computed it)

@@ -91,6 +91,7 @@ Status open_context(Context* ctx) {
   ctx->W = comm.size;
   ctx->M = ctx->run.cfg.micro_shards;
   ctx->layer = ctx->run.trace.header.level == trace::Level::kLayer;
+  ctx->opt_recorded = ctx->run.trace.header.format_version >= 3;
   bool none = false;
   CULPRIT_RETURN_IF_ERROR(open_segment(ctx, &none));
   ctx->schema = replay::schema_of(*ctx->engine, ctx->run.trace);

@@ -66,9 +66,11 @@ Finding::Update compare_update(const Context& ctx, std::int64_t t, const StepRes
     auto it = ctx.run.trace.steps.find({r, t});
     if (it == ctx.run.trace.steps.end()) continue;
     if (it->second.grad_fp != sr.grad_fp) u.reduced = true;
-    const int i = replay::first_differing_param(sr.param_fps, it->second.param_fps);
-    if (u.param.empty() && i >= 0 && static_cast<std::size_t>(i) < params.size()) {
-      u.param = params[i];
+    const int i = replay::first_differing_param(ctx.update_state(sr.param_fps, sr.opt_fps),
+                                                ctx.update_state(it->second.param_fps, it->second.opt_fps));
+    if (u.param.empty() && i >= 0 && !params.empty()) {
+      u.param = params[i % params.size()];
+      u.optimizer = static_cast<std::size_t>(i) >= params.size();
       u.param_rank = r;
     }
   }
@@ -77,7 +79,9 @@ Finding::Update compare_update(const Context& ctx, std::int64_t t, const StepRes
   if (!differs) return Finding::Update();
   int from = (u.reduced || !u.param.empty()) ? ctx.comm.rank : ctx.W;
   CULPRIT_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &from, 1, MPI_INT, MPI_MIN, ctx.comm.comm));
-  int reduced = u.reduced, param_rank = u.param_rank;
+  int reduced = u.reduced, param_rank = u.param_rank, optimizer = u.optimizer;
+  CULPRIT_MPI_CHECK(MPI_Bcast(&optimizer, 1, MPI_INT, from, ctx.comm.comm));
+  u.optimizer = optimizer != 0;
   CULPRIT_MPI_CHECK(MPI_Bcast(&reduced, 1, MPI_INT, from, ctx.comm.comm));
   CULPRIT_MPI_CHECK(MPI_Bcast(&param_rank, 1, MPI_INT, from, ctx.comm.comm));
   u.reduced = reduced != 0;
@@ -112,7 +116,9 @@ void nothing_differs(Context& ctx, Finding* f, Evidence* ev) {
 
 std::string Finding::Update::describe() const {
   std::string out = reduced ? "reduced gradient" : "";
-  if (!param.empty()) out += (out.empty() ? "" : ", ") + std::string("parameter ") + param + " of rank " + std::to_string(param_rank);
+  if (!param.empty())
+    out += (out.empty() ? "" : ", ") + std::string(optimizer ? "the optimizer state of parameter " : "parameter ") + param +
+           " of rank " + std::to_string(param_rank);
   return out;
 }
 

@@ -83,13 +83,14 @@ struct ShardVote {
   Values v;
   Opinions o;
   Settlement s;
-  std::vector<ShardResult> all;  // every rank's first recomputation
+  std::vector<ShardResult> all;  // every rank's first recomputation (fingerprints)
+  ShardResult mine;              // this rank's, whole
   const trace::ShardRow* row = nullptr;
 };
 Status vote_shard(Context& ctx, std::int64_t step, int k, ShardVote* out) {
   out->row = &ctx.run.trace.shards.at({step, k});
   const std::size_t nl = ctx.layer ? ctx.schema.layers.size() : 0, np = ctx.layer ? ctx.schema.params.size() : 0;
-  ShardResult mine;
+  ShardResult& mine = out->mine;
   CULPRIT_RETURN_IF_ERROR(agree(ctx.comm, ctx.engine->compute_shard(k, ctx.round, &mine)));
   mine.rank = ctx.comm.rank;
   out->all = allgather(ctx.comm, mine, nl, np);
@@ -108,6 +109,26 @@ Status vote_shard(Context& ctx, std::int64_t step, int k, ShardVote* out) {
   }
   out->s = settle(out->o);
   return Status::OK();
+}
+
+// The input as loaded differs: the first sample whose fingerprint differs, by its index in the
+// data set (format 3 traces record every sample's fingerprint).
+void name_sample(Context& ctx, const ShardVote& sv, Finding* f) {
+  // The samples as a rank that computed the healthy result loaded them (collective).
+  int from = 0;
+  while (from < ctx.W && sv.o.replay[from] != sv.s.healthy) ++from;
+  std::vector<std::uint64_t> want(sv.mine.sample_fps.begin(), sv.mine.sample_fps.end());
+  if (from >= ctx.W) from = sv.row->rank == 0 && ctx.W > 1 ? 1 : 0;  // a tie: a rank that did not record it
+  CULPRIT_MPI_CHECK(MPI_Bcast(want.data(), static_cast<int>(want.size()), MPI_UINT64_T, from, ctx.comm.comm));
+  const auto& got = f->reference.sample_fps;
+  for (std::size_t i = 0; i < got.size() && i < want.size(); ++i)
+    if (got[i] != want[i]) {
+      const auto idx = ctx.engine->shard_samples(f->bad_shard);
+      if (i < idx.size()) f->sample = idx[i];
+      ctx.note("micro-shard " + std::to_string(f->bad_shard) + ": sample " + std::to_string(i) + " of the micro-shard (" +
+               "data set index " + std::to_string(f->sample) + ") was loaded unlike the healthy ranks loaded it");
+      return;
+    }
 }
 
 // A micro-shard whose record is not the healthy result, or for which none could be told: who is
@@ -131,7 +152,9 @@ void judge_shard(Context& ctx, const ShardVote& sv, Finding* f, Evidence* ev) {
       ev->healthy_disagree = s.disagree;
       f->candidates = s.candidates;
       const int other = s.candidates[0] == row.rank ? s.candidates.back() : s.candidates[0];
-      place(ctx, f->reference, all[std::min(other, ctx.W - 1)], f, ev);
+      f->healthy = all[std::min(other, ctx.W - 1)];
+      place(ctx, f->reference, f->healthy, f, ev);
+      if (ev->input_differs) name_sample(ctx, sv, f);
       ctx.note(K + (s.ambiguous ? ": ranks " + rank_list(s.candidates) +
                                       " each reproduce their own result, rerun after rerun: one of them is persistently "
                                       "faulty, and two opinions cannot tell which (bisect with 3 or more ranks, or screen "
@@ -154,6 +177,7 @@ void judge_shard(Context& ctx, const ShardVote& sv, Finding* f, Evidence* ev) {
   ev->outside = f->blamed >= ctx.W;
   if (ev->outside) ctx.note_outside(f->blamed);
   place(ctx, f->reference, f->healthy, f, ev);
+  if (ev->input_differs) name_sample(ctx, sv, f);
 }
 
 // The differing micro-shards in order: the first whose record is wrong is the fault; a differing
@@ -179,10 +203,11 @@ Status localize_shard(Context& ctx, Finding* f, Evidence* ev) {
   return Status::OK();
 }
 
-// Every rank's replayed parameters after the step, on every rank.
+// Every rank's replayed update state (Context::update_state) after the step, on every rank.
 std::vector<std::vector<Fingerprint>> gather_updates(const Context& ctx, const StepResult& sr) {
-  const std::size_t np = sr.param_fps.size();
-  std::vector<std::uint64_t> mine(sr.param_fps.begin(), sr.param_fps.end()), all(np * ctx.W);
+  const auto state = ctx.update_state(sr.param_fps, sr.opt_fps);
+  const std::size_t np = state.size();
+  std::vector<std::uint64_t> mine(state.begin(), state.end()), all(np * ctx.W);
   CULPRIT_MPI_CHECK(MPI_Allgather(mine.data(), static_cast<int>(np), MPI_UINT64_T, all.data(), static_cast<int>(np),
                                   MPI_UINT64_T, ctx.comm.comm));
   std::vector<std::vector<Fingerprint>> out(ctx.W);
@@ -207,61 +232,86 @@ UpdateVote vote_update(const Context& ctx, std::int64_t s, const StepResult& sr)
   for (const auto& p : gather_updates(ctx, sr)) u.o.replay.push_back(u.id(p));
   for (int r : ctx.run.trace.ranks) {
     auto it = ctx.run.trace.steps.find({r, s});
-    if (it != ctx.run.trace.steps.end()) u.o.records.push_back({r, u.id(it->second.param_fps)});
+    if (it != ctx.run.trace.steps.end())
+      u.o.records.push_back({r, u.id(ctx.update_state(it->second.param_fps, it->second.opt_fps))});
   }
   u.s = settle(u.o);
   return u;
 }
 
+// The reduced gradient differs from the record. The replay's own comm check names a sender whose
+// link fault reappeared; else the online comm check's incident of this step names the sender;
+// else the one chunk that differs names the rank that reduced it (a fault in the part a rank keeps
+// for itself never crosses a link, and no comm check sees it).
+int reduction_fault(const Context& ctx, std::int64_t s, const StepResult& sr, bool* reproduced) {
+  *reproduced = !sr.comm_faults.empty();
+  if (*reproduced) return sr.comm_faults[0].first;
+  const auto* first = ctx.first;
+  if (first && first->step == s && first->detector == Detector::kComm && first->rank >= 0) return first->rank;
+  std::vector<int> odd;
+  for (int r : ctx.run.trace.ranks) {
+    auto it = ctx.run.trace.steps.find({r, s});
+    if (it == ctx.run.trace.steps.end() || it->second.world <= 0 || r >= it->second.world) continue;
+    if (ctx.engine->reduced_chunk_fps(it->second.world)[r] != it->second.chunk_fp) odd.push_back(r);
+  }
+  return odd.size() == 1 ? odd[0] : -1;
+}
+
+// Every record is healthy: the search's replay of this update was wrong. Noted; the step is redone.
+Status update_replay_faulted(Context& ctx, std::int64_t s, const Finding& f, const UpdateVote& u, Evidence* ev) {
+  std::vector<int> suspects = u.s.wrong_now;
+  const int then = f.update.replayed_by;
+  if (then >= 0 && std::find(suspects.begin(), suspects.end(), then) == suspects.end()) suspects.push_back(then);
+  for (int r : suspects) ctx.replay_fault(s, r, "replayed the update of step " + std::to_string(s) + " unlike the records");
+  ctx.redo(s);
+  ev->replay_fault = true;
+  ctx.note("the update of step " + std::to_string(s) + " agrees with every record when replayed again; rank(s) " +
+           rank_list(suspects) + " replayed it wrongly during this bisection (suspect); the step is redone");
+  CULPRIT_RETURN_IF_ERROR(agree(ctx.comm, ctx.engine->rewind()));
+  return agree(ctx.comm, ctx.engine->set_rotation(1));
+}
+
+// One rank's record of the update is wrong: its parameters, or its optimizer state (which shows in
+// the parameters only a step or more later; without optimizer fingerprints in the trace, the
+// replica check's incident says which differed first).
+void wrong_update_record(const Context& ctx, int r, const UpdateVote& u, Finding* f) {
+  const auto& params = ctx.schema.params;
+  const auto& row = ctx.run.trace.steps.at({r, f->step});
+  const int i = replay::first_differing_param(u.distinct[u.s.healthy], ctx.update_state(row.param_fps, row.opt_fps));
+  const std::size_t P = params.size();
+  bool opt_state = i >= 0 && static_cast<std::size_t>(i) >= P;
+  if (!ctx.opt_recorded) {
+    const auto* first = ctx.first;
+    const bool named = first && (first->rank == r || (first->rank < 0 && std::find(first->ranks.begin(), first->ranks.end(), r) != first->ranks.end()));
+    opt_state = named && first->what == Subject::kOptimizerState;
+    if (opt_state && first->step > 0) f->step = first->step;
+  }
+  f->phase = opt_state ? Phase::kOptimizer : Phase::kParam;
+  if (i >= 0 && P > 0) f->update.param = params[static_cast<std::size_t>(i) % P];
+}
+
 // The micro-shards reproduce; the update does not. Replayed in the original layout (a faulty link
-// is exercised as in the run, at the same world size).
+// is exercised as in the run, at the same world size), then settled as the micro-shards are.
 Status localize_update(Context& ctx, Finding* f, Evidence* ev) {
   const std::int64_t s = f->step;
-  const auto* first = ctx.first;
   const auto& rec = ctx.run.trace;
   StepResult sr;
   CULPRIT_RETURN_IF_ERROR(agree(ctx.comm, ctx.engine->set_rotation(0)));
   CULPRIT_RETURN_IF_ERROR(agree(ctx.comm, ctx.engine->mark()));
   CULPRIT_RETURN_IF_ERROR(ctx.engine->run_step(&sr, ctx.round));
-  UpdateVote u = vote_update(ctx, s, sr);
-  std::string first_param;
-  if (u.s.healthy >= 0)
-    for (int r : u.s.wrong_records) {
-      const int i = replay::first_differing_param(u.distinct[u.s.healthy], rec.steps.at({r, s}).param_fps);
-      if (first_param.empty() && i >= 0 && static_cast<std::size_t>(i) < ctx.schema.params.size()) first_param = ctx.schema.params[i];
-    }
-  // A reduction fault: the replay's comm check sees a message change on its way (the link's fault
-  // reappeared), or the reduced gradient differs from the record.
-  const bool comm_now = !sr.comm_faults.empty();
-  const bool reduced = comm_now || (rec.steps.count({rec.ranks[0], s}) && rec.steps.at({rec.ranks[0], s}).grad_fp != sr.grad_fp);
+  const UpdateVote u = vote_update(ctx, s, sr);
+  const bool reduced = !sr.comm_faults.empty() ||
+                       (rec.steps.count({rec.ranks[0], s}) && rec.steps.at({rec.ranks[0], s}).grad_fp != sr.grad_fp);
   int odd_rank = -1;
   bool reproduced = false;
   if (reduced) {
-    // The replay's own comm check names a sender whose fault reappeared; otherwise the online comm
-    // check's incident does.
     f->phase = Phase::kComm;
-    odd_rank = comm_now ? sr.comm_faults[0].first
-               : first && first->step == s && first->detector == Detector::kComm ? first->rank : -1;
-    reproduced = comm_now;
+    odd_rank = reduction_fault(ctx, s, sr, &reproduced);
   } else if (u.s.healthy >= 0 && u.s.wrong_records.empty()) {
-    // Every record is healthy: the search's replay of this update was wrong.
-    const int then = f->update.replayed_by;
-    std::vector<int> suspects = u.s.wrong_now;
-    if (then >= 0 && std::find(suspects.begin(), suspects.end(), then) == suspects.end()) suspects.push_back(then);
-    for (int r : suspects) ctx.replay_fault(s, r, "replayed the update of step " + std::to_string(s) + " unlike the records");
-    ctx.redo(s);
-    ev->replay_fault = true;
-    ctx.note("the update of step " + std::to_string(s) + " agrees with every record when replayed again; rank(s) " +
-             rank_list(suspects) + " replayed it wrongly during this bisection (suspect); the step is redone");
-    CULPRIT_RETURN_IF_ERROR(agree(ctx.comm, ctx.engine->rewind()));
-    return agree(ctx.comm, ctx.engine->set_rotation(1));
+    return update_replay_faulted(ctx, s, *f, u, ev);
   } else if (u.s.healthy >= 0 && u.s.wrong_records.size() == 1) {
-    // The replica check said which state differed first: the optimizer's shows a step late in the parameters.
     odd_rank = u.s.wrong_records[0];
-    const bool named = first && (first->rank == odd_rank || (first->rank < 0 && std::find(first->ranks.begin(), first->ranks.end(), odd_rank) != first->ranks.end()));
-    const bool opt_state = named && first->what == Subject::kOptimizerState;
-    f->phase = opt_state ? Phase::kOptimizer : Phase::kParam;
-    if (opt_state && first->step > 0) f->step = first->step;
+    wrong_update_record(ctx, odd_rank, u, f);
     reproduced = odd_rank < ctx.W && u.o.replay[odd_rank] != u.s.healthy;
   } else {
     f->phase = Phase::kParam;
@@ -269,7 +319,7 @@ Status localize_update(Context& ctx, Finding* f, Evidence* ev) {
     ev->ambiguous_pair = u.s.ambiguous;
     ev->healthy_disagree = !u.s.ambiguous;
   }
-  const std::string& param = first_param.empty() ? f->update.param : first_param;
+  const std::string& param = f->update.param;
   f->layer = param.substr(0, param.rfind('.') == std::string::npos ? param.size() : param.rfind('.'));
   ev->update_reproduced = reproduced;
   ctx.d->reruns = odd_rank >= ctx.W ? 0 : 1;  // the update's replay on its rank, when it has one here

@@ -165,6 +165,7 @@ void conclude(const Context& ctx, const Finding& f, Verdict v, Diagnosis* d) {
   d->verdict = v;
   d->coverage = coverage(ctx, v == Verdict::kNone || v == Verdict::kInconclusive ? -1 : f.step);
   d->candidates = f.candidates;
+  if (v == Verdict::kData) d->sample = f.sample;
   if (v != Verdict::kNone) d->step = f.step;
   if (is_hardware(v) || v == Verdict::kData) {
     d->rank = f.blamed;

@@ -61,6 +61,8 @@ Status inspect_trace(const std::string& path, bool json, std::string* out) {
     j["faults"] = tf.header.faults;
     j["torn_steps"] = tf.torn_steps;
     j["torn_shards"] = tf.torn_shards;
+    j["format_version"] = tf.header.format_version;
+    j["verified"] = tf.verified;
     for (const auto& s : tf.steps)
       j["steps"].push_back({{"step", s.step}, {"loss", s.loss}, {"lr", s.lr}, {"grad_fp", fingerprint_hex(s.grad_fp)}});
     for (const auto& r : tf.shards) {
@@ -183,7 +185,7 @@ Status verify(const std::string& path, std::string* report, bool* clean) {
     if (st.ok()) {
       os << "ok    " << p << " (" << tf.steps.size() << " steps";
       if (tf.torn_steps || tf.torn_shards) os << ", torn tail of " << tf.torn_steps << " step row(s) ignored";
-      os << ")\n";
+      os << (tf.verified ? ", every row's checksum verified" : ", format 2: its rows carry no checksums") << ")\n";
     } else {
       *clean = false;
       os << "FAIL  " << st.message() << "\n";

@@ -1,9 +1,11 @@
 #include "data.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 
 #include "culprit/h5.h"
+#include "finite.h"
 #include "rng.h"
 
 namespace culprit::harness {
@@ -72,6 +74,20 @@ void make_synthetic(const TrainConfig& cfg, Dataset* d) {
   }
 }
 
+// A NaN or Inf in the data would reach every replica the same way and look like the model's own
+// instability; it is the data's, and said so at load, with the sample that holds it.
+Status check_finite(const std::string& path, const char* name, DType dtype, const ByteBuffer& b, std::int64_t per_sample) {
+  if (dtype != DType::kFloat32 || per_sample <= 0) return Status::OK();
+  const auto* v = reinterpret_cast<const float*>(b.data());
+  const std::size_t n = b.size() / sizeof(float);
+  if (all_finite(v, n)) return Status::OK();
+  std::size_t i = 0;
+  while (i < n && std::isfinite(v[i])) ++i;
+  return Status::BadInput("data '" + path + "': " + name + " holds a non-finite value (" + std::to_string(v[i]) +
+                          ") in sample " + std::to_string(static_cast<std::int64_t>(i) / per_sample) + " (element " +
+                          std::to_string(static_cast<std::int64_t>(i) % per_sample) + ")");
+}
+
 Status read_hdf5(const std::string& path, Dataset* d) {
   d->source = "hdf5:" + path;
   h5::Handle file;
@@ -92,6 +108,8 @@ Status read_hdf5(const std::string& path, Dataset* d) {
   d->y_dtype = y.dtype;
   d->y_shape.assign(y.shape.begin() + 1, y.shape.end());
   d->y = std::move(y.bytes);
+  CULPRIT_RETURN_IF_ERROR(check_finite(path, "x", d->x_dtype, d->x, d->x_numel()));
+  if (!d->classification()) CULPRIT_RETURN_IF_ERROR(check_finite(path, "y", d->y_dtype, d->y, d->y_numel()));
   if (d->classification()) {
     const auto* lab = reinterpret_cast<const std::int64_t*>(d->y.data());
     const std::int64_t m = d->n * d->y_numel();

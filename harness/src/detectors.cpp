@@ -82,7 +82,7 @@ void StepDetectors::vote(StepFacts& f) {
   if (replicas) {
     // Parameters and optimizer state must be bitwise identical on every rank.
     mine.replica = f.param_fps;
-    const auto opt = probe_.optimizer_fps();
+    const auto opt = f.opt_fps.empty() ? probe_.optimizer_fps() : f.opt_fps;  // the trace's, once
     mine.replica.insert(mine.replica.end(), opt.begin(), opt.end());
     layout.replica = mine.replica.size();
   }

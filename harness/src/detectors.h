@@ -30,6 +30,7 @@ struct StepFacts {
   bool shards_exchanged = false; // the spot check's exchange carried them (metrics: spot_checked)
   const CommCheck* comm = nullptr;       // this step's reduction message fingerprints
   std::vector<Fingerprint> param_fps;    // every parameter after the update
+  std::vector<Fingerprint> opt_fps;      // every parameter's optimizer state (with the trace; else empty)
   const float* reduced = nullptr;        // the reduced gradient, P values, then the loss
   std::int64_t params = 0;               // P
   double grad_norm = 0;                  // of the reduced gradient

@@ -32,6 +32,7 @@ ShardResult shard_result(const trace::ShardRow& r) {
   out.loss = r.loss;
   out.grad_fp = r.grad_fp;
   out.input_fp = r.input_fp;
+  out.sample_fps = r.sample_fps;
   out.fwd = r.fwd;
   out.bwd = r.bwd;
   out.param_grad = r.param_grad;
@@ -56,6 +57,7 @@ void Trainer::replay_step(StepResult* out, int round) {
   out->loss = row.loss;
   out->grad_fp = row.grad_fp;
   out->param_fps = row.param_fps;
+  out->opt_fps = row.opt_fps;
   out->shards.clear();
   for (const auto& r : step_.shard_rows) out->shards.push_back(shard_result(r));
   step_.shard_rows.clear();
@@ -93,6 +95,7 @@ void Trainer::replay_shard(int k, int round, ShardResult* out) {
   out->loss = leaf[flat_.size];
   out->grad_fp = fingerprint_bytes(leaf.data(), static_cast<std::size_t>(flat_.size) * sizeof(float));
   out->input_fp = step_.input_fp;
+  out->sample_fps = step_.sample_fps;
   if (layers_) {
     out->fwd = layers_->forward();
     out->bwd = layers_->backward();
@@ -148,6 +151,15 @@ class EngineImpl : public Engine {
       trainer_->replay_shard(k, round, out);
       return Status::OK();
     });
+  }
+  std::vector<Fingerprint> reduced_chunk_fps(int world) const override {
+    std::vector<Fingerprint> out;
+    for (int c = 0; c < world; ++c) out.push_back(trainer_->reduced_fp(world, c));
+    return out;
+  }
+  std::vector<std::int64_t> shard_samples(int k) override {
+    const at::Tensor idx = trainer_->shard_indices(step() + 1, k).contiguous();
+    return std::vector<std::int64_t>(idx.data_ptr<std::int64_t>(), idx.data_ptr<std::int64_t>() + idx.numel());
   }
   Status set_rotation(int rotate) override {
     set_layout(rotate);  // the trainer holds a reference to layout_: it sees the new one

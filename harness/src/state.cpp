@@ -132,6 +132,7 @@ trace::Header Trainer::trace_header() const {
   for (const auto& p : flat_.params) h.params.push_back(p.name);
   if (cfg_.trace == TraceLevel::kLayer) h.layers = model_.layers();
   h.faults = cfg_.inject;
+  h.samples_per_shard = static_cast<int>(cfg_.global_batch / cfg_.micro_shards);
   return h;
 }
 

@@ -103,6 +103,7 @@ void Trainer::compute_shard(const FireContext& c, int k, float* leaf) {
   auto y = batches_.y.index_select(0, idx);
   faults_.on_batch(c, k, x, data_.classes);
   step_.input_fp = tensor_fingerprint(x);
+  if (cfg_.tracing() || c.mode == StepMode::kReplay) step_.sample_fps = sample_fingerprints(x);
   if (device_.is_cuda()) {
     x = x.to(device_);
     y = y.to(device_);
@@ -152,6 +153,7 @@ trace::ShardRow Trainer::shard_row(int k, const float* leaf) const {
   row.loss = leaf[flat_.size];
   row.grad_fp = fingerprint_bytes(leaf, static_cast<std::size_t>(flat_.size) * sizeof(float));
   row.input_fp = step_.input_fp;
+  row.sample_fps = step_.sample_fps;
   if (layers_) {
     row.fwd = layers_->forward();
     row.bwd = layers_->backward();
@@ -260,9 +262,42 @@ Fingerprint Trainer::record(double lr, trace::StepRow* row) {
     Stopwatch sw(&f.seconds);
     detectors_.check_update(f, lr, opt_->lr(), flat_.offsets, flat_.sizes);
   }
-  if (cfg_.tracing() || step_.fire.mode == StepMode::kReplay)
-    row->grad_fp = fingerprint_bytes(reduced_.data(), static_cast<std::size_t>(flat_.size) * sizeof(float));
+  if (cfg_.tracing() || step_.fire.mode == StepMode::kReplay) {
+    const std::size_t P = static_cast<std::size_t>(flat_.size);
+    row->grad_fp = fingerprint_bytes(reduced_.data(), P * sizeof(float));
+    // The chunk this rank reduced (a fault on its way to itself shows nowhere else) and the
+    // optimizer state: the bisection compares both with its replay.
+    row->world = comm_.size;
+    row->chunk_fp = reduced_fp(comm_.size, comm_.rank);
+    row->opt_fps = optimizer_fps();
+    f.opt_fps = row->opt_fps;
+  }
   return fp;
+}
+
+Fingerprint Trainer::reduced_fp(int world, int c) const {
+  const std::size_t P = static_cast<std::size_t>(flat_.size);
+  const std::size_t lo = chunk_offset(P, world, c), hi = chunk_offset(P, world, c + 1);
+  return fingerprint_bytes(reduced_.data() + lo, (hi - lo) * sizeof(float));
+}
+
+std::vector<Fingerprint> Trainer::optimizer_fps() const {
+  std::vector<Fingerprint> fps;
+  for (const auto& prm : flat_.params) {
+    const at::Tensor t = opt_->primary(prm.tensor);
+    fps.push_back(t.defined() ? tensor_fingerprint(t) : 0);
+  }
+  return fps;
+}
+
+std::vector<Fingerprint> Trainer::sample_fingerprints(const at::Tensor& x) const {
+  const at::Tensor c = x.contiguous();
+  const std::int64_t n = c.size(0);
+  const std::size_t each = n > 0 ? c.nbytes() / static_cast<std::size_t>(n) : 0;
+  const auto* p = static_cast<const unsigned char*>(c.data_ptr());
+  std::vector<Fingerprint> out;
+  for (std::int64_t i = 0; i < n; ++i) out.push_back(fingerprint_bytes(p + i * each, each));
+  return out;
 }
 
 void Trainer::write_metrics(double lr, Fingerprint fp, double secs) {

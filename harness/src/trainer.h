@@ -53,6 +53,7 @@ struct StepState {
   CommCheck comm;      // the reduction's message fingerprints
   std::vector<trace::ShardRow> shard_rows;
   Fingerprint input_fp = 0;  // the micro-shard being computed: its input as loaded
+  std::vector<Fingerprint> sample_fps;  // and each of its samples' (with the trace, or replaying)
 };
 
 class Trainer {
@@ -72,6 +73,9 @@ class Trainer {
   // its results) when `comm` is a re-ordered layout of the ranks; -1: comm's own rank.
   void begin_replay(std::int64_t done, int device_rank = -1);
   void replay_step(StepResult* out, int round);
+  // The last step's reduced gradient, chunk c of `world` (tree_reduce.h: chunk_offset).
+  Fingerprint reduced_fp(int world, int c) const;
+  at::Tensor shard_indices(std::int64_t s, int k);  // the sample indices of micro-shard k of step s
   void replay_shard(int k, int round, ShardResult* out);
   std::int64_t replayed() const { return done_; }
   void mark(ckpt::Checkpoint* c) const { snapshot(done_, c); }
@@ -101,12 +105,13 @@ class Trainer {
 
   // ---- micro-shard helpers (trainer.cpp) ----
   const at::Tensor& epoch_order(std::int64_t epoch);
-  at::Tensor shard_indices(std::int64_t s, int k);  // the sample indices of micro-shard k of step s
   at::Tensor loss_of(const at::Tensor& out, const at::Tensor& y) const;
   void zero_grads(const FireContext& c, int k);
   bool copy_grads(float* leaf) const;  // false: a value is not finite
   trace::ShardRow shard_row(int k, const float* leaf) const;
   std::vector<Fingerprint> param_grad_fps(const float* leaf) const;  // per parameter, of a leaf
+  std::vector<Fingerprint> optimizer_fps() const;  // per parameter: its optimizer state's (0: none yet)
+  std::vector<Fingerprint> sample_fingerprints(const at::Tensor& x) const;  // per sample (row) of x
   int self() const { return device_rank_ < 0 ? comm_.rank : device_rank_; }
 
   // ---- state (state.cpp) ----

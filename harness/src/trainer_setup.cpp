@@ -171,14 +171,7 @@ Status Trainer::check_model() {
 // What the detectors may ask of this rank's state.
 StateProbe Trainer::probe() {
   StateProbe p;
-  p.optimizer_fps = [this] {
-    std::vector<Fingerprint> fps;
-    for (const auto& prm : flat_.params) {
-      const at::Tensor t = opt_->primary(prm.tensor);
-      fps.push_back(t.defined() ? tensor_fingerprint(t) : 0);
-    }
-    return fps;
-  };
+  p.optimizer_fps = [this] { return optimizer_fps(); };
   p.params_finite = [this] {
     return flat_.flat.is_cuda() ? torch::isfinite(flat_.flat).all().item<bool>()
                                 : all_finite(flat_.flat.data_ptr<float>(), static_cast<std::size_t>(flat_.size));

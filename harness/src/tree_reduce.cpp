@@ -71,10 +71,12 @@ void TreeAccumulator::clear() {
   stack_.clear();
 }
 
-namespace {
-std::size_t chunk_off(std::size_t n, int world, int c) {
+std::size_t chunk_offset(std::size_t n, int world, int c) {
   return n * static_cast<std::size_t>(c) / static_cast<std::size_t>(world);
 }
+
+namespace {
+std::size_t chunk_off(std::size_t n, int world, int c) { return chunk_offset(n, world, c); }
 }  // namespace
 
 namespace {

@@ -67,6 +67,10 @@ class AuditRun(TempDirTest):
     def test_needs_two_checkpoints(self):
         one = self.train("one", ["--model", "mlp", "--steps", "2", "--checkpoint-every", "0", "--keep-last", "1",
                                  "--quiet", "--global-batch", "8", "--micro-shards", "2"], world=1)
+        # Retention keeps the run's start (step 0) and the last; without the start, one is left.
+        ck = os.path.join(one.run_dir, "checkpoints")
+        self.assertEqual(sorted(os.listdir(ck)), ["step-00000000.h5", "step-00000002.h5"])
+        os.remove(os.path.join(ck, "step-00000000.h5"))
         res = run(["audit", "--run-dir", one.run_dir], world=2, use_mpirun=True)
         self.assertEqual(res.code, 2, res.out + res.err)
         self.assertIn("an audit needs two (an interval)", res.err)

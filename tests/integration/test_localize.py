@@ -8,11 +8,16 @@ import json
 import os
 import sys
 
+import h5py
+import numpy as np
+import torch
+
 sys.path.insert(0, os.path.dirname(__file__))
 from culprit_testlib import TempDirTest, incidents, run, run_each_rank_code  # noqa: E402
 
 MLP = ["--model", "mlp", "--global-batch", "24", "--micro-shards", "4", "--samples", "96", "--quiet"]
-CODES = {"none": 0, "hardware-transient": 20, "hardware-persistent": 21, "inconclusive": 25}
+CODES = {"none": 0, "hardware-transient": 20, "hardware-persistent": 21, "data": 24, "inconclusive": 25,
+         "damaged-record": 4}
 
 
 def diagnosis(run_dir):
@@ -91,6 +96,77 @@ class Localize(TempDirTest):
         self.assertEqual([(r["from"], r["to"]) for r in got["coverage"]["not_examined"]], [(1, 10)], got)
         self.assertIn("no valid checkpoint before step 11", got["coverage"]["not_examined"][0]["reason"])
         self.assertEqual(got["coverage"]["examined"], [{"from": 11, "to": 14}], got)
+
+    def test_a_fault_in_the_chunk_a_rank_keeps_names_the_rank_that_reduced_it(self):
+        # fc3 is the end of the flat gradient (6922 values: fc3 from 6272): with three ranks, in rank
+        # 2's own chunk (4614..6921). Its message to itself never crosses a link, so no comm check
+        # sees it; only that chunk of the reduced gradient differs.
+        d = self.train("own", 3, ["--steps", "6", "--checkpoint-every", "2", "--on-detect", "warn",
+                                  "--inject", "step=4,rank=2,layer=fc3,index=1,phase=comm,kind=bitflip,bit=30"])
+        self.assertEqual([i for i in incidents(d) if i["detector"] == "comm"], [])
+        got = self.bisect(d, 3, "hardware-transient")
+        self.assertEqual((got["step"], got["phase"], got["layer"], got["rank"]), (4, "comm", "fc3", 2), got)
+        # The same fault on a link (rank 1's message to rank 2) is seen by the comm check.
+        d = self.train("link", 3, ["--steps", "6", "--checkpoint-every", "2", "--on-detect", "warn",
+                                   "--inject", "step=4,rank=1,layer=fc3,index=1,phase=comm,kind=bitflip,bit=30"])
+        self.assertEqual([i["rank"] for i in incidents(d) if i["detector"] == "comm"], [1])
+        got = self.bisect(d, 3, "hardware-transient")
+        self.assertEqual((got["step"], got["phase"], got["layer"], got["rank"]), (4, "comm", "fc3", 1), got)
+
+    def test_a_low_bit_optimizer_fault_on_one_rank_is_found_at_its_step(self):
+        # One training rank: no replica to compare with, nothing fires; the flipped low bit of a
+        # momentum shows in the parameters only later. The trace's optimizer fingerprints find it
+        # at its own step, in its phase.
+        d = self.train("opt", 1, ["--steps", "8", "--checkpoint-every", "4", "--on-detect", "warn",
+                                  "--inject", "step=3,rank=0,layer=fc1,index=5,phase=optimizer,kind=bitflip,bit=0"])
+        got = self.bisect(d, 2, "hardware-transient")
+        self.assertEqual((got["step"], got["phase"], got["layer"], got["rank"]), (3, "optimizer", "fc1", 0), got)
+
+    def test_a_damaged_record_is_never_hardware(self):
+        args = ["--steps", "6", "--checkpoint-every", "2"]
+        d = self.train("damaged", 2, args)
+        clean = self.train("damaged-twin", 2, args)
+        with h5py.File(os.path.join(d, "trace", "rank-00001.h5"), "r+") as f:
+            fp = f["steps/grad_fp"]
+            fp[3] = fp[3] ^ np.uint64(1 << 17)  # one bit, as a disk or a stray write would
+        res = run(["verify", d])
+        self.assertEqual(res.code, 4, res.out + res.err)
+        self.assertIn("row 3 (step 4) fails its checksum", res.out + res.err)
+        ok = run(["verify", clean])
+        self.assertEqual(ok.code, 0, ok.out + ok.err)
+        self.assertIn("every row's checksum verified", ok.out)
+        got = self.bisect(d, 2, "damaged-record")
+        self.assertEqual((got["step"], got["rank"], got["host"]), (-1, -1, ""), got)
+        self.assertIn("fails its checksum", got["evidence"][-1])
+        self.assertEqual(self.bisect(clean, 2, "none")["verdict"], "none")
+
+    def data(self, name, x):
+        path = self.path(name + ".h5")
+        with h5py.File(path, "w") as f:
+            f["x"] = x
+            f["y"] = np.random.default_rng(2).integers(0, 5, x.shape[0])
+        return path
+
+    def test_data_faults_name_the_sample(self):
+        x = np.random.default_rng(1).standard_normal((96, 20)).astype(np.float32)
+        bad = x.copy()
+        bad[37, 4] = np.nan
+        res = run(["train", "--data", "hdf5:" + self.data("nan", bad)] + MLP[:1] + ["mlp", "--steps", "2"],
+                  run_dir=self.path("nan-run"))
+        self.assertEqual(res.code, 2, res.err)
+        self.assertIn("x holds a non-finite value (nan) in sample 37 (element 4)", res.err)
+        self.assertEqual(res.err.count("\n"), 1, res.err)
+        # A sample loaded wrongly during the run: a bit of element 25 of rank 2's first micro-shard
+        # (sample 1 of micro-shard 2, 20 values a sample) at step 5.
+        path = self.data("ok", x)
+        d = self.train("sample", 3, ["--data", "hdf5:" + path, "--steps", "6", "--checkpoint-every", "2",
+                                     "--on-detect", "warn", "--inject", "step=5,rank=2,index=25,phase=data,kind=bitflip,bit=22"])
+        got = self.bisect(d, 3, "data")
+        g = torch.Generator()
+        g.manual_seed(1234 + (5 - 1) // 4)  # the seed, the epoch (96 samples / 24 a step)
+        order = torch.randperm(96, generator=g)
+        truth = int(order[((5 - 1) % 4) * 24 + 2 * 6 + 1])
+        self.assertEqual((got["step"], got["phase"], got["rank"], got["sample"]), (5, "data", 2, truth), got)
 
 
 if __name__ == "__main__":

@@ -43,7 +43,7 @@ class Records(TempDirTest):
         bis = run(["bisect", "--run-dir", d], world=3, use_mpirun=True)
         self.assertIn(bis.code, (20, 21), bis.out + bis.err)
         diag = json.load(open(os.path.join(d, "diagnosis.json")))
-        self.assertEqual((diag["record"], diag["version"], diag["phase"], diag["rank"]), ("diagnosis", 1, "optimizer", 2))
+        self.assertEqual((diag["record"], diag["version"], diag["phase"], diag["rank"]), ("diagnosis", 2, "optimizer", 2))
         for name in ("verdict", "step", "layer", "phase", "rank", "host", "device", "reruns"):
             self.assertEqual(self.field(d, "diagnosis." + name), str(diag[name]), name)
         summary = self.report(d)
@@ -97,7 +97,7 @@ class Records(TempDirTest):
         path = os.path.join(d, "diagnosis.json")
         for text, needle in [('{"record": "diagnosis", "version": 1, "verdict"', "is not a culprit diagnosis record"),
                              ('{"record": "audit", "version": 1}', "not a culprit diagnosis record"),
-                             ('{"record": "diagnosis", "version": 7}', "version 7; this culprit reads diagnosis records up to 1"),
+                             ('{"record": "diagnosis", "version": 7}', "version 7; this culprit reads diagnosis records up to 2"),
                              (json.dumps({"record": "diagnosis", "version": 1, "verdict": "gremlins"}), "'verdict' is 'gremlins'")]:
             with self.subTest(text=text):
                 with open(path, "w") as f:

@@ -36,12 +36,20 @@ constexpr const char* kMetaStrings[] = {"fingerprint_format", "state_fingerprint
 constexpr std::uint64_t kSliceBytes = 1 << 20;
 
 // ---- trace: RUN/trace/rank-RRRRR.h5, one file per rank ----
-constexpr std::int64_t kTraceVersion = 2;  // 2: micro-shard input and parameter-gradient fingerprints
+// 2: micro-shard input and parameter-gradient fingerprints; 3: every row's checksum, the writer's
+// world, its reduced chunk's and optimizer state's fingerprints, every sample's fingerprint.
+constexpr std::int64_t kTraceVersion = 3;
+constexpr std::int64_t kTraceOldestReadable = 2;  // read without row checksums (TraceFile::verified)
 constexpr const char* kTraceDir = "trace";
 constexpr const char* kTracePrefix = "rank-";
 constexpr int kRankDigits = 5;
 constexpr const char* kAttrStepsCommitted = "steps_committed";    // rows of /steps valid
 constexpr const char* kAttrShardsCommitted = "shards_committed";  // rows of /shards valid
+constexpr const char* kAttrSamplesPerShard = "samples_per_shard";  // int64: width of /shards/sample_fp
+// A row's checksum (column row_check): the fingerprint (fp1) of kRowCheckSeed, the file's rank and
+// the row's index (int64 each), then the row's fields in column order (strings as their fixed-width
+// bytes), so a row moved, copied from another rank's file or changed in any bit fails it.
+constexpr std::uint64_t kRowCheckSeed = 0x63756c7072697433ULL;  // "culprit3"
 constexpr std::int64_t kTraceChunkRows = 64;
 constexpr int kHostChars = 64;
 constexpr int kDeviceChars = 16;

@@ -36,6 +36,8 @@ struct Header {
   std::vector<std::string> params;  // parameter names, state-dict order
   std::vector<std::string> layers;  // layer names in execution order (level "layer")
   std::vector<std::string> faults;  // --inject specs of every run that wrote the file (kept on resume)
+  int samples_per_shard = 0;        // width of ShardRow::sample_fps (format 3)
+  std::int64_t format_version = 0;  // as read (written: the current one)
 };
 
 // One optimizer step as seen by one rank.
@@ -45,6 +47,11 @@ struct StepRow {
   double lr = 0;
   Fingerprint grad_fp = 0;              // the reduced gradient
   std::vector<Fingerprint> param_fps;   // every parameter after the update
+  // Format 3 (0 / empty in older files):
+  std::int32_t world = 0;               // the writer's world size at this step
+  Fingerprint chunk_fp = 0;             // the chunk of the reduced gradient this rank reduced
+                                        // (chunk_offset(P, world, rank)..; W = 1: the whole)
+  std::vector<Fingerprint> opt_fps;     // every parameter's optimizer state after the update (0: none)
 };
 
 // One micro-shard as computed by one rank.
@@ -59,7 +66,12 @@ struct ShardRow {
   std::vector<Fingerprint> fwd;     // per layer: its forward output (level "layer")
   std::vector<Fingerprint> bwd;     // per layer: the gradient flowing back into its output
   std::vector<Fingerprint> param_grad;  // per parameter: its slice of the leaf (level "layer")
+  std::vector<Fingerprint> sample_fps;  // per sample of the micro-shard, as loaded (format 3)
 };
+
+// A row's checksum (checkpoint_format.h: kRowCheckSeed): `rank` the file's, `index` the row's.
+Fingerprint row_check(const StepRow& r, int rank, std::int64_t index);
+Fingerprint row_check(const ShardRow& r, int rank, std::int64_t index);
 
 std::string path_for(const std::string& run_dir, int rank);
 
@@ -84,9 +96,11 @@ struct TraceFile {
   std::vector<StepRow> steps;
   std::vector<ShardRow> shards;
   std::int64_t torn_steps = 0, torn_shards = 0;  // rows present beyond the committed counts
+  bool verified = false;  // every row passed its checksum (format 3; older files have none)
 };
 
-// Reads one rank's trace; rows beyond the committed counts are counted in torn_*, not returned.
+// Reads one rank's trace; rows beyond the committed counts are counted in torn_*, not returned. A
+// committed row that fails its checksum is damage (kDamaged, naming the file, group, row and step).
 Status read(const std::string& path, TraceFile* out);
 // The same from an open file (`name` for messages): the fuzz target's entry point.
 Status read_open(const h5::Handle& file, const std::string& name, TraceFile* out);
@@ -99,6 +113,7 @@ struct RunTrace {
   std::map<std::pair<std::int64_t, int>, ShardRow> shards;  // (step, micro-shard)
   std::vector<int> ranks;                                   // the ranks with a trace file
   std::int64_t first_step = 0, last_step = 0;               // the recorded steps' range (0: none)
+  bool verified = true;                                     // every file's rows passed their checksums
   // The lowest rank's record of step s, or null.
   const StepRow* step(std::int64_t s) const;
 };

@@ -27,6 +27,7 @@ struct ShardResult {
   float loss = 0;
   Fingerprint grad_fp = 0;          // the gradient leaf (as in the trace)
   Fingerprint input_fp = 0;         // the input samples as loaded
+  std::vector<Fingerprint> sample_fps;  // each input sample as loaded
   std::vector<Fingerprint> fwd, bwd;  // per layer, with layer tracing
   std::vector<Fingerprint> param_grad;  // per parameter's gradient, with layer tracing
   std::vector<float> grad;          // the gradient leaf's values (compute_shard only)
@@ -41,6 +42,7 @@ struct StepResult {
   float loss = 0;
   Fingerprint grad_fp = 0;              // the reduced gradient
   std::vector<Fingerprint> param_fps;   // every parameter after the update
+  std::vector<Fingerprint> opt_fps;     // every parameter's optimizer state after the update
   std::vector<ShardResult> shards;      // the micro-shards this rank computed
   // Reduction messages that arrived unlike they were sent in this replayed step (sender, receiver),
   // as ranks of the engine's communicator; the same on every rank.
@@ -74,6 +76,11 @@ class Engine {
   // sends the reduction's messages the original run's rank of that number sent (same world size): a
   // faulty link reappears there.
   virtual Status set_rotation(int rotate) = 0;
+  // Local: the last run_step's reduced gradient cut into the chunks `world` ranks reduce (the
+  // original run's world may differ from this one), fingerprinted (trace::StepRow::chunk_fp).
+  virtual std::vector<Fingerprint> reduced_chunk_fps(int world) const = 0;
+  // Local: the data set indices of micro-shard k's samples in the next step.
+  virtual std::vector<std::int64_t> shard_samples(int k) = 0;
   // Keeps the current state in memory; rewind() returns to it (local, no I/O).
   virtual Status mark() = 0;
   virtual Status rewind() = 0;

@@ -21,6 +21,9 @@ struct ShardRange {
 };
 // Leaves computed by `rank`: [floor(rank*M/W), floor((rank+1)*M/W)).
 ShardRange shard_range(int rank, int world, int micro_shards);
+// Where chunk c of n values starts when `world` ranks reduce them (chunk c: [offset(c), offset(c + 1)),
+// reduced by rank c).
+std::size_t chunk_offset(std::size_t n, int world, int c);
 
 // A node of the reduction tree: the sum of leaves [lo, lo + 2^level).
 struct TreeNode {

@@ -1,0 +1,182 @@
+// The trace's reader: one rank's file (every committed row, its checksum verified in format 3) and
+// a run's files merged. Writer: trace.cpp.
+#include <algorithm>
+#include <cstring>
+#include <filesystem>
+#include <regex>
+
+#include "culprit/checkpoint_format.h"
+#include "culprit/trace.h"
+#include "trace_columns.h"
+
+namespace culprit::trace {
+
+namespace fs = std::filesystem;
+using namespace culprit::format;
+using namespace detail;
+
+std::vector<std::string> list(const std::string& run_dir) {
+  std::vector<std::string> out;
+  std::error_code ec;
+  const fs::path dir = fs::path(run_dir) / kTraceDir;
+  if (!fs::is_directory(dir, ec)) return out;
+  static const std::regex re("rank-[0-9]{5}\\.h5");
+  for (const auto& e : fs::directory_iterator(dir, ec))
+    if (std::regex_match(e.path().filename().string(), re)) out.push_back(e.path().string());
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+const StepRow* RunTrace::step(std::int64_t s) const {
+  for (int r : ranks) {
+    auto it = steps.find({r, s});
+    if (it != steps.end()) return &it->second;
+  }
+  return nullptr;
+}
+
+Status read_run(const std::string& run_dir, RunTrace* out) {
+  *out = RunTrace();
+  const auto files = list(run_dir);
+  if (files.empty())
+    return Status::BadInput("no trace in '" + run_dir + "/" + kTraceDir + "' (was the run trained with --trace off?)");
+  for (std::size_t i = 0; i < files.size(); ++i) {
+    TraceFile tf;
+    CULPRIT_RETURN_IF_ERROR(read(files[i], &tf));
+    if (i == 0) out->header = tf.header;
+    out->verified = out->verified && tf.verified;
+    out->ranks.push_back(tf.header.rank);
+    for (const auto& s : tf.steps) {
+      out->steps[{tf.header.rank, s.step}] = s;
+      out->first_step = out->first_step ? std::min(out->first_step, s.step) : s.step;
+      out->last_step = std::max(out->last_step, s.step);
+    }
+    for (const auto& r : tf.shards) out->shards[{r.step, r.shard}] = r;
+  }
+  return Status::OK();
+}
+
+Status read(const std::string& path, TraceFile* out) {
+  h5::Handle f;
+  Status st = h5::open_read(path, &f);
+  if (!st.ok()) return st.prefixed("trace '" + path + "'");
+  return read_open(f, path, out);
+}
+
+Status read_open(const h5::Handle& f, const std::string& path, TraceFile* out) {
+  *out = TraceFile();
+  const std::string where = "trace '" + path + "'";
+  Status st = read_header(f.id(), &out->header);
+  if (!st.ok()) return st.prefixed(where);
+  std::int64_t steps = 0, shards = 0;
+  st = h5::read_attr(f.id(), kAttrStepsCommitted, &steps);
+  if (st.ok()) st = h5::read_attr(f.id(), kAttrShardsCommitted, &shards);
+  if (!st.ok()) return st.prefixed(where);
+  if (steps < 0 || shards < 0 || steps > (1LL << 40) || shards > (1LL << 40))
+    return Status::Damaged(where + ": implausible committed counts");
+  for (const char* g : {"steps", "shards"}) {
+    if (H5Lexists(f.id(), g, H5P_DEFAULT) <= 0) {
+      H5Eclear2(H5E_DEFAULT);
+      return Status::Damaged(where + " has no group '/" + g + "'");
+    }
+  }
+  h5::Handle sg(H5Gopen2(f.id(), "steps", H5P_DEFAULT), H5Gclose), hg(H5Gopen2(f.id(), "shards", H5P_DEFAULT), H5Gclose);
+  const std::int64_t np = std::max<std::int64_t>(1, static_cast<std::int64_t>(out->header.params.size()));
+  const std::int64_t nl = std::max<std::int64_t>(1, static_cast<std::int64_t>(out->header.layers.size()));
+  std::vector<unsigned char> a, b, c, d, e;
+  std::int64_t ext = 0, ext_steps = 0, ext_shards = 0;
+  const std::string sw = where + " /steps", hw = where + " /shards";
+  CULPRIT_RETURN_IF_ERROR(get(sg.id(), sw, "step", H5T_NATIVE_INT64, 8, 0, steps, &a, &ext_steps));
+  CULPRIT_RETURN_IF_ERROR(get(sg.id(), sw, "loss", H5T_NATIVE_FLOAT, 4, 0, steps, &b, &ext));
+  CULPRIT_RETURN_IF_ERROR(get(sg.id(), sw, "lr", H5T_NATIVE_DOUBLE, 8, 0, steps, &c, &ext));
+  CULPRIT_RETURN_IF_ERROR(get(sg.id(), sw, "grad_fp", H5T_NATIVE_UINT64, 8, 0, steps, &d, &ext));
+  CULPRIT_RETURN_IF_ERROR(get(sg.id(), sw, "param_fp", H5T_NATIVE_UINT64, 8, np, steps, &e, &ext));
+  const bool v3 = out->header.format_version >= 3;
+  std::vector<unsigned char> wo, cf, of, sc;
+  if (v3) {
+    CULPRIT_RETURN_IF_ERROR(get(sg.id(), sw, "world", H5T_NATIVE_INT32, 4, 0, steps, &wo, &ext));
+    CULPRIT_RETURN_IF_ERROR(get(sg.id(), sw, "chunk_fp", H5T_NATIVE_UINT64, 8, 0, steps, &cf, &ext));
+    CULPRIT_RETURN_IF_ERROR(get(sg.id(), sw, "opt_fp", H5T_NATIVE_UINT64, 8, np, steps, &of, &ext));
+    CULPRIT_RETURN_IF_ERROR(get(sg.id(), sw, "row_check", H5T_NATIVE_UINT64, 8, 0, steps, &sc, &ext));
+  }
+  out->torn_steps = ext_steps - steps;
+  for (std::int64_t i = 0; i < steps; ++i) {
+    StepRow r;
+    std::memcpy(&r.step, &a[i * 8], 8);
+    std::memcpy(&r.loss, &b[i * 4], 4);
+    std::memcpy(&r.lr, &c[i * 8], 8);
+    std::memcpy(&r.grad_fp, &d[i * 8], 8);
+    r.param_fps.resize(out->header.params.size());
+    std::memcpy(r.param_fps.data(), &e[i * np * 8], 8 * r.param_fps.size());
+    if (v3) {
+      std::memcpy(&r.world, &wo[i * 4], 4);
+      std::memcpy(&r.chunk_fp, &cf[i * 8], 8);
+      r.opt_fps.resize(out->header.params.size());
+      std::memcpy(r.opt_fps.data(), &of[i * np * 8], 8 * r.opt_fps.size());
+      Fingerprint want;
+      std::memcpy(&want, &sc[i * 8], 8);
+      if (row_check(r, out->header.rank, i) != want)
+        return Status::Damaged(sw + " row " + std::to_string(i) + " (step " + std::to_string(r.step) +
+                               ") fails its checksum: the file changed after it was written");
+    }
+    out->steps.push_back(std::move(r));
+  }
+  std::vector<unsigned char> st_, sh, rk, ho, de, lo, gf, in, fw, bw, pg;
+  h5::Handle ht(string_type(kHostChars), H5Tclose), dt(string_type(kDeviceChars), H5Tclose);
+  CULPRIT_RETURN_IF_ERROR(get(hg.id(), hw, "step", H5T_NATIVE_INT64, 8, 0, shards, &st_, &ext_shards));
+  CULPRIT_RETURN_IF_ERROR(get(hg.id(), hw, "shard", H5T_NATIVE_INT32, 4, 0, shards, &sh, &ext));
+  CULPRIT_RETURN_IF_ERROR(get(hg.id(), hw, "rank", H5T_NATIVE_INT32, 4, 0, shards, &rk, &ext));
+  CULPRIT_RETURN_IF_ERROR(get(hg.id(), hw, "host", ht.id(), kHostChars, 0, shards, &ho, &ext));
+  CULPRIT_RETURN_IF_ERROR(get(hg.id(), hw, "device", dt.id(), kDeviceChars, 0, shards, &de, &ext));
+  CULPRIT_RETURN_IF_ERROR(get(hg.id(), hw, "loss", H5T_NATIVE_FLOAT, 4, 0, shards, &lo, &ext));
+  CULPRIT_RETURN_IF_ERROR(get(hg.id(), hw, "grad_fp", H5T_NATIVE_UINT64, 8, 0, shards, &gf, &ext));
+  CULPRIT_RETURN_IF_ERROR(get(hg.id(), hw, "input_fp", H5T_NATIVE_UINT64, 8, 0, shards, &in, &ext));
+  const bool layer = out->header.level == Level::kLayer;
+  if (layer) {
+    CULPRIT_RETURN_IF_ERROR(get(hg.id(), hw, "param_grad_fp", H5T_NATIVE_UINT64, 8, np, shards, &pg, &ext));
+    CULPRIT_RETURN_IF_ERROR(get(hg.id(), hw, "fwd_fp", H5T_NATIVE_UINT64, 8, nl, shards, &fw, &ext));
+    CULPRIT_RETURN_IF_ERROR(get(hg.id(), hw, "bwd_fp", H5T_NATIVE_UINT64, 8, nl, shards, &bw, &ext));
+  }
+  const std::int64_t nsam = std::max(1, out->header.samples_per_shard);
+  std::vector<unsigned char> sf, hc;
+  if (v3) {
+    CULPRIT_RETURN_IF_ERROR(get(hg.id(), hw, "sample_fp", H5T_NATIVE_UINT64, 8, nsam, shards, &sf, &ext));
+    CULPRIT_RETURN_IF_ERROR(get(hg.id(), hw, "row_check", H5T_NATIVE_UINT64, 8, 0, shards, &hc, &ext));
+  }
+  out->torn_shards = ext_shards - shards;
+  for (std::int64_t i = 0; i < shards; ++i) {
+    ShardRow r;
+    std::memcpy(&r.step, &st_[i * 8], 8);
+    std::memcpy(&r.shard, &sh[i * 4], 4);
+    std::memcpy(&r.rank, &rk[i * 4], 4);
+    r.host.assign(reinterpret_cast<const char*>(&ho[i * kHostChars]),
+                  strnlen(reinterpret_cast<const char*>(&ho[i * kHostChars]), kHostChars));
+    r.device.assign(reinterpret_cast<const char*>(&de[i * kDeviceChars]),
+                    strnlen(reinterpret_cast<const char*>(&de[i * kDeviceChars]), kDeviceChars));
+    std::memcpy(&r.loss, &lo[i * 4], 4);
+    std::memcpy(&r.grad_fp, &gf[i * 8], 8);
+    std::memcpy(&r.input_fp, &in[i * 8], 8);
+    if (layer) {
+      r.param_grad.resize(out->header.params.size());
+      std::memcpy(r.param_grad.data(), &pg[i * np * 8], 8 * r.param_grad.size());
+      r.fwd.resize(out->header.layers.size());
+      r.bwd.resize(out->header.layers.size());
+      std::memcpy(r.fwd.data(), &fw[i * nl * 8], 8 * r.fwd.size());
+      std::memcpy(r.bwd.data(), &bw[i * nl * 8], 8 * r.bwd.size());
+    }
+    if (v3) {
+      r.sample_fps.resize(out->header.samples_per_shard);
+      std::memcpy(r.sample_fps.data(), &sf[i * nsam * 8], 8 * r.sample_fps.size());
+      Fingerprint want;
+      std::memcpy(&want, &hc[i * 8], 8);
+      if (row_check(r, out->header.rank, i) != want)
+        return Status::Damaged(hw + " row " + std::to_string(i) + " (step " + std::to_string(r.step) + ", micro-shard " +
+                               std::to_string(r.shard) + ") fails its checksum: the file changed after it was written");
+    }
+    out->shards.push_back(std::move(r));
+  }
+  out->verified = v3;
+  return Status::OK();
+}
+
+}  // namespace culprit::trace
