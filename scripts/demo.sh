@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # README command 1: set up, build, and run the demo: 4 ranks train the default model (mlp) on
 # synthetic data, printing loss and parameter fingerprint per step and a summary; then one rank
-# trains the same run to show the parameters are bitwise the same at any world size.
+# trains the same run to show the parameters are bitwise the same at any world size; then a run
+# with a silent fault (one wrong value on one rank, reduced into every replica: nothing fires
+# online) is diagnosed after the fact by culprit bisect, which names its step, layer, phase and rank.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh
@@ -24,4 +26,25 @@ fi
 echo
 echo "== culprit verify $run/w4   (every checkpoint and trace fingerprint rechecked)"
 build/culprit verify "$run/w4"
-echo "run directories: $run/w4 $run/w1 (run.json, metrics.jsonl, checkpoints/, trace/)"
+echo
+fault="step=23,rank=2,layer=fc2,index=7,phase=forward,kind=bitflip,bit=22"
+echo "== a silent fault: --inject $fault"
+echo "   (rank 2 computes one activation of layer fc2 wrongly in step 23; default options: checkpoints every"
+echo "   10 steps, the newest 3 and the run's start kept)"
+mpirun --oversubscribe --bind-to none -np 4 build/culprit train --run-dir "$run/silent" --steps 60 --quiet \
+  --inject "$fault" | tail -n 1
+echo
+echo "== mpirun -np 4 culprit bisect --run-dir $run/silent"
+set +e
+mpirun --oversubscribe --bind-to none -np 4 build/culprit bisect --run-dir "$run/silent" 2>/dev/null
+rc=$?
+set -e
+field() { build/culprit report "$run/silent" --field "diagnosis.$1"; }
+found="$(field step) $(field layer) $(field phase) $(field rank)"
+echo "bisect exit $rc (verdict $(field verdict)): step, layer, phase, rank = $found"
+if [ "$found" != "23 fc2 forward 2" ]; then
+  echo "MISMATCH: the fault was injected at step 23, layer fc2, phase forward, rank 2" >&2
+  exit 1
+fi
+echo "the diagnosis names the injected fault exactly; its report: $run/silent/diagnosis.html"
+echo "run directories: $run/w4 $run/w1 $run/silent (run.json, metrics.jsonl, checkpoints/, trace/)"

@@ -21,8 +21,9 @@ using harness::ShardResult;
 using harness::StepResult;
 using replay::Schema;
 
-// The report's step x layer map of the replay: rows input, each layer (forward or backward), the
-// gradient leaf, the update; a cell is 1 where the replay differs from the record.
+// The report's step x layer map of the replay: rows in execution order (input, each layer's forward
+// output, each layer's backward gradient from the last layer to the first, the gradient leaf, the
+// update); a cell is 1 where the replay differs from the record.
 struct LayerMap {
   std::vector<std::string> rows;
   std::vector<std::int64_t> steps;

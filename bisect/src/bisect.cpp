@@ -95,8 +95,14 @@ Status open_context(Context* ctx) {
   bool none = false;
   CULPRIT_RETURN_IF_ERROR(open_segment(ctx, &none));
   ctx->schema = replay::schema_of(*ctx->engine, ctx->run.trace);
+  // The map's rows as executed: the input, every layer's forward output, every layer's backward
+  // gradient (last layer first), the leaf; so the first differing cell of a column is the origin.
   ctx->map.rows = {"input"};
-  if (ctx->layer) ctx->map.rows.insert(ctx->map.rows.end(), ctx->schema.layers.begin(), ctx->schema.layers.end());
+  const auto& layers = ctx->schema.layers;
+  if (ctx->layer) {
+    for (const auto& l : layers) ctx->map.rows.push_back("forward " + l);
+    for (auto it = layers.rbegin(); it != layers.rend(); ++it) ctx->map.rows.push_back("backward " + *it);
+  }
   ctx->map.rows.push_back("gradient leaf");
   ctx->map.rows.push_back("update");
   return Status::OK();

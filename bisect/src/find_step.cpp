@@ -23,8 +23,11 @@ void compare_shard(const Context& ctx, const ShardResult& r, const trace::ShardR
   if (replay::first_difference(r, want, ctx.schema.layers, ctx.schema.params, ctx.schema.layers_recorded))
     c->bad[r.shard] = 1;
   c->rows[0] |= r.input_fp != want.input_fp;
-  for (std::size_t i = 0; ctx.layer && i < ctx.schema.layers.size() && i < r.fwd.size() && i < want.fwd.size(); ++i)
-    c->rows[1 + i] |= r.fwd[i] != want.fwd[i] || r.bwd[i] != want.bwd[i];
+  const std::size_t nl = ctx.schema.layers.size();
+  for (std::size_t i = 0; ctx.layer && i < nl && i < r.fwd.size() && i < want.fwd.size(); ++i) {
+    c->rows[1 + i] |= r.fwd[i] != want.fwd[i];
+    c->rows[1 + nl + (nl - 1 - i)] |= r.bwd[i] != want.bwd[i];
+  }
   c->rows[c->rows.size() - 2] |= r.grad_fp != want.grad_fp || !replay::same_bits(r.loss, want.loss);
 }
 

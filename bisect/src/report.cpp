@@ -36,71 +36,85 @@ std::string num(double v) {
   return buf;
 }
 
-// RUN/diagnosis.html: one self-contained page (inline SVG, no scripts, no external files): the
-// verdict, the loss each rank recorded per step with the faulty step marked, and the step x layer
-// map of the replay (match / differ), and the evidence.
-Status write_page(const std::string& run_dir, const Diagnosis& d, const trace::RunTrace& rec, const LayerMap& map) {
-  const auto& rows = map.rows;
-  const auto& steps = map.steps;
-  const auto& cells = map.cells;
-  const std::string verdict = name_of(d.verdict);
+std::string rank_list(const std::vector<int>& ranks) {
+  std::string out;
+  for (int r : ranks) out += (out.empty() ? "" : ", ") + std::to_string(r);
+  return out;
+}
+
+void summary_table(std::ostringstream& h, const Diagnosis& d) {
   const std::string phase = d.phase ? name_of(*d.phase) : "";
-  std::ostringstream h;
-  h << "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\"><title>culprit diagnosis: " << esc(verdict)
-    << "</title>\n<style>body{font-family:sans-serif;margin:2em;max-width:72em}table{border-collapse:collapse}"
-       "td,th{border:1px solid #ccc;padding:.2em .6em;text-align:left}.differ{fill:#d62728}.match{fill:#2ca02c}"
-       "svg{border:1px solid #ddd;margin:.5em 0}</style></head><body>\n";
-  h << "<h1>culprit diagnosis</h1>\n<table id=\"summary\">";
   const std::vector<std::pair<std::string, std::string>> fields = {
-      {"verdict", verdict}, {"step", d.step >= 0 ? std::to_string(d.step) : "-"}, {"phase", phase.empty() ? "-" : phase},
-      {"layer", d.layer.empty() ? "-" : d.layer}, {"rank", d.rank >= 0 ? std::to_string(d.rank) : "-"},
-      {"host", d.host.empty() ? "-" : d.host}, {"device", d.device.empty() ? "-" : d.device},
-      {"reruns", std::to_string(d.reproduced) + " of " + std::to_string(d.reruns) + " reproduced"},
+      {"verdict", name_of(d.verdict)}, {"step", d.step >= 0 ? std::to_string(d.step) : "-"},
+      {"phase", phase.empty() ? "-" : phase}, {"layer", d.layer.empty() ? "-" : d.layer},
+      {"rank", d.rank >= 0 ? std::to_string(d.rank) : "-"}, {"host", d.host.empty() ? "-" : d.host},
+      {"device", d.device.empty() ? "-" : d.device},
+      {"candidates", d.candidates.empty() ? "-" : "one of ranks " + rank_list(d.candidates) + " (nobody excluded)"},
+      {"sample", d.sample >= 0 ? std::to_string(d.sample) : "-"},
+      {"reruns", std::to_string(d.reproduced) + " of " + std::to_string(d.reruns) + " differ from the healthy result"},
       {"replayed", std::to_string(d.steps_replayed) + " step(s) in " + num(d.seconds) + " s"}};
+  h << "<h1>culprit diagnosis</h1>\n<table id=\"summary\">";
   for (const auto& [k, v] : fields) h << "<tr><th>" << k << "</th><td id=\"" << k << "\">" << esc(v) << "</td></tr>";
   h << "</table>\n";
-  // Loss per rank: the mean loss of the micro-shards each rank recorded, per step.
+}
+
+// Loss per rank: the mean loss of the micro-shards each rank recorded, per step. The legend sits
+// in its own band under the axis labels, so it overlaps nothing however many ranks there are.
+void loss_plot(std::ostringstream& h, const Diagnosis& d, const trace::RunTrace& rec) {
   std::map<int, std::map<std::int64_t, std::pair<double, int>>> per_rank;
   for (const auto& [key, row] : rec.shards) {
     auto& acc = per_rank[row.rank][row.step];
     if (std::isfinite(row.loss)) acc.first += row.loss, acc.second += 1;
   }
   double lo = 1e300, hi = -1e300;
-  std::int64_t s0 = 1, s1 = std::max<std::int64_t>(2, rec.last_step);
+  const std::int64_t s0 = 1, s1 = std::max<std::int64_t>(2, rec.last_step);
   for (const auto& [r, series] : per_rank)
     for (const auto& [st, acc] : series)
       if (acc.second) lo = std::min(lo, acc.first / acc.second), hi = std::max(hi, acc.first / acc.second);
   if (!(hi > lo)) lo = 0, hi = std::max(1.0, hi);
-  const double Wd = 720, Ht = 240, L = 50, R = 110, T = 20, B = 30;
+  const int per_row = 8, legend_rows = static_cast<int>((per_rank.size() + per_row - 1) / per_row);
+  const double Wd = 720, Hp = 240, L = 50, R = 20, T = 20, B = 30, Ht = Hp + 16.0 * legend_rows + 6;
   auto X = [&](double st) { return L + (st - s0) / static_cast<double>(s1 - s0) * (Wd - L - R); };
-  auto Y = [&](double v) { return T + (hi - v) / (hi - lo) * (Ht - T - B); };
+  auto Y = [&](double v) { return T + (hi - v) / (hi - lo) * (Hp - T - B); };
   static const char* colors[] = {"#1f77b4", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22", "#17becf"};
   h << "<h2>Loss per rank</h2>\n<svg id=\"loss-plot\" xmlns=\"http://www.w3.org/2000/svg\" width=\"" << Wd
     << "\" height=\"" << Ht << "\" role=\"img\" aria-label=\"loss per rank\">";
-  h << "<line x1=\"" << L << "\" y1=\"" << Ht - B << "\" x2=\"" << Wd - R << "\" y2=\"" << Ht - B << "\" stroke=\"#000\"/>";
-  h << "<line x1=\"" << L << "\" y1=\"" << T << "\" x2=\"" << L << "\" y2=\"" << Ht - B << "\" stroke=\"#000\"/>";
-  h << "<text x=\"" << L << "\" y=\"" << Ht - 8 << "\" font-size=\"11\">step " << s0 << "</text><text x=\"" << Wd - R - 40
-    << "\" y=\"" << Ht - 8 << "\" font-size=\"11\">step " << s1 << "</text>";
-  h << "<text x=\"2\" y=\"" << T + 10 << "\" font-size=\"11\">" << num(hi) << "</text><text x=\"2\" y=\"" << Ht - B
-    << "\" font-size=\"11\">" << num(lo) << "</text>";
+  h << "<line x1=\"" << L << "\" y1=\"" << Hp - B << "\" x2=\"" << Wd - R << "\" y2=\"" << Hp - B << "\" stroke=\"#000\"/>";
+  h << "<line x1=\"" << L << "\" y1=\"" << T << "\" x2=\"" << L << "\" y2=\"" << Hp - B << "\" stroke=\"#000\"/>";
+  h << "<text x=\"" << L << "\" y=\"" << Hp - 12 << "\" font-size=\"11\">step " << s0 << "</text><text x=\"" << Wd - R
+    << "\" y=\"" << Hp - 12 << "\" font-size=\"11\" text-anchor=\"end\">step " << s1 << "</text>";
+  h << "<text x=\"" << L - 4 << "\" y=\"" << T + 4 << "\" font-size=\"11\" text-anchor=\"end\">" << num(hi)
+    << "</text><text x=\"" << L - 4 << "\" y=\"" << Hp - B << "\" font-size=\"11\" text-anchor=\"end\">" << num(lo)
+    << "</text>";
   int ci = 0;
   for (const auto& [r, series] : per_rank) {
     std::string pts;
     for (const auto& [st, acc] : series)
       if (acc.second) pts += num(X(static_cast<double>(st))) + "," + num(Y(acc.first / acc.second)) + " ";
-    const char* c = colors[ci++ % 8];
+    const char* c = colors[ci % 8];
+    const double lx = L + 80.0 * (ci % per_row), ly = Hp + 16.0 * (ci / per_row) + 4;
     h << "<polyline class=\"rank\" data-rank=\"" << r << "\" fill=\"none\" stroke=\"" << c << "\" points=\"" << pts
-      << "\"/><text x=\"" << Wd - R + 8 << "\" y=\"" << T + 14 * ci << "\" font-size=\"11\" fill=\"" << c << "\">rank "
-      << r << "</text>";
+      << "\"/><g class=\"legend\"><rect x=\"" << lx << "\" y=\"" << ly << "\" width=\"10\" height=\"10\" fill=\"" << c
+      << "\"/><text x=\"" << lx + 14 << "\" y=\"" << ly + 9 << "\" font-size=\"11\">rank " << r << "</text></g>";
+    ++ci;
   }
-  if (d.step > 0)
-    h << "<line id=\"faulty-step-marker\" data-step=\"" << d.step << "\" x1=\"" << num(X(static_cast<double>(d.step)))
-      << "\" y1=\"" << T << "\" x2=\"" << num(X(static_cast<double>(d.step))) << "\" y2=\"" << Ht - B
-      << "\" stroke=\"#d62728\" stroke-dasharray=\"4 3\"/><text x=\"" << num(X(static_cast<double>(d.step)) + 3) << "\" y=\""
-      << T + 10 << "\" font-size=\"11\" fill=\"#d62728\">faulty step " << d.step << "</text>";
+  if (d.step > 0) {
+    const double x = X(static_cast<double>(d.step));
+    const bool right = x > Wd / 2;  // the label reads away from the edge
+    h << "<line id=\"faulty-step-marker\" data-step=\"" << d.step << "\" x1=\"" << num(x) << "\" y1=\"" << T
+      << "\" x2=\"" << num(x) << "\" y2=\"" << Hp - B << "\" stroke=\"#d62728\" stroke-dasharray=\"4 3\"/><text x=\""
+      << num(right ? x - 3 : x + 3) << "\" y=\"" << T + 10 << "\" font-size=\"11\" fill=\"#d62728\" text-anchor=\""
+      << (right ? "end" : "start") << "\">faulty step " << d.step << "</text>";
+  }
   h << "</svg>\n";
-  // The replay's step x layer map.
-  const double cw = 26, rh = 16, lw = 170;
+}
+
+// The replay's step x layer map, rows in execution order.
+void layer_map(std::ostringstream& h, const Diagnosis& d, const LayerMap& map) {
+  const auto& rows = map.rows;
+  const auto& steps = map.steps;
+  const auto& cells = map.cells;
+  const double cw = 26, rh = 16, lw = 200;
   const double mw = lw + cw * std::max<std::size_t>(1, steps.size()) + 10, mh = 24 + rh * rows.size() + 10;
   h << "<h2>Replay: step &times; layer</h2>\n<svg id=\"layer-map\" xmlns=\"http://www.w3.org/2000/svg\" width=\"" << mw
     << "\" height=\"" << mh << "\" role=\"img\" aria-label=\"step by layer map\">";
@@ -117,11 +131,46 @@ Status write_page(const std::string& run_dir, const Diagnosis& d, const trace::R
         << esc(rows[j]) << "\" x=\"" << x + 2 << "\" y=\"" << 24 + rh * j << "\" width=\"" << cw - 4 << "\" height=\"" << rh - 3
         << "\"/>";
   }
-  h << "</svg>\n<p>Green: the replay matches the record; red: it differs. Rows: the micro-shards' input, each layer "
-       "(forward output or backward gradient), the gradient leaf and loss, the step's update.</p>\n";
+  h << "</svg>\n<p>Green: the replay matches the record; red: it differs. Rows top to bottom as executed: the "
+       "micro-shards' input, each layer's forward output, each layer's backward gradient (last layer first), the "
+       "gradient leaf and loss, the step's update; the first red cell of a column is where the fault entered.</p>\n";
+}
+
+// What was examined and what not (the verdict speaks for the former only), replay faults, evidence.
+void coverage_and_evidence(std::ostringstream& h, const Diagnosis& d) {
+  h << "<h2>Coverage</h2>\n<table id=\"coverage\"><tr><th>steps</th><th>examined</th><th>why not</th></tr>";
+  for (const auto& r : d.coverage.examined)
+    h << "<tr class=\"examined\"><td>" << r.from << "&ndash;" << r.to << "</td><td>yes</td><td></td></tr>";
+  for (const auto& r : d.coverage.not_examined)
+    h << "<tr class=\"not-examined\"><td>" << r.from << "&ndash;" << r.to << "</td><td>no</td><td>" << esc(r.reason)
+      << "</td></tr>";
+  h << "</table>\n";
+  if (!d.replay_faults.empty()) {
+    h << "<h2>Faults during the bisection's own replay</h2>\n<ul id=\"replay-faults\">";
+    for (const auto& f : d.replay_faults)
+      h << "<li>step " << f.step << ", rank " << f.rank << " (host " << esc(f.host) << "): " << esc(f.what) << "</li>";
+    h << "</ul>\n";
+  }
   h << "<h2>Evidence</h2>\n<ol id=\"evidence\">";
   for (const auto& e : d.evidence) h << "<li>" << esc(e) << "</li>";
-  h << "</ol>\n</body></html>\n";
+  h << "</ol>\n";
+}
+
+// RUN/diagnosis.html: one self-contained page (inline SVG, no scripts, no external files): the
+// verdict, the loss each rank recorded per step with the faulty step marked, the step x layer map
+// of the replay (match / differ), the coverage and the evidence.
+Status write_page(const std::string& run_dir, const Diagnosis& d, const trace::RunTrace& rec, const LayerMap& map) {
+  std::ostringstream h;
+  h << "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\"><title>culprit diagnosis: "
+    << esc(name_of(d.verdict))
+    << "</title>\n<style>body{font-family:sans-serif;margin:2em;max-width:72em}table{border-collapse:collapse}"
+       "td,th{border:1px solid #ccc;padding:.2em .6em;text-align:left}.differ{fill:#d62728}.match{fill:#2ca02c}"
+       "svg{border:1px solid #ddd;margin:.5em 0}</style></head><body>\n";
+  summary_table(h, d);
+  loss_plot(h, d, rec);
+  layer_map(h, d, map);
+  coverage_and_evidence(h, d);
+  h << "</body></html>\n";
   const auto path = fs::path(run_dir) / "diagnosis.html";
   std::ofstream out(path);
   out << h.str();

@@ -87,10 +87,29 @@ class Elements(HTMLParser):
         self.found.append((tag, dict(attrs)))
 
 
-def check_report(test, html, step):
-    """diagnosis.html holds both plots, the faulty step marked in each, and differing cells there."""
+def check_report(test, html, step, origin=None):
+    """diagnosis.html holds both plots, the faulty step marked in each, and differing cells there; the
+    map's rows are in execution order, so the first differing cell of the faulty step is `origin`;
+    the loss plot's legend lies below its axis, clear of the plot and its labels."""
     p = Elements()
     p.feed(html)
+    rows = []
+    for t, a in p.found:
+        if t == "rect" and a.get("data-step") == str(step) and a.get("data-row") not in rows:
+            rows.append(a.get("data-row"))
+    first = next((a["data-row"] for t, a in p.found
+                  if t == "rect" and a.get("data-step") == str(step) and a.get("class") == "differ"), None)
+    if origin:
+        test.assertEqual(first, origin, rows)
+        test.assertLess(rows.index("forward " + origin.split(" ", 1)[1]), rows.index("backward " + origin.split(" ", 1)[1]))
+    svg_tags = [a for t, a in p.found if t == "svg" and a.get("id") == "loss-plot"]
+    axis_y = max(float(a["y1"]) for t, a in p.found if t == "line" and "y1" in a and a.get("y1") == a.get("y2"))
+    legend = [a for t, a in p.found if t == "rect" and a.get("width") == "10" and a.get("height") == "10"]
+    test.assertTrue(legend)
+    for a in legend:
+        test.assertGreater(float(a["y"]), axis_y)
+        test.assertLessEqual(float(a["y"]) + 10, float(svg_tags[0]["height"]))
+        test.assertLessEqual(float(a["x"]) + 60, float(svg_tags[0]["width"]))
     ids = {a.get("id"): (t, a) for t, a in p.found if a.get("id")}
     test.assertEqual(ids["loss-plot"][0], "svg")
     test.assertEqual(ids["layer-map"][0], "svg")
@@ -148,7 +167,7 @@ class Bisect(TempDirTest):
         got = self.bisect(d, 2, "hardware-transient")
         page = os.path.join(d, "diagnosis.html")
         with open(page) as f:
-            check_report(self, f.read(), got["step"])
+            check_report(self, f.read(), got["step"], origin="forward fc2")
         # Headless Chromium (Debian's chromium, installed by scripts/setup.sh) loads it; the DOM it
         # builds holds the same elements.
         browser = shutil.which("chromium")
@@ -156,7 +175,13 @@ class Bisect(TempDirTest):
         res = subprocess.run([browser, "--headless", "--no-sandbox", "--disable-gpu", "--dump-dom", "file://" + page],
                              capture_output=True, text=True, timeout=120)
         self.assertEqual(res.returncode, 0, res.stderr)
-        check_report(self, res.stdout, got["step"])
+        check_report(self, res.stdout, got["step"], origin="forward fc2")
+        # And it renders: a screenshot of the page as Chromium lays it out.
+        shot = os.path.join(d, "diagnosis.png")
+        res = subprocess.run([browser, "--headless", "--no-sandbox", "--disable-gpu", "--window-size=1200,1400",
+                              "--screenshot=" + shot, "file://" + page], capture_output=True, text=True, timeout=120)
+        self.assertEqual(res.returncode, 0, res.stderr)
+        self.assertGreater(os.path.getsize(shot), 10000)
 
     def test_intermittent_fault_reproduces_now_and_then(self):
         d = self.trained("intermittent", "mlp", 3,
