@@ -1,0 +1,296 @@
+#!/usr/bin/env python3
+"""The localisation campaign: seeded random injected faults, each run beside its clean twin, each
+diagnosed by `culprit bisect`, scored against the injected truth.
+
+    /usr/bin/python3 bench/localize.py --trials 300 --seed 1 [--out results.jsonl]
+
+Every trial draws a model (mlp, cnn, gpt, or a residual MLP of this script's own as a TorchScript
+file on HDF5 data), a training world size 1-4 and a bisecting one 2-4, a phase, kind, mode, rank,
+layer, step, index and bit, and trains with culprit's default options (checkpoints every 10 steps,
+the newest 3 and the run's start kept, --on-detect halt, --trace layer) for 16 steps, then the same
+run without the fault (the twin). The truth is the injected rank, phase and layer, at the first step
+where the two runs' traces differ (read here with h5py, not by culprit). A fault that leaves the run
+bitwise equal to its twin has no observable effect: the diagnosis must then be none. Each tenth
+trial is a clean run (no fault): none again.
+
+A trial is
+  exact      verdict class, step, phase, layer and rank all equal to the truth (the verdict class:
+             hardware-transient for transient faults, hardware-persistent for persistent ones, either
+             for intermittent ones, hardware-unconfirmed when the faulty rank is outside the bisecting
+             world, data for data faults);
+  ambiguous  a persistent micro-shard fault bisected on two ranks: each rank reproduces its own
+             result and two opinions cannot tell which is faulty; correct when the verdict, step,
+             phase and layer are right, no rank is blamed and the faulty rank is among the candidates
+             (docs/bisect.md, "Limits");
+  wrong      anything else (printed in full).
+The summary: exact rate per phase x mode, steps replayed per diagnosis against the checkpoint
+interval K (with and without an online incident), wall time.
+"""
+import argparse
+import collections
+import json
+import os
+import random
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+import h5py
+import numpy as np
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+CULPRIT = os.environ.get("CULPRIT_BIN", os.path.join(HERE, "..", "build", "culprit"))
+MPIRUN = ["mpirun", "--oversubscribe", "--bind-to", "none"]
+STEPS, K = 16, 10
+
+MODELS = {
+    "mlp": (["--model", "mlp", "--global-batch", "24", "--micro-shards", "4", "--samples", "96"], ["fc1", "fc2", "fc3"]),
+    "cnn": (["--model", "cnn", "--global-batch", "16", "--micro-shards", "4", "--samples", "64"], ["conv1", "conv2", "fc"]),
+    "gpt": (["--model", "gpt", "--global-batch", "8", "--micro-shards", "4", "--samples", "32", "--optimizer", "adamw",
+             "--lr", "0.003"], ["tok_emb", "blocks.0.attn.qkv", "blocks.0.attn.proj", "blocks.0.mlp.fc", "blocks.1.mlp.proj",
+                                "head"]),
+    "ts": (None, ["fc_in", "block1", "block2", "head"]),  # filled in by make_torchscript
+}
+PHASES = ["forward", "backward", "grad", "comm", "param", "optimizer", "data"]
+SHARD_PHASES = {"forward", "backward", "grad", "data"}
+KINDS = ["bitflip", "nan", "scale", "noise"]
+MODES = ["transient", "persistent", "intermittent"]
+
+TS_SOURCE = '''
+import sys, torch
+class ResMlp(torch.nn.Module):
+    """A residual MLP: children called in order, so culprit traces each."""
+    def __init__(self):
+        super().__init__()
+        self.fc_in = torch.nn.Linear(32, 48)
+        self.block1 = torch.nn.Linear(48, 48)
+        self.block2 = torch.nn.Linear(48, 48)
+        self.head = torch.nn.Linear(48, 10)
+    def forward(self, x):
+        h = torch.relu(self.fc_in(x))
+        h = h + torch.relu(self.block1(h))
+        h = h + torch.relu(self.block2(h))
+        return self.head(h)
+torch.manual_seed(3)
+torch.jit.script(ResMlp()).save(sys.argv[1])
+'''
+
+
+def make_torchscript(work):
+    model, data = os.path.join(work, "resmlp.pt"), os.path.join(work, "resmlp.h5")
+    script = os.path.join(work, "resmlp.py")  # TorchScript reads the class's source from a file
+    with open(script, "w") as f:
+        f.write(TS_SOURCE)
+    subprocess.run(["/usr/bin/python3", script, model], check=True)
+    rng = np.random.default_rng(4)
+    with h5py.File(data, "w") as f:
+        f["x"] = rng.standard_normal((96, 32)).astype(np.float32)
+        f["y"] = rng.integers(0, 10, 96)
+    MODELS["ts"] = (["--model", "torchscript:" + model, "--data", "hdf5:" + data, "--global-batch", "24",
+                     "--micro-shards", "4"], MODELS["ts"][1])
+
+
+def draw(rng, i):
+    """One trial's configuration; every tenth is clean."""
+    model = rng.choice(sorted(MODELS))
+    wt, wb = rng.randint(1, 4), rng.randint(2, 4)
+    t = {"trial": i, "model": model, "w_train": wt, "w_bisect": wb, "fault": None}
+    if i % 10 == 9:
+        return t
+    phase = rng.choice([p for p in PHASES if p != "comm" or wt > 1])
+    kind = rng.choice(KINDS)
+    mode = rng.choice(MODES)
+    f = {"phase": phase, "kind": kind, "mode": mode, "rank": rng.randrange(wt), "step": rng.randint(2, STEPS - 2),
+         "index": rng.randrange(8), "layer": "" if phase == "data" else rng.choice(MODELS[model][1])}
+    spec = "step=%d,rank=%d,index=%d,phase=%s,kind=%s,mode=%s" % (f["step"], f["rank"], f["index"], phase, kind, mode)
+    if f["layer"]:
+        spec += ",layer=" + f["layer"]
+    if kind == "bitflip":
+        f["bit"] = rng.randint(0, 30)
+        spec += ",bit=%d" % f["bit"]
+    if kind == "scale":
+        spec += ",factor=%g" % rng.choice([0.5, 2, 3, 1e3])
+    if mode == "intermittent":
+        spec += ",p=0.5"
+    f["spec"] = spec
+    t["fault"] = f
+    return t
+
+
+def run(cmd, timeout=600):
+    t0 = time.time()
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    return p.returncode, p.stdout + p.stderr, time.time() - t0
+
+
+def train(run_dir, t, inject):
+    args = [CULPRIT, "train", "--run-dir", run_dir, "--steps", str(STEPS), "--quiet"] + MODELS[t["model"]][0]
+    if inject:
+        args += ["--inject", inject]
+    return run(MPIRUN + ["-np", str(t["w_train"])] + args)
+
+
+def trace_rows(run_dir):
+    """Every trace row's fingerprints, by key, read with h5py: ('step', rank, step) and ('shard', step, k)."""
+    rows = {}
+    tdir = os.path.join(run_dir, "trace")
+    for name in sorted(os.listdir(tdir)):
+        with h5py.File(os.path.join(tdir, name), "r") as f:
+            rank, ns, nh = int(f.attrs["rank"]), int(f.attrs["steps_committed"]), int(f.attrs["shards_committed"])
+            st = f["steps"]
+            for i in range(ns):
+                rows[("step", rank, int(st["step"][i]))] = (float(st["loss"][i]) if not np.isnan(st["loss"][i]) else "nan",
+                                                           int(st["grad_fp"][i]), tuple(st["param_fp"][i]), tuple(st["opt_fp"][i]))
+            sh = f["shards"]
+            for i in range(nh):
+                key = ("shard", int(sh["step"][i]), int(sh["shard"][i]))
+                rows[key] = tuple(int(sh[c][i]) for c in ("grad_fp", "input_fp")) + tuple(
+                    tuple(sh[c][i]) for c in ("fwd_fp", "bwd_fp", "param_grad_fp", "sample_fp"))
+    return rows
+
+
+def first_difference(faulty, twin):
+    """The first step where the faulty run's trace differs from its twin's (None: bitwise equal)."""
+    steps = sorted({k[2] if k[0] == "step" else k[1] for k in faulty})
+    for s in steps:
+        for k, v in faulty.items():
+            ks = k[2] if k[0] == "step" else k[1]
+            if ks == s and twin.get(k) != v:
+                return s
+    return None
+
+
+def diagnose(run_dir, wb):
+    rc, out, secs = run(MPIRUN + ["-np", str(wb), CULPRIT, "bisect", "--run-dir", run_dir])
+    path = os.path.join(run_dir, "diagnosis.json")
+    d = json.load(open(path)) if os.path.exists(path) else {"verdict": "error", "exit": rc, "out": out[-2000:]}
+    return d, secs
+
+
+def expected_verdicts(t, f):
+    if f["phase"] == "data":
+        return {"data"}
+    if f["rank"] >= t["w_bisect"]:
+        return {"hardware-unconfirmed"}
+    return {"transient": {"hardware-transient"}, "persistent": {"hardware-persistent"},
+            "intermittent": {"hardware-transient", "hardware-persistent"}}[f["mode"]]
+
+
+def score(t, d, truth_step):
+    f = t["fault"]
+    if f is None or truth_step is None:
+        return "exact" if d["verdict"] == "none" else "wrong"
+    layer = "" if f["phase"] == "data" else f["layer"]
+    where = (d.get("step"), d.get("phase"), d.get("layer"))
+    if d["verdict"] in expected_verdicts(t, f) and where == (truth_step, f["phase"], layer) and d.get("rank") == f["rank"]:
+        return "exact"
+    ambiguous = (t["w_bisect"] == 2 and f["mode"] == "persistent" and f["phase"] in SHARD_PHASES and f["rank"] < 2)
+    if (ambiguous and d.get("rank") == -1 and f["rank"] in d.get("candidates", []) and where == (truth_step, f["phase"], layer)
+            and d["verdict"] in ({"data"} if f["phase"] == "data" else {"hardware-persistent"})):
+        return "ambiguous"
+    return "wrong"
+
+
+def trial(work, t):
+    d_fault, d_twin = os.path.join(work, "t%d" % t["trial"]), os.path.join(work, "t%d-twin" % t["trial"])
+    f = t["fault"]
+    rc, out, train_s = train(d_fault, t, f["spec"] if f else None)
+    t["train_exit"] = rc
+    if rc == 2:  # a draw culprit refuses (a layer without parameters for phase param, ...): redrawn
+        shutil.rmtree(d_fault, ignore_errors=True)
+        t["refused"] = next((l for l in out.splitlines() if "culprit: error" in l), out.strip()[-200:])
+        return t
+    truth = None
+    if f:
+        rc2, out2, _ = train(d_twin, t, None)
+        if rc2 != 0:
+            raise RuntimeError("clean twin failed: " + out2[-2000:])
+        truth = first_difference(trace_rows(d_fault), trace_rows(d_twin))
+    t["truth_step"] = truth
+    t["incident"] = os.path.exists(os.path.join(d_fault, "incidents.jsonl")) and os.path.getsize(
+        os.path.join(d_fault, "incidents.jsonl")) > 0
+    d, secs = diagnose(d_fault, t["w_bisect"])
+    t["diagnosis"] = {k: d.get(k) for k in ("verdict", "step", "phase", "layer", "rank", "candidates", "sample",
+                                            "steps_replayed", "replay_faults", "coverage", "seconds")}
+    t["bisect_wall_s"] = secs
+    t["score"] = score(t, d, truth)
+    if t["score"] == "wrong":
+        t["evidence"] = d.get("evidence", d.get("out"))
+    shutil.rmtree(d_fault, ignore_errors=True)
+    shutil.rmtree(d_twin, ignore_errors=True)
+    return t
+
+
+def summary(results):
+    out = []
+    cells = collections.defaultdict(lambda: collections.Counter())
+    for t in results:
+        f = t["fault"]
+        key = ("clean", "-") if f is None else (f["phase"], f["mode"]) if t["truth_step"] is not None else ("no effect", "-")
+        cells[key][t["score"]] += 1
+    out.append("%-12s %-13s %6s %6s %9s %6s %8s" % ("phase", "mode", "trials", "exact", "ambiguous", "wrong", "correct"))
+    total = collections.Counter()
+    for key in sorted(cells):
+        c = cells[key]
+        n = sum(c.values())
+        total.update(c)
+        out.append("%-12s %-13s %6d %6d %9d %6d %7.1f%%" % (key[0], key[1], n, c["exact"], c["ambiguous"], c["wrong"],
+                                                            100.0 * (c["exact"] + c["ambiguous"]) / n))
+    n = sum(total.values())
+    out.append("%-26s %6d %6d %9d %6d %7.1f%%" % ("all", n, total["exact"], total["ambiguous"], total["wrong"],
+                                                 100.0 * (total["exact"] + total["ambiguous"]) / max(1, n)))
+    for inc in (True, False):
+        rep = [t["diagnosis"]["steps_replayed"] for t in results
+               if t["incident"] == inc and t["diagnosis"].get("steps_replayed") is not None and t["truth_step"] is not None]
+        if rep:
+            out.append("steps replayed per diagnosis, %s online incident: median %g, max %d (K = %d, K + 3 = %d)" % (
+                "with an" if inc else "without", statistics.median(rep), max(rep), K, K + 3))
+    walls = [t["bisect_wall_s"] for t in results]
+    out.append("bisect wall time per diagnosis (mpirun and start-up included): median %.2f s, max %.2f s" % (
+        statistics.median(walls), max(walls)))
+    return "\n".join(out)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--trials", type=int, default=300)
+    ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--out", default="")
+    ap.add_argument("--min-correct", type=float, default=0, help="exit 1 below this fraction exact or ambiguous")
+    a = ap.parse_args()
+    rng = random.Random(a.seed)
+    work = tempfile.mkdtemp(prefix="culprit-localize-")
+    make_torchscript(work)
+    results = []
+    out = open(a.out, "w") if a.out else None
+    t0 = time.time()
+    try:
+        for i in range(a.trials):
+            t = trial(work, draw(rng, i))
+            while "refused" in t:
+                print("     redrawn: %s" % t["refused"], flush=True)
+                t = trial(work, draw(rng, i))
+            results.append(t)
+            if out:
+                out.write(json.dumps(t) + "\n")
+                out.flush()
+            f = t["fault"]
+            print("%4d %-4s W%d->%d %-70s truth %-4s -> %-22s %s" % (
+                i, t["model"], t["w_train"], t["w_bisect"], f["spec"] if f else "(clean)", t["truth_step"],
+                "%s@%s/%s/%s/r%s" % (t["diagnosis"]["verdict"], t["diagnosis"]["step"], t["diagnosis"]["phase"],
+                                     t["diagnosis"]["layer"], t["diagnosis"]["rank"]), t["score"]), flush=True)
+            if t["score"] == "wrong":
+                print("     evidence: %s" % t.get("evidence"), flush=True)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    print("\n" + summary(results))
+    print("%d trials in %.0f s (seed %d)" % (len(results), time.time() - t0, a.seed))
+    correct = sum(t["score"] != "wrong" for t in results) / max(1, len(results))
+    return 0 if correct >= a.min_correct else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
