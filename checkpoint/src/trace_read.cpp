@@ -63,41 +63,25 @@ Status read(const std::string& path, TraceFile* out) {
   return read_open(f, path, out);
 }
 
-Status read_open(const h5::Handle& f, const std::string& path, TraceFile* out) {
-  *out = TraceFile();
-  const std::string where = "trace '" + path + "'";
-  Status st = read_header(f.id(), &out->header);
-  if (!st.ok()) return st.prefixed(where);
-  std::int64_t steps = 0, shards = 0;
-  st = h5::read_attr(f.id(), kAttrStepsCommitted, &steps);
-  if (st.ok()) st = h5::read_attr(f.id(), kAttrShardsCommitted, &shards);
-  if (!st.ok()) return st.prefixed(where);
-  if (steps < 0 || shards < 0 || steps > (1LL << 40) || shards > (1LL << 40))
-    return Status::Damaged(where + ": implausible committed counts");
-  for (const char* g : {"steps", "shards"}) {
-    if (H5Lexists(f.id(), g, H5P_DEFAULT) <= 0) {
-      H5Eclear2(H5E_DEFAULT);
-      return Status::Damaged(where + " has no group '/" + g + "'");
-    }
-  }
-  h5::Handle sg(H5Gopen2(f.id(), "steps", H5P_DEFAULT), H5Gclose), hg(H5Gopen2(f.id(), "shards", H5P_DEFAULT), H5Gclose);
+namespace {
+
+// The committed rows of /steps, each checked against its checksum (format 3).
+Status read_steps(hid_t sg, const std::string& sw, std::int64_t steps, TraceFile* out) {
   const std::int64_t np = std::max<std::int64_t>(1, static_cast<std::int64_t>(out->header.params.size()));
-  const std::int64_t nl = std::max<std::int64_t>(1, static_cast<std::int64_t>(out->header.layers.size()));
-  std::vector<unsigned char> a, b, c, d, e;
-  std::int64_t ext = 0, ext_steps = 0, ext_shards = 0;
-  const std::string sw = where + " /steps", hw = where + " /shards";
-  CULPRIT_RETURN_IF_ERROR(get(sg.id(), sw, "step", H5T_NATIVE_INT64, 8, 0, steps, &a, &ext_steps));
-  CULPRIT_RETURN_IF_ERROR(get(sg.id(), sw, "loss", H5T_NATIVE_FLOAT, 4, 0, steps, &b, &ext));
-  CULPRIT_RETURN_IF_ERROR(get(sg.id(), sw, "lr", H5T_NATIVE_DOUBLE, 8, 0, steps, &c, &ext));
-  CULPRIT_RETURN_IF_ERROR(get(sg.id(), sw, "grad_fp", H5T_NATIVE_UINT64, 8, 0, steps, &d, &ext));
-  CULPRIT_RETURN_IF_ERROR(get(sg.id(), sw, "param_fp", H5T_NATIVE_UINT64, 8, np, steps, &e, &ext));
   const bool v3 = out->header.format_version >= 3;
+  std::vector<unsigned char> a, b, c, d, e;
+  std::int64_t ext = 0, ext_steps = 0;
+  CULPRIT_RETURN_IF_ERROR(get(sg, sw, "step", H5T_NATIVE_INT64, 8, 0, steps, &a, &ext_steps));
+  CULPRIT_RETURN_IF_ERROR(get(sg, sw, "loss", H5T_NATIVE_FLOAT, 4, 0, steps, &b, &ext));
+  CULPRIT_RETURN_IF_ERROR(get(sg, sw, "lr", H5T_NATIVE_DOUBLE, 8, 0, steps, &c, &ext));
+  CULPRIT_RETURN_IF_ERROR(get(sg, sw, "grad_fp", H5T_NATIVE_UINT64, 8, 0, steps, &d, &ext));
+  CULPRIT_RETURN_IF_ERROR(get(sg, sw, "param_fp", H5T_NATIVE_UINT64, 8, np, steps, &e, &ext));
   std::vector<unsigned char> wo, cf, of, sc;
   if (v3) {
-    CULPRIT_RETURN_IF_ERROR(get(sg.id(), sw, "world", H5T_NATIVE_INT32, 4, 0, steps, &wo, &ext));
-    CULPRIT_RETURN_IF_ERROR(get(sg.id(), sw, "chunk_fp", H5T_NATIVE_UINT64, 8, 0, steps, &cf, &ext));
-    CULPRIT_RETURN_IF_ERROR(get(sg.id(), sw, "opt_fp", H5T_NATIVE_UINT64, 8, np, steps, &of, &ext));
-    CULPRIT_RETURN_IF_ERROR(get(sg.id(), sw, "row_check", H5T_NATIVE_UINT64, 8, 0, steps, &sc, &ext));
+    CULPRIT_RETURN_IF_ERROR(get(sg, sw, "world", H5T_NATIVE_INT32, 4, 0, steps, &wo, &ext));
+    CULPRIT_RETURN_IF_ERROR(get(sg, sw, "chunk_fp", H5T_NATIVE_UINT64, 8, 0, steps, &cf, &ext));
+    CULPRIT_RETURN_IF_ERROR(get(sg, sw, "opt_fp", H5T_NATIVE_UINT64, 8, np, steps, &of, &ext));
+    CULPRIT_RETURN_IF_ERROR(get(sg, sw, "row_check", H5T_NATIVE_UINT64, 8, 0, steps, &sc, &ext));
   }
   out->torn_steps = ext_steps - steps;
   for (std::int64_t i = 0; i < steps; ++i) {
@@ -121,27 +105,36 @@ Status read_open(const h5::Handle& f, const std::string& path, TraceFile* out) {
     }
     out->steps.push_back(std::move(r));
   }
+  return Status::OK();
+}
+
+// The committed rows of /shards, each checked against its checksum (format 3).
+Status read_shards(hid_t hg, const std::string& hw, std::int64_t shards, TraceFile* out) {
+  const std::int64_t np = std::max<std::int64_t>(1, static_cast<std::int64_t>(out->header.params.size()));
+  const std::int64_t nl = std::max<std::int64_t>(1, static_cast<std::int64_t>(out->header.layers.size()));
+  const bool v3 = out->header.format_version >= 3;
+  std::int64_t ext = 0, ext_shards = 0;
   std::vector<unsigned char> st_, sh, rk, ho, de, lo, gf, in, fw, bw, pg;
   h5::Handle ht(string_type(kHostChars), H5Tclose), dt(string_type(kDeviceChars), H5Tclose);
-  CULPRIT_RETURN_IF_ERROR(get(hg.id(), hw, "step", H5T_NATIVE_INT64, 8, 0, shards, &st_, &ext_shards));
-  CULPRIT_RETURN_IF_ERROR(get(hg.id(), hw, "shard", H5T_NATIVE_INT32, 4, 0, shards, &sh, &ext));
-  CULPRIT_RETURN_IF_ERROR(get(hg.id(), hw, "rank", H5T_NATIVE_INT32, 4, 0, shards, &rk, &ext));
-  CULPRIT_RETURN_IF_ERROR(get(hg.id(), hw, "host", ht.id(), kHostChars, 0, shards, &ho, &ext));
-  CULPRIT_RETURN_IF_ERROR(get(hg.id(), hw, "device", dt.id(), kDeviceChars, 0, shards, &de, &ext));
-  CULPRIT_RETURN_IF_ERROR(get(hg.id(), hw, "loss", H5T_NATIVE_FLOAT, 4, 0, shards, &lo, &ext));
-  CULPRIT_RETURN_IF_ERROR(get(hg.id(), hw, "grad_fp", H5T_NATIVE_UINT64, 8, 0, shards, &gf, &ext));
-  CULPRIT_RETURN_IF_ERROR(get(hg.id(), hw, "input_fp", H5T_NATIVE_UINT64, 8, 0, shards, &in, &ext));
+  CULPRIT_RETURN_IF_ERROR(get(hg, hw, "step", H5T_NATIVE_INT64, 8, 0, shards, &st_, &ext_shards));
+  CULPRIT_RETURN_IF_ERROR(get(hg, hw, "shard", H5T_NATIVE_INT32, 4, 0, shards, &sh, &ext));
+  CULPRIT_RETURN_IF_ERROR(get(hg, hw, "rank", H5T_NATIVE_INT32, 4, 0, shards, &rk, &ext));
+  CULPRIT_RETURN_IF_ERROR(get(hg, hw, "host", ht.id(), kHostChars, 0, shards, &ho, &ext));
+  CULPRIT_RETURN_IF_ERROR(get(hg, hw, "device", dt.id(), kDeviceChars, 0, shards, &de, &ext));
+  CULPRIT_RETURN_IF_ERROR(get(hg, hw, "loss", H5T_NATIVE_FLOAT, 4, 0, shards, &lo, &ext));
+  CULPRIT_RETURN_IF_ERROR(get(hg, hw, "grad_fp", H5T_NATIVE_UINT64, 8, 0, shards, &gf, &ext));
+  CULPRIT_RETURN_IF_ERROR(get(hg, hw, "input_fp", H5T_NATIVE_UINT64, 8, 0, shards, &in, &ext));
   const bool layer = out->header.level == Level::kLayer;
   if (layer) {
-    CULPRIT_RETURN_IF_ERROR(get(hg.id(), hw, "param_grad_fp", H5T_NATIVE_UINT64, 8, np, shards, &pg, &ext));
-    CULPRIT_RETURN_IF_ERROR(get(hg.id(), hw, "fwd_fp", H5T_NATIVE_UINT64, 8, nl, shards, &fw, &ext));
-    CULPRIT_RETURN_IF_ERROR(get(hg.id(), hw, "bwd_fp", H5T_NATIVE_UINT64, 8, nl, shards, &bw, &ext));
+    CULPRIT_RETURN_IF_ERROR(get(hg, hw, "param_grad_fp", H5T_NATIVE_UINT64, 8, np, shards, &pg, &ext));
+    CULPRIT_RETURN_IF_ERROR(get(hg, hw, "fwd_fp", H5T_NATIVE_UINT64, 8, nl, shards, &fw, &ext));
+    CULPRIT_RETURN_IF_ERROR(get(hg, hw, "bwd_fp", H5T_NATIVE_UINT64, 8, nl, shards, &bw, &ext));
   }
   const std::int64_t nsam = std::max(1, out->header.samples_per_shard);
   std::vector<unsigned char> sf, hc;
   if (v3) {
-    CULPRIT_RETURN_IF_ERROR(get(hg.id(), hw, "sample_fp", H5T_NATIVE_UINT64, 8, nsam, shards, &sf, &ext));
-    CULPRIT_RETURN_IF_ERROR(get(hg.id(), hw, "row_check", H5T_NATIVE_UINT64, 8, 0, shards, &hc, &ext));
+    CULPRIT_RETURN_IF_ERROR(get(hg, hw, "sample_fp", H5T_NATIVE_UINT64, 8, nsam, shards, &sf, &ext));
+    CULPRIT_RETURN_IF_ERROR(get(hg, hw, "row_check", H5T_NATIVE_UINT64, 8, 0, shards, &hc, &ext));
   }
   out->torn_shards = ext_shards - shards;
   for (std::int64_t i = 0; i < shards; ++i) {
@@ -175,7 +168,33 @@ Status read_open(const h5::Handle& f, const std::string& path, TraceFile* out) {
     }
     out->shards.push_back(std::move(r));
   }
-  out->verified = v3;
+  return Status::OK();
+}
+
+}  // namespace
+
+Status read_open(const h5::Handle& f, const std::string& path, TraceFile* out) {
+  *out = TraceFile();
+  const std::string where = "trace '" + path + "'";
+  Status st = read_header(f.id(), &out->header);
+  if (!st.ok()) return st.prefixed(where);
+  std::int64_t steps = 0, shards = 0;
+  st = h5::read_attr(f.id(), kAttrStepsCommitted, &steps);
+  if (st.ok()) st = h5::read_attr(f.id(), kAttrShardsCommitted, &shards);
+  if (!st.ok()) return st.prefixed(where);
+  if (steps < 0 || shards < 0 || steps > (1LL << 40) || shards > (1LL << 40))
+    return Status::Damaged(where + ": implausible committed counts");
+  for (const char* g : {"steps", "shards"}) {
+    if (H5Lexists(f.id(), g, H5P_DEFAULT) <= 0) {
+      H5Eclear2(H5E_DEFAULT);
+      return Status::Damaged(where + " has no group '/" + g + "'");
+    }
+  }
+  h5::Handle sg(H5Gopen2(f.id(), "steps", H5P_DEFAULT), H5Gclose), hg(H5Gopen2(f.id(), "shards", H5P_DEFAULT), H5Gclose);
+  const std::string sw = where + " /steps", hw = where + " /shards";
+  CULPRIT_RETURN_IF_ERROR(read_steps(sg.id(), sw, steps, out));
+  CULPRIT_RETURN_IF_ERROR(read_shards(hg.id(), hw, shards, out));
+  out->verified = out->header.format_version >= 3;
   return Status::OK();
 }
 
