@@ -145,7 +145,13 @@ Status check_step(Context& ctx, std::int64_t t, Finding* f, bool* differs) {
     if (c.bad[k]) bad.push_back(k);
   ++ctx.d->steps_replayed;
   examined(ctx, t);
-  const Finding::Update u = compare_update(ctx, t, sr);
+  Finding::Update u = compare_update(ctx, t, sr);
+  // A message that changed on its way in this replay is a difference even when the reduced
+  // gradient comes out as recorded (a persistent link fault writing the same NaN again).
+  if (!sr.comm_faults.empty() && !u.reduced && u.param.empty()) {
+    u.reduced = true;
+    u.replayed_by = sr.comm_faults[0].first;
+  }
   const bool update_differs = u.reduced || !u.param.empty();
   c.rows.back() = update_differs;
   CULPRIT_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, c.rows.data(), static_cast<int>(c.rows.size()), MPI_INT, MPI_MAX,

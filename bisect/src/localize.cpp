@@ -257,6 +257,22 @@ int reduction_fault(const Context& ctx, std::int64_t s, const StepResult& sr, bo
   return odd.size() == 1 ? odd[0] : -1;
 }
 
+// A link that corrupts the same element the same way in every replay leaves the reduced gradient as
+// recorded: which parameter it hit comes from the step computed by each process alone (every
+// micro-shard, the tree summed with no message), against the replay's. The engine stands after the
+// step (localize_update's run_step); it is rewound and run again alone. Local.
+Status corrupted_param(Context& ctx, Finding* f) {
+  const auto linked = ctx.engine->reduced_param_fps();
+  CULPRIT_RETURN_IF_ERROR(agree(ctx.comm, ctx.engine->rewind()));
+  StepResult alone;
+  CULPRIT_RETURN_IF_ERROR(agree(ctx.comm, ctx.engine->run_step_alone(&alone)));
+  const int i = replay::first_differing_param(ctx.engine->reduced_param_fps(), linked);
+  int at = i;  // the same on every rank: every rank has the whole reduced gradient of both
+  CULPRIT_MPI_CHECK(MPI_Allreduce(&i, &at, 1, MPI_INT, MPI_MAX, ctx.comm.comm));
+  if (at >= 0 && static_cast<std::size_t>(at) < ctx.schema.params.size()) f->update.param = ctx.schema.params[at];
+  return Status::OK();
+}
+
 // Every record is healthy: the search's replay of this update was wrong. Noted; the step is redone.
 Status update_replay_faulted(Context& ctx, std::int64_t s, const Finding& f, const UpdateVote& u, Evidence* ev) {
   std::vector<int> suspects = u.s.wrong_now;
@@ -307,6 +323,7 @@ Status localize_update(Context& ctx, Finding* f, Evidence* ev) {
   if (reduced) {
     f->phase = Phase::kComm;
     odd_rank = reduction_fault(ctx, s, sr, &reproduced);
+    if (f->update.param.empty()) CULPRIT_RETURN_IF_ERROR(corrupted_param(ctx, f));
   } else if (u.s.healthy >= 0 && u.s.wrong_records.empty()) {
     return update_replay_faulted(ctx, s, *f, u, ev);
   } else if (u.s.healthy >= 0 && u.s.wrong_records.size() == 1) {

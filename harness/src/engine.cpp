@@ -157,6 +157,20 @@ class EngineImpl : public Engine {
     for (int c = 0; c < world; ++c) out.push_back(trainer_->reduced_fp(world, c));
     return out;
   }
+  Status run_step_alone(StepResult* out) override {
+    const Comm shared = layout_;
+    layout_ = comm_;
+    layout_.comm = MPI_COMM_SELF;
+    layout_.rank = 0;
+    layout_.size = 1;
+    const Status st = guarded(StatusCode::kInternal, "replaying step " + std::to_string(step() + 1) + " alone", [&] {
+      trainer_->replay_step(out, 0);
+      return Status::OK();
+    });
+    layout_ = shared;  // the trainer holds a reference to layout_
+    return st;
+  }
+  std::vector<Fingerprint> reduced_param_fps() const override { return trainer_->reduced_param_fps(); }
   std::vector<std::int64_t> shard_samples(int k) override {
     const at::Tensor idx = trainer_->shard_indices(step() + 1, k).contiguous();
     return std::vector<std::int64_t>(idx.data_ptr<std::int64_t>(), idx.data_ptr<std::int64_t>() + idx.numel());

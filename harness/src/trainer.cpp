@@ -281,6 +281,8 @@ Fingerprint Trainer::reduced_fp(int world, int c) const {
   return fingerprint_bytes(reduced_.data() + lo, (hi - lo) * sizeof(float));
 }
 
+std::vector<Fingerprint> Trainer::reduced_param_fps() const { return param_grad_fps(reduced_.data()); }
+
 std::vector<Fingerprint> Trainer::optimizer_fps() const {
   std::vector<Fingerprint> fps;
   for (const auto& prm : flat_.params) {

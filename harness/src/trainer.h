@@ -75,6 +75,7 @@ class Trainer {
   void replay_step(StepResult* out, int round);
   // The last step's reduced gradient, chunk c of `world` (tree_reduce.h: chunk_offset).
   Fingerprint reduced_fp(int world, int c) const;
+  std::vector<Fingerprint> reduced_param_fps() const;  // per parameter, of the last reduced gradient
   at::Tensor shard_indices(std::int64_t s, int k);  // the sample indices of micro-shard k of step s
   void replay_shard(int k, int round, ShardResult* out);
   std::int64_t replayed() const { return done_; }

@@ -79,6 +79,11 @@ class Engine {
   // Local: the last run_step's reduced gradient cut into the chunks `world` ranks reduce (the
   // original run's world may differ from this one), fingerprinted (trace::StepRow::chunk_fp).
   virtual std::vector<Fingerprint> reduced_chunk_fps(int world) const = 0;
+  // Local: the next step computed by this process alone (every micro-shard here, the tree summed
+  // with no message): a reduced gradient no link touched. The layout is restored afterwards.
+  virtual Status run_step_alone(StepResult* out) = 0;
+  // Local: the last run_step's reduced gradient, per parameter, fingerprinted.
+  virtual std::vector<Fingerprint> reduced_param_fps() const = 0;
   // Local: the data set indices of micro-shard k's samples in the next step.
   virtual std::vector<std::int64_t> shard_samples(int k) = 0;
   // Keeps the current state in memory; rewind() returns to it (local, no I/O).
