@@ -113,6 +113,16 @@ class Localize(TempDirTest):
         got = self.bisect(d, 3, "hardware-transient")
         self.assertEqual((got["step"], got["phase"], got["layer"], got["rank"]), (4, "comm", "fc3", 1), got)
 
+    def test_a_persistent_link_fault_writing_the_same_nan_again(self):
+        # The replay's reduced gradient equals the record (the same NaN in the same place): the
+        # replay's comm check is the difference, and the step computed by each process alone names
+        # the parameter. Default options: the comm check halts the run (exit 10).
+        d = self.train("nanlink", 3, ["--steps", "6", "--checkpoint-every", "2",
+                                      "--inject", "step=4,rank=1,layer=fc3,index=1,phase=comm,kind=nan,mode=persistent"],
+                       code=10)
+        got = self.bisect(d, 3, "hardware-persistent")
+        self.assertEqual((got["step"], got["phase"], got["layer"], got["rank"]), (4, "comm", "fc3", 1), got)
+
     def test_a_low_bit_optimizer_fault_on_one_rank_is_found_at_its_step(self):
         # One training rank: no replica to compare with, nothing fires; the flipped low bit of a
         # momentum shows in the parameters only later. The trace's optimizer fingerprints find it
