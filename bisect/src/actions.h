@@ -45,6 +45,7 @@ struct Context {
   int segment = 0;
   std::int64_t start = 0;         // the step the first part started from
   std::int64_t oldest = -1;       // the oldest start of a part searched (-1: none yet)
+  bool reached_oldest = false;    // a part started from the run's oldest valid checkpoint
   std::vector<records::StepRange> examined;  // steps replayed, in order
   std::int64_t stopped_at = -1;   // a step the search gave up on (its replays kept disagreeing)
   std::map<std::int64_t, int> redone;  // steps redone after a fault in the bisection's own replay

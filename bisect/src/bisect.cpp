@@ -62,12 +62,14 @@ Status open_segment(Context* ctx, bool* none) {
                                                        first ? ckpt::Pick::kNewest : ckpt::Pick::kOldest, ctx->layer,
                                                        /*rotate=*/1, &ctx->engine, &ctx->checkpoint));
     ctx->start = ctx->engine->step();
+    ctx->reached_oldest = !first;
   } else if (ctx->segment == 1 && first) {
     // Nothing after the incident's checkpoint: the steps before it, from the oldest checkpoint (a
     // silent fault there can have caused what the incident saw).
     std::string path;
     CULPRIT_RETURN_IF_ERROR(replay::open_engine_before(ctx->run, ctx->comm, ckpt::kAnyStep, ckpt::Pick::kOldest,
                                                        ctx->layer, 1, &ctx->engine, &path));
+    ctx->reached_oldest = true;
     if (ctx->engine->step() >= ctx->start) {
       ctx->engine.reset();
       *none = true;

@@ -141,7 +141,7 @@ void judge_shard(Context& ctx, const ShardVote& sv, Finding* f, Evidence* ev) {
   f->reference = sv.v.distinct[sv.o.records[0].value];
   if (s.healthy < 0) {
     // No healthy value. An online incident naming a rank at this step is the one more opinion.
-    if (ctx.incident_names(f->step) && s.ambiguous) {
+    if (ctx.incident_names(f->step) && s.ambiguous && ctx.W == 2) {
       f->blamed = ctx.first->rank;
       f->healthy = all[1 - f->blamed];
       f->reference = all[f->blamed];
@@ -188,7 +188,11 @@ Status localize_shard(Context& ctx, Finding* f, Evidence* ev) {
     ShardVote sv;
     CULPRIT_RETURN_IF_ERROR(vote_shard(ctx, f->step, k, &sv));
     if (sv.s.healthy >= 0 && sv.s.wrong_records.empty()) {
-      suspects.push_back(harness::Engine::replay_rank(k, ctx.M, ctx.W, 1));
+      // Who recomputed it in the search: the rotated layout's rank, or the next one when that is
+      // the recording rank (find_step.cpp: replay_returned_shards).
+      int then = harness::Engine::replay_rank(k, ctx.M, ctx.W, 1);
+      if (then == sv.row->rank) then = (then + 1) % ctx.W;
+      suspects.push_back(then);
       suspects.insert(suspects.end(), sv.s.wrong_now.begin(), sv.s.wrong_now.end());
       continue;
     }
@@ -265,11 +269,11 @@ Status corrupted_param(Context& ctx, Finding* f) {
   const auto linked = ctx.engine->reduced_param_fps();
   CULPRIT_RETURN_IF_ERROR(agree(ctx.comm, ctx.engine->rewind()));
   StepResult alone;
-  CULPRIT_RETURN_IF_ERROR(agree(ctx.comm, ctx.engine->run_step_alone(&alone)));
+  CULPRIT_RETURN_IF_ERROR(agree(ctx.comm, ctx.engine->run_step_alone(&alone, ctx.round)));
   const int i = replay::first_differing_param(ctx.engine->reduced_param_fps(), linked);
-  int at = i;  // the same on every rank: every rank has the whole reduced gradient of both
-  CULPRIT_MPI_CHECK(MPI_Allreduce(&i, &at, 1, MPI_INT, MPI_MAX, ctx.comm.comm));
-  if (at >= 0 && static_cast<std::size_t>(at) < ctx.schema.params.size()) f->update.param = ctx.schema.params[at];
+  int at = i < 0 ? INT32_MAX : i;  // the first any rank sees
+  CULPRIT_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &at, 1, MPI_INT, MPI_MIN, ctx.comm.comm));
+  if (at != INT32_MAX && static_cast<std::size_t>(at) < ctx.schema.params.size()) f->update.param = ctx.schema.params[at];
   return Status::OK();
 }
 
@@ -316,8 +320,15 @@ Status localize_update(Context& ctx, Finding* f, Evidence* ev) {
   CULPRIT_RETURN_IF_ERROR(agree(ctx.comm, ctx.engine->mark()));
   CULPRIT_RETURN_IF_ERROR(ctx.engine->run_step(&sr, ctx.round));
   const UpdateVote u = vote_update(ctx, s, sr);
-  const bool reduced = !sr.comm_faults.empty() ||
-                       (rec.steps.count({rec.ranks[0], s}) && rec.steps.at({rec.ranks[0], s}).grad_fp != sr.grad_fp);
+  // Any rank's recorded reduced gradient unlike this replay's (a link can corrupt what reaches one
+  // rank only), agreed before the branches below, which differ in their collectives.
+  int reduced_here = !sr.comm_faults.empty();
+  for (int r : rec.ranks) {
+    auto it = rec.steps.find({r, s});
+    if (it != rec.steps.end() && it->second.grad_fp != sr.grad_fp) reduced_here = 1;
+  }
+  CULPRIT_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &reduced_here, 1, MPI_INT, MPI_MAX, ctx.comm.comm));
+  const bool reduced = reduced_here != 0;
   int odd_rank = -1;
   bool reproduced = false;
   if (reduced) {

@@ -196,7 +196,9 @@ records::Coverage coverage(const Context& ctx, std::int64_t found) {
     if (found >= 0 && from > found) return "after the faulty step " + std::to_string(found) + ": the search stops at the first";
     if (ctx.stopped_at >= 0 && from >= ctx.stopped_at) return "the bisection's own replays of step " + std::to_string(ctx.stopped_at) + " kept disagreeing";
     if (ctx.oldest >= 0 && from <= ctx.oldest)
-      return "no valid checkpoint before step " + std::to_string(ctx.oldest + 1) + " to replay from";
+      return ctx.reached_oldest ? "no valid checkpoint before step " + std::to_string(ctx.oldest + 1) + " to replay from"
+                                : "before the checkpoint the search started from (step " + std::to_string(ctx.oldest) +
+                                      "): not searched, the fault was found after it";
     return "not replayed";
   };
   std::int64_t next = c.first_step;
@@ -212,10 +214,11 @@ records::Coverage coverage(const Context& ctx, std::int64_t found) {
 
 void conclude(const Context& ctx, const Finding& f, Verdict v, Diagnosis* d) {
   d->verdict = v;
-  d->coverage = coverage(ctx, v == Verdict::kNone || v == Verdict::kInconclusive ? -1 : f.step);
+  const bool found = v != Verdict::kNone && v != Verdict::kInconclusive;
+  d->coverage = coverage(ctx, found ? f.step : -1);
   d->candidates = f.candidates;
   if (v == Verdict::kData) d->sample = f.sample;
-  if (v != Verdict::kNone) d->step = f.step;
+  if (found) d->step = f.step;
   if (is_hardware(v) || v == Verdict::kData) {
     d->rank = f.blamed;
     d->phase = f.phase;

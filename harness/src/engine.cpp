@@ -157,14 +157,14 @@ class EngineImpl : public Engine {
     for (int c = 0; c < world; ++c) out.push_back(trainer_->reduced_fp(world, c));
     return out;
   }
-  Status run_step_alone(StepResult* out) override {
+  Status run_step_alone(StepResult* out, int round) override {
     const Comm shared = layout_;
     layout_ = comm_;
     layout_.comm = MPI_COMM_SELF;
     layout_.rank = 0;
     layout_.size = 1;
     const Status st = guarded(StatusCode::kInternal, "replaying step " + std::to_string(step() + 1) + " alone", [&] {
-      trainer_->replay_step(out, 0);
+      trainer_->replay_step(out, round);
       return Status::OK();
     });
     layout_ = shared;  // the trainer holds a reference to layout_

@@ -81,7 +81,7 @@ class Engine {
   virtual std::vector<Fingerprint> reduced_chunk_fps(int world) const = 0;
   // Local: the next step computed by this process alone (every micro-shard here, the tree summed
   // with no message): a reduced gradient no link touched. The layout is restored afterwards.
-  virtual Status run_step_alone(StepResult* out) = 0;
+  virtual Status run_step_alone(StepResult* out, int round) = 0;
   // Local: the last run_step's reduced gradient, per parameter, fingerprinted.
   virtual std::vector<Fingerprint> reduced_param_fps() const = 0;
   // Local: the data set indices of micro-shard k's samples in the next step.
