@@ -18,10 +18,14 @@ A trial is
              hardware-transient for transient faults, hardware-persistent for persistent ones, either
              for intermittent ones, hardware-unconfirmed when the faulty rank is outside the bisecting
              world, data for data faults);
-  ambiguous  a persistent micro-shard fault bisected on two ranks: each rank reproduces its own
-             result and two opinions cannot tell which is faulty; correct when the verdict, step,
+  ambiguous  a persistent micro-shard fault bisected on two ranks, or a persistent fault at rest in a
+             run with two replicas: each device reproduces its own result and two opinions cannot
+             tell which is faulty; correct when the verdict, step,
              phase and layer are right, no rank is blamed and the faulty rank is among the candidates
              (docs/bisect.md, "Limits");
+  later      an intermittent fault that fired silently before the checkpoint the search started from
+             (the one before the first incident): a later firing named exactly otherwise, the
+             earlier steps listed in the diagnosis as not searched (docs/bisect.md, "Limits");
   wrong      anything else (printed in full).
 The summary: exact rate per phase x mode, steps replayed per diagnosis against the checkpoint
 interval K (with and without an online incident), wall time.
@@ -187,10 +191,19 @@ def score(t, d, truth_step):
     where = (d.get("step"), d.get("phase"), d.get("layer"))
     if d["verdict"] in expected_verdicts(t, f) and where == (truth_step, f["phase"], layer) and d.get("rank") == f["rank"]:
         return "exact"
-    ambiguous = (t["w_bisect"] == 2 and f["mode"] == "persistent" and f["phase"] in SHARD_PHASES and f["rank"] < 2)
+    # Two devices, each reproducing its own result: a persistent micro-shard fault bisected on two
+    # ranks, or a persistent fault at rest when the run itself had only two replicas.
+    ambiguous = (t["w_bisect"] == 2 and f["mode"] == "persistent" and f["rank"] < 2 and
+                 (f["phase"] in SHARD_PHASES or t["w_train"] <= 2))
     if (ambiguous and d.get("rank") == -1 and f["rank"] in d.get("candidates", []) and where == (truth_step, f["phase"], layer)
             and d["verdict"] in ({"data"} if f["phase"] == "data" else {"hardware-persistent"})):
         return "ambiguous"
+    # An intermittent fault that fired silently before the checkpoint the search started from: a
+    # later firing named exactly otherwise, and the earlier steps listed as not searched.
+    unsearched = any(r["from"] <= truth_step <= r["to"] for r in (d.get("coverage") or {}).get("not_examined", []))
+    if (f["mode"] == "intermittent" and unsearched and d.get("step", -1) > truth_step and d.get("rank") == f["rank"]
+            and (d.get("phase"), d.get("layer")) == (f["phase"], layer) and d["verdict"] in expected_verdicts(t, f)):
+        return "later"
     return "wrong"
 
 
@@ -231,17 +244,18 @@ def summary(results):
         f = t["fault"]
         key = ("clean", "-") if f is None else (f["phase"], f["mode"]) if t["truth_step"] is not None else ("no effect", "-")
         cells[key][t["score"]] += 1
-    out.append("%-12s %-13s %6s %6s %9s %6s %8s" % ("phase", "mode", "trials", "exact", "ambiguous", "wrong", "correct"))
+    out.append("%-12s %-13s %6s %6s %9s %6s %6s %8s" % ("phase", "mode", "trials", "exact", "ambiguous", "later", "wrong",
+                                                       "correct"))
     total = collections.Counter()
     for key in sorted(cells):
         c = cells[key]
         n = sum(c.values())
         total.update(c)
-        out.append("%-12s %-13s %6d %6d %9d %6d %7.1f%%" % (key[0], key[1], n, c["exact"], c["ambiguous"], c["wrong"],
-                                                            100.0 * (c["exact"] + c["ambiguous"]) / n))
+        out.append("%-12s %-13s %6d %6d %9d %6d %6d %7.1f%%" % (key[0], key[1], n, c["exact"], c["ambiguous"], c["later"],
+                                                                c["wrong"], 100.0 * (c["exact"] + c["ambiguous"]) / n))
     n = sum(total.values())
-    out.append("%-26s %6d %6d %9d %6d %7.1f%%" % ("all", n, total["exact"], total["ambiguous"], total["wrong"],
-                                                 100.0 * (total["exact"] + total["ambiguous"]) / max(1, n)))
+    out.append("%-26s %6d %6d %9d %6d %6d %7.1f%%" % ("all", n, total["exact"], total["ambiguous"], total["later"],
+                                                      total["wrong"], 100.0 * (total["exact"] + total["ambiguous"]) / max(1, n)))
     for inc in (True, False):
         rep = [t["diagnosis"]["steps_replayed"] for t in results
                if t["incident"] == inc and t["diagnosis"].get("steps_replayed") is not None and t["truth_step"] is not None]
@@ -260,7 +274,17 @@ def main():
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--out", default="")
     ap.add_argument("--min-correct", type=float, default=0, help="exit 1 below this fraction exact or ambiguous")
+    ap.add_argument("--rescore", default="", help="score the trials of an earlier --out file again and summarise")
     a = ap.parse_args()
+    if a.rescore:
+        results = [json.loads(l) for l in open(a.rescore)]
+        for t in results:
+            t["score"] = score(t, t["diagnosis"], t["truth_step"])
+            if t["score"] != "exact":
+                print("%4d %-4s W%d->%d %s: %s %s" % (t["trial"], t["model"], t["w_train"], t["w_bisect"],
+                                                     (t["fault"] or {}).get("spec"), t["score"], t["diagnosis"]))
+        print(summary(results))
+        return 0
     rng = random.Random(a.seed)
     work = tempfile.mkdtemp(prefix="culprit-localize-")
     make_torchscript(work)
