@@ -265,11 +265,34 @@ int reduction_fault(const Context& ctx, std::int64_t s, const StepResult& sr, bo
 // recorded: which parameter it hit comes from the step computed by each process alone (every
 // micro-shard, the tree summed with no message), against the replay's. The engine stands after the
 // step (localize_update's run_step); it is rewound and run again alone. Local.
-Status corrupted_param(Context& ctx, Finding* f) {
+// Also whether the record's reduced gradient is the healthy one: settled (opinions.h) between every
+// rank's record and every rank's step computed alone; *record_healthy: it is, so the differing
+// reduction was the bisection's own replay's (*alone_wrong: the ranks whose own step was wrong too).
+Status corrupted_param(Context& ctx, std::int64_t s, Finding* f, bool* record_healthy, std::vector<int>* alone_wrong) {
   const auto linked = ctx.engine->reduced_param_fps();
   CULPRIT_RETURN_IF_ERROR(agree(ctx.comm, ctx.engine->rewind()));
   StepResult alone;
   CULPRIT_RETURN_IF_ERROR(agree(ctx.comm, ctx.engine->run_step_alone(&alone, ctx.round)));
+  std::uint64_t mine = alone.grad_fp;
+  std::vector<std::uint64_t> every(ctx.W);
+  CULPRIT_MPI_CHECK(MPI_Allgather(&mine, 1, MPI_UINT64_T, every.data(), 1, MPI_UINT64_T, ctx.comm.comm));
+  std::vector<std::uint64_t> ids;
+  auto id = [&](std::uint64_t v) {
+    for (std::size_t i = 0; i < ids.size(); ++i)
+      if (ids[i] == v) return static_cast<int>(i);
+    ids.push_back(v);
+    return static_cast<int>(ids.size()) - 1;
+  };
+  Opinions o;
+  for (auto v : every) o.replay.push_back(id(v));
+  for (int r : ctx.run.trace.ranks) {
+    auto it = ctx.run.trace.steps.find({r, s});
+    if (it != ctx.run.trace.steps.end()) o.records.push_back({r, id(it->second.grad_fp)});
+  }
+  const Settlement st = settle(o);
+  *record_healthy = st.healthy >= 0 && st.wrong_records.empty();
+  *alone_wrong = st.wrong_now;
+  if (!f->update.param.empty()) return Status::OK();
   const int i = replay::first_differing_param(ctx.engine->reduced_param_fps(), linked);
   int at = i < 0 ? INT32_MAX : i;  // the first any rank sees
   CULPRIT_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &at, 1, MPI_INT, MPI_MIN, ctx.comm.comm));
@@ -333,8 +356,20 @@ Status localize_update(Context& ctx, Finding* f, Evidence* ev) {
   bool reproduced = false;
   if (reduced) {
     f->phase = Phase::kComm;
+    bool record_healthy = false;
+    std::vector<int> alone_wrong;
+    CULPRIT_RETURN_IF_ERROR(corrupted_param(ctx, s, f, &record_healthy, &alone_wrong));
+    if (record_healthy) {
+      // The run reduced this step correctly: the replay's reduction (a link, or a micro-shard of a
+      // rank whose device fired during the search) was wrong. Noted; the step is redone.
+      UpdateVote none;
+      none.s.wrong_now = alone_wrong;
+      for (const auto& [from, to] : sr.comm_faults)
+        if (std::find(none.s.wrong_now.begin(), none.s.wrong_now.end(), from) == none.s.wrong_now.end())
+          none.s.wrong_now.push_back(from);
+      return update_replay_faulted(ctx, s, *f, none, ev);
+    }
     odd_rank = reduction_fault(ctx, s, sr, &reproduced);
-    if (f->update.param.empty()) CULPRIT_RETURN_IF_ERROR(corrupted_param(ctx, f));
   } else if (u.s.healthy >= 0 && u.s.wrong_records.empty()) {
     return update_replay_faulted(ctx, s, *f, u, ev);
   } else if (u.s.healthy >= 0 && u.s.wrong_records.size() == 1) {
