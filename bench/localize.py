@@ -23,7 +23,8 @@ A trial is
              tell which is faulty; correct when the verdict, step,
              phase and layer are right, no rank is blamed and the faulty rank is among the candidates
              (docs/bisect.md, "Limits");
-  later      an intermittent fault that fired silently before the checkpoint the search started from
+  later      an intermittent or persistent fault that fired silently before the checkpoint the
+             search started from
              (the one before the first incident): a later firing named exactly otherwise, the
              earlier steps listed in the diagnosis as not searched (docs/bisect.md, "Limits");
   wrong      anything else (printed in full).
@@ -198,10 +199,10 @@ def score(t, d, truth_step):
     if (ambiguous and d.get("rank") == -1 and f["rank"] in d.get("candidates", []) and where == (truth_step, f["phase"], layer)
             and d["verdict"] in ({"data"} if f["phase"] == "data" else {"hardware-persistent"})):
         return "ambiguous"
-    # An intermittent fault that fired silently before the checkpoint the search started from: a
+    # A fault that fires again and again, silently before the checkpoint the search started from: a
     # later firing named exactly otherwise, and the earlier steps listed as not searched.
     unsearched = any(r["from"] <= truth_step <= r["to"] for r in (d.get("coverage") or {}).get("not_examined", []))
-    if (f["mode"] == "intermittent" and unsearched and d.get("step", -1) > truth_step and d.get("rank") == f["rank"]
+    if (f["mode"] in ("intermittent", "persistent") and unsearched and d.get("step", -1) > truth_step and d.get("rank") == f["rank"]
             and (d.get("phase"), d.get("layer")) == (f["phase"], layer) and d["verdict"] in expected_verdicts(t, f)):
         return "later"
     return "wrong"

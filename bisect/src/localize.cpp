@@ -1,6 +1,7 @@
 // kLocalize and kRerun: at the faulty step, which rank computed what wrongly, in which phase and layer;
 // then whether the blamed rank's fault comes back.
 #include <algorithm>
+#include <map>
 #include <cstring>
 
 #include "actions.h"
@@ -265,9 +266,9 @@ int reduction_fault(const Context& ctx, std::int64_t s, const StepResult& sr, bo
 // recorded: which parameter it hit comes from the step computed by each process alone (every
 // micro-shard, the tree summed with no message), against the replay's. The engine stands after the
 // step (localize_update's run_step); it is rewound and run again alone. Local.
-// Also whether the record's reduced gradient is the healthy one: settled (opinions.h) between every
-// rank's record and every rank's step computed alone; *record_healthy: it is, so the differing
-// reduction was the bisection's own replay's (*alone_wrong: the ranks whose own step was wrong too).
+// Also whether the record's reduced gradient is the healthy one, the value the ranks' steps computed
+// alone agree on; *record_healthy: it is, so the differing reduction was the bisection's own
+// replay's (*alone_wrong: the ranks whose own step was wrong too).
 Status corrupted_param(Context& ctx, std::int64_t s, Finding* f, bool* record_healthy, std::vector<int>* alone_wrong) {
   const auto linked = ctx.engine->reduced_param_fps();
   CULPRIT_RETURN_IF_ERROR(agree(ctx.comm, ctx.engine->rewind()));
@@ -276,22 +277,27 @@ Status corrupted_param(Context& ctx, std::int64_t s, Finding* f, bool* record_he
   std::uint64_t mine = alone.grad_fp;
   std::vector<std::uint64_t> every(ctx.W);
   CULPRIT_MPI_CHECK(MPI_Allgather(&mine, 1, MPI_UINT64_T, every.data(), 1, MPI_UINT64_T, ctx.comm.comm));
-  std::vector<std::uint64_t> ids;
-  auto id = [&](std::uint64_t v) {
-    for (std::size_t i = 0; i < ids.size(); ++i)
-      if (ids[i] == v) return static_cast<int>(i);
-    ids.push_back(v);
-    return static_cast<int>(ids.size()) - 1;
-  };
-  Opinions o;
-  for (auto v : every) o.replay.push_back(id(v));
+  // Every rank's record of the reduced gradient is one opinion, the run's (it is a collective
+  // result, the same on every rank unless a link corrupted what reached one); the steps computed
+  // alone are independent ones: the value most of them agree on (two or more; one rank: its own).
+  std::map<std::uint64_t, int> votes;
+  for (auto v : every) ++votes[v];
+  std::uint64_t healthy = 0;
+  int best = 0, holders = 0;
+  for (const auto& [v, n] : votes) {
+    if (n > best) best = n, holders = 0, healthy = v;
+    if (n == best) ++holders;
+  }
+  const bool known = holders == 1 && (best >= 2 || ctx.W == 1);
+  bool all_records = known;
   for (int r : ctx.run.trace.ranks) {
     auto it = ctx.run.trace.steps.find({r, s});
-    if (it != ctx.run.trace.steps.end()) o.records.push_back({r, id(it->second.grad_fp)});
+    if (it != ctx.run.trace.steps.end() && it->second.grad_fp != healthy) all_records = false;
   }
-  const Settlement st = settle(o);
-  *record_healthy = st.healthy >= 0 && st.wrong_records.empty();
-  *alone_wrong = st.wrong_now;
+  *record_healthy = all_records;
+  alone_wrong->clear();
+  for (int r = 0; known && r < ctx.W; ++r)
+    if (every[r] != healthy) alone_wrong->push_back(r);
   if (!f->update.param.empty()) return Status::OK();
   const int i = replay::first_differing_param(ctx.engine->reduced_param_fps(), linked);
   int at = i < 0 ? INT32_MAX : i;  // the first any rank sees
