@@ -357,7 +357,9 @@ Status localize_update(Context& ctx, Finding* f, Evidence* ev) {
     if (it != rec.steps.end() && it->second.grad_fp != sr.grad_fp) reduced_here = 1;
   }
   CULPRIT_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &reduced_here, 1, MPI_INT, MPI_MAX, ctx.comm.comm));
-  const bool reduced = reduced_here != 0;
+  // Or the search saw it differ: a persistent fault in a rank's own chunk comes back in this replay
+  // exactly as recorded, and only the step computed alone tells.
+  const bool reduced = reduced_here != 0 || f->update.reduced;
   int odd_rank = -1;
   bool reproduced = false;
   if (reduced) {
@@ -376,6 +378,9 @@ Status localize_update(Context& ctx, Finding* f, Evidence* ev) {
       return update_replay_faulted(ctx, s, *f, none, ev);
     }
     odd_rank = reduction_fault(ctx, s, sr, &reproduced);
+    // The replay in the run's layout came out unlike the healthy reduction again: it reproduces.
+    const auto& row0 = rec.steps.find({rec.ranks[0], s});
+    reproduced = reproduced || (row0 != rec.steps.end() && sr.grad_fp == row0->second.grad_fp);
   } else if (u.s.healthy >= 0 && u.s.wrong_records.empty()) {
     return update_replay_faulted(ctx, s, *f, u, ev);
   } else if (u.s.healthy >= 0 && u.s.wrong_records.size() == 1) {

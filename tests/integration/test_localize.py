@@ -106,6 +106,12 @@ class Localize(TempDirTest):
         self.assertEqual([i for i in incidents(d) if i["detector"] == "comm"], [])
         got = self.bisect(d, 3, "hardware-transient")
         self.assertEqual((got["step"], got["phase"], got["layer"], got["rank"]), (4, "comm", "fc3", 2), got)
+        # Persistent: the replay in the run's layout writes it again exactly as recorded; only the
+        # step computed alone shows the record wrong.
+        d = self.train("own-p", 3, ["--steps", "6", "--checkpoint-every", "2", "--on-detect", "warn", "--inject",
+                                    "step=4,rank=2,layer=fc3,index=1,phase=comm,kind=bitflip,bit=30,mode=persistent"])
+        got = self.bisect(d, 3, "hardware-persistent")
+        self.assertEqual((got["step"], got["phase"], got["layer"], got["rank"]), (4, "comm", "fc3", 2), got)
         # The same fault on a link (rank 1's message to rank 2) is seen by the comm check.
         d = self.train("link", 3, ["--steps", "6", "--checkpoint-every", "2", "--on-detect", "warn",
                                    "--inject", "step=4,rank=1,layer=fc3,index=1,phase=comm,kind=bitflip,bit=30"])
