@@ -6,8 +6,11 @@ Transition next(State s, const Evidence& e) {
   switch (s) {
     case State::kFindStep:
       if (e.step_found) return {State::kLocalize, Verdict::kNone};
+      // Steps that could not be examined come first: a NaN or spike reproduced from a state those
+      // steps produced is no proof that the model, not an earlier fault, made it.
+      if (e.unexamined) return {State::kDone, Verdict::kInconclusive};
       if (e.nonfinite_reproduced) return {State::kDone, Verdict::kNumericalInstability};
-      return {State::kDone, e.unexamined ? Verdict::kInconclusive : Verdict::kNone};
+      return {State::kDone, Verdict::kNone};
     case State::kLocalize:
       if (e.replay_fault) return {State::kFindStep, Verdict::kNone};
       if (e.input_differs) return {State::kDone, Verdict::kData};

@@ -4,6 +4,9 @@ submit with sbatch and read outcomes with scontrol):
   decision, and submits a follow-up job that excludes the node and resumes from the checkpoint before
   the faulty step; a continuation from there ends bitwise equal to a clean run (negative control: the
   faulty run's own last checkpoint is not);
+- a run resumed on fewer ranks (a node lost) whose bisection blames a rank outside its world ends
+  hardware-unconfirmed (26) and excludes that host; with the early checkpoints deleted it ends
+  inconclusive (25): nobody excluded, no follow-up job;
 - a train.sbatch run that fails before any diagnosis still records its decision (stop);
 - postmortem.sbatch writes the expected diagnosis of a silent fault;
 - the audit array and its merge job write one report covering every interval;
@@ -130,6 +133,58 @@ class Slurm(TempDirTest):
                   world=3, run_dir=faulty)
         differs = run(["diff", os.path.join(clean, final), os.path.join(faulty, final)])
         self.assertEqual(differs.code, 5, differs.out)
+
+    def resumed_on_two(self, name, drop_early_checkpoints):
+        """A run trained on 3 ranks with a silent fault on rank 2 at step 5 (one micro-shard's gradient,
+        reduced into every replica: nothing fires), resumed by train.sbatch on 2 ranks (a node lost)
+        with a spike detector tight enough to fire on healthy steps; optionally with the checkpoints
+        before step 6 deleted first (a user freeing space)."""
+        run_dir = self.path(name)
+        shape = ["--keep-last", "10", "--global-batch", "24", "--micro-shards", "4", "--samples", "96", "--quiet",
+                 "--checkpoint-every", "2"]
+        job = sbatch(["-n", "3", "-O", "-o", self.path(name + "-a-%j.out"), os.path.join(JOBS, "train.sbatch"),
+                      run_dir, "--steps", "6"] + shape +
+                     ["--inject", "step=5,rank=2,layer=fc1,index=3,phase=grad,kind=bitflip,bit=22,mode=transient"],
+                     cwd=self.tmp, extra={"CULPRIT_SRUN_ARGS": "-O"})
+        self.assertEqual(wait(job), ("COMPLETED", 0), open(self.path(name + "-a-%s.out" % job)).read())
+        if drop_early_checkpoints:
+            for step in (0, 2, 4):
+                os.remove(os.path.join(run_dir, "checkpoints", "step-%08d.h5" % step))
+        job = sbatch(["-n", "2", "-O", "-o", self.path(name + "-b-%j.out"), os.path.join(JOBS, "train.sbatch"),
+                      run_dir, "--steps", "20"] + shape +
+                     ["--spike-window", "4", "--spike-z", "0.0001", "--spike-ratio", "0.0001", "--spike-action", "halt"],
+                     cwd=self.tmp, extra={"CULPRIT_SRUN_ARGS": "-O", "CULPRIT_SBATCH_ARGS": "-O"})
+        state, code = wait(job)
+        out = open(self.path(name + "-b-%s.out" % job)).read()
+        return run_dir, job, state, code, out
+
+    def test_train_excludes_a_host_the_record_blames_though_not_rerun(self):
+        # The bisection (on the 2 ranks of the resumed job) finds step 5's micro-shard of rank 2
+        # differing; rank 2 is outside its world: hardware-unconfirmed (26), the host excluded.
+        run_dir, job, state, code, out = self.resumed_on_two("unconfirmed", False)
+        self.assertEqual((state, code), ("FAILED", 26), out)
+        diag = json.load(open(os.path.join(run_dir, "diagnosis.json")))
+        self.assertEqual((diag["verdict"], diag["step"], diag["rank"], diag["reruns"]),
+                         ("hardware-unconfirmed", 5, 2, 0), diag)
+        d = self.decisions(run_dir)[-1]
+        self.assertEqual((d["decision"], d["exit_code"], d["slurm_job_id"], d["exclude"]),
+                         ("requeue", 26, job, diag["host"]), d)
+        self.assertTrue(d["resume_from"].endswith("checkpoints/step-00000004.h5"), d)
+        self.assertEqual(job_info(d["next_job"])["ExcNodeList"], diag["host"])
+        subprocess.run(["scancel", d["next_job"]], env=slurm_env(), check=True)
+
+    def test_train_stops_without_excluding_anyone_when_inconclusive(self):
+        # The same run with the checkpoints before step 6 deleted: steps 1..6 cannot be replayed, the
+        # spike reproduces from step 6's state: inconclusive (25), nobody excluded, no follow-up job.
+        run_dir, job, state, code, out = self.resumed_on_two("inconclusive", True)
+        self.assertEqual((state, code), ("FAILED", 25), out)
+        diag = json.load(open(os.path.join(run_dir, "diagnosis.json")))
+        self.assertEqual(diag["verdict"], "inconclusive", diag)
+        self.assertEqual([(r["from"], r["to"]) for r in diag["coverage"]["not_examined"]], [(1, 6)], diag)
+        d = self.decisions(run_dir)[-1]
+        self.assertEqual((d["decision"], d["exit_code"], d["slurm_job_id"]), ("stop", 25, job), d)
+        self.assertEqual(d.get("exclude", ""), "", d)
+        self.assertEqual(d.get("next_job", ""), "", d)
 
     def test_train_records_a_stop_without_a_diagnosis(self):
         # Bad input: culprit exits 2 before any diagnosis; the script still records its decision.

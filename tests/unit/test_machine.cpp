@@ -31,6 +31,10 @@ TEST(Machine, FindStep) {
   expect(State::kFindStep, with(&Evidence::nonfinite_reproduced), State::kDone, Verdict::kNumericalInstability);
   // Nothing differs in what was examined, but part of the run could not be: never "none".
   expect(State::kFindStep, with(&Evidence::unexamined), State::kDone, Verdict::kInconclusive);
+  // A NaN or spike that reproduced from a state whose past could not be examined: inconclusive.
+  Evidence unproven = with(&Evidence::nonfinite_reproduced);
+  unproven.unexamined = true;
+  expect(State::kFindStep, unproven, State::kDone, Verdict::kInconclusive);
   Evidence both = with(&Evidence::step_found);
   both.nonfinite_reproduced = true;
   expect(State::kFindStep, both, State::kLocalize, Verdict::kNone);  // a differing step comes first
