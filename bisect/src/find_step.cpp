@@ -124,7 +124,7 @@ std::string Finding::Update::describe() const {
   std::string out = reduced ? "reduced gradient" : "";
   if (!param.empty())
     out += (out.empty() ? "" : ", ") + std::string(optimizer ? "the optimizer state of parameter " : "parameter ") + param +
-           " of rank " + std::to_string(param_rank);
+           (param_rank >= 0 ? " of rank " + std::to_string(param_rank) : "");
   return out;
 }
 
@@ -154,6 +154,14 @@ Status check_step(Context& ctx, std::int64_t t, Finding* f, bool* differs) {
   if (!sr.comm_faults.empty() && !u.reduced && u.param.empty()) {
     u.reduced = true;
     u.replayed_by = sr.comm_faults[0].first;
+  }
+  // So is a step whose messages the run's own comm check saw change (the incident): its record is
+  // wrong even when this replay reproduces it exactly (the same device firing again where no
+  // message crosses in this layout, e.g. in the chunk it reduces itself).
+  const auto* first = ctx.first;
+  if (first && first->step == t && first->detector == Detector::kComm && !u.reduced && u.param.empty()) {
+    u.reduced = true;
+    u.replayed_by = first->rank;
   }
   const bool update_differs = u.reduced || !u.param.empty();
   c.rows.back() = update_differs;

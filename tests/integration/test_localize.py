@@ -129,6 +129,19 @@ class Localize(TempDirTest):
         got = self.bisect(d, 3, "hardware-persistent")
         self.assertEqual((got["step"], got["phase"], got["layer"], got["rank"]), (4, "comm", "fc3", 1), got)
 
+    def test_a_link_fault_the_comm_check_saw_that_the_replay_reproduces_exactly(self):
+        # Trained on 4 ranks: rank 0's message to rank 3 carries a NaN into fc3 (the comm check halts,
+        # exit 10). Bisected on 2 ranks, rank 0's device writes the same NaN where no message crosses
+        # in that layout: the replay equals the record bitwise, and only the run's comm incident says
+        # the record is wrong. Negative control: the clean twin's bisection on 2 ranks finds none.
+        spec = "step=4,rank=0,index=7,phase=comm,kind=nan,mode=persistent,layer=fc3"
+        d = self.train("seen", 4, ["--steps", "6", "--checkpoint-every", "2", "--inject", spec], code=10)
+        self.assertEqual([(i["step"], i["rank"]) for i in incidents(d) if i["detector"] == "comm"], [(4, 0)])
+        got = self.bisect(d, 2, "hardware-persistent")
+        self.assertEqual((got["step"], got["phase"], got["layer"], got["rank"]), (4, "comm", "fc3", 0), got)
+        twin = self.train("seen-twin", 4, ["--steps", "6", "--checkpoint-every", "2"])
+        self.assertEqual(self.bisect(twin, 2, "none")["step"], -1)
+
     def test_a_low_bit_optimizer_fault_on_one_rank_is_found_at_its_step(self):
         # One training rank: no replica to compare with, nothing fires; the flipped low bit of a
         # momentum shows in the parameters only later. The trace's optimizer fingerprints find it
