@@ -299,8 +299,24 @@ Status corrupted_param(Context& ctx, std::int64_t s, Finding* f, bool* record_he
   for (int r = 0; known && r < ctx.W; ++r)
     if (every[r] != healthy) alone_wrong->push_back(r);
   if (!f->update.param.empty()) return Status::OK();
-  const int i = replay::first_differing_param(ctx.engine->reduced_param_fps(), linked);
-  int at = i < 0 ? INT32_MAX : i;  // the first any rank sees
+  // The parameter whose slice of the reduced gradient a record holds unlike the healthy one (trace
+  // format 4): named from the record itself, also when the update absorbed the fault.
+  int at = INT32_MAX;  // the first any rank sees
+  const auto alone_fps = ctx.engine->reduced_param_fps();
+  for (int r : ctx.run.trace.ranks) {
+    auto it = ctx.run.trace.steps.find({r, s});
+    if (!known || mine != healthy || it == ctx.run.trace.steps.end() || it->second.reduced_fps.empty()) continue;
+    const int i = replay::first_differing_param(alone_fps, it->second.reduced_fps);
+    if (i >= 0) at = std::min(at, i);
+  }
+  CULPRIT_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &at, 1, MPI_INT, MPI_MIN, ctx.comm.comm));
+  if (at != INT32_MAX && static_cast<std::size_t>(at) < ctx.schema.params.size()) {
+    f->update.param = ctx.schema.params[at];
+    return Status::OK();
+  }
+  // Else the replay in the run's layout against the step computed alone.
+  const int i = replay::first_differing_param(alone_fps, linked);
+  at = i < 0 ? INT32_MAX : i;
   CULPRIT_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &at, 1, MPI_INT, MPI_MIN, ctx.comm.comm));
   if (at != INT32_MAX && static_cast<std::size_t>(at) < ctx.schema.params.size()) f->update.param = ctx.schema.params[at];
   return Status::OK();

@@ -75,6 +75,7 @@ Status Writer::open(const std::string& path, const Header& h, std::int64_t keep_
                           Column{"param_fp", H5T_NATIVE_UINT64, std::max<std::int64_t>(1, np)},
                           Column{"world", H5T_NATIVE_INT32, 0}, Column{"chunk_fp", H5T_NATIVE_UINT64, 0},
                           Column{"opt_fp", H5T_NATIVE_UINT64, std::max<std::int64_t>(1, np)},
+                          Column{"reduced_fp", H5T_NATIVE_UINT64, std::max<std::int64_t>(1, np)},
                           Column{"row_check", H5T_NATIVE_UINT64, 0}})
     CULPRIT_RETURN_IF_ERROR(create_column(steps.id(), c));
   for (const Column& c : {Column{"step", H5T_NATIVE_INT64, 0}, Column{"shard", H5T_NATIVE_INT32, 0},
@@ -102,12 +103,14 @@ Status Writer::append(const StepRow& s, const std::vector<ShardRow>& rows) {
   const std::int64_t nl = std::max<std::int64_t>(1, static_cast<std::int64_t>(header_.layers.size()));
   h5::Handle steps(H5Gopen2(file_.id(), "steps", H5P_DEFAULT), H5Gclose);
   h5::Handle shards(H5Gopen2(file_.id(), "shards", H5P_DEFAULT), H5Gclose);
-  std::vector<Fingerprint> pf = s.param_fps, of = s.opt_fps;
+  std::vector<Fingerprint> pf = s.param_fps, of = s.opt_fps, rf = s.reduced_fps;
   pf.resize(np, 0);
   of.resize(np, 0);
+  rf.resize(np, 0);
   StepRow padded = s;  // as it will read back
   padded.param_fps.resize(header_.params.size(), 0);
   padded.opt_fps.resize(header_.params.size(), 0);
+  padded.reduced_fps.resize(header_.params.size(), 0);
   const Fingerprint check = row_check(padded, header_.rank, steps_);
   CULPRIT_RETURN_IF_ERROR(put(steps.id(), "step", H5T_NATIVE_INT64, steps_, 1, 0, &s.step));
   CULPRIT_RETURN_IF_ERROR(put(steps.id(), "loss", H5T_NATIVE_FLOAT, steps_, 1, 0, &s.loss));
@@ -117,6 +120,7 @@ Status Writer::append(const StepRow& s, const std::vector<ShardRow>& rows) {
   CULPRIT_RETURN_IF_ERROR(put(steps.id(), "world", H5T_NATIVE_INT32, steps_, 1, 0, &s.world));
   CULPRIT_RETURN_IF_ERROR(put(steps.id(), "chunk_fp", H5T_NATIVE_UINT64, steps_, 1, 0, &s.chunk_fp));
   CULPRIT_RETURN_IF_ERROR(put(steps.id(), "opt_fp", H5T_NATIVE_UINT64, steps_, 1, np, of.data()));
+  CULPRIT_RETURN_IF_ERROR(put(steps.id(), "reduced_fp", H5T_NATIVE_UINT64, steps_, 1, np, rf.data()));
   CULPRIT_RETURN_IF_ERROR(put(steps.id(), "row_check", H5T_NATIVE_UINT64, steps_, 1, 0, &check));
   const std::int64_t n = static_cast<std::int64_t>(rows.size());
   std::vector<std::int64_t> step(n);

@@ -68,7 +68,7 @@ namespace {
 // The committed rows of /steps, each checked against its checksum (format 3).
 Status read_steps(hid_t sg, const std::string& sw, std::int64_t steps, TraceFile* out) {
   const std::int64_t np = std::max<std::int64_t>(1, static_cast<std::int64_t>(out->header.params.size()));
-  const bool v3 = out->header.format_version >= 3;
+  const bool v3 = out->header.format_version >= 3, v4 = out->header.format_version >= 4;
   std::vector<unsigned char> a, b, c, d, e;
   std::int64_t ext = 0, ext_steps = 0;
   CULPRIT_RETURN_IF_ERROR(get(sg, sw, "step", H5T_NATIVE_INT64, 8, 0, steps, &a, &ext_steps));
@@ -76,13 +76,14 @@ Status read_steps(hid_t sg, const std::string& sw, std::int64_t steps, TraceFile
   CULPRIT_RETURN_IF_ERROR(get(sg, sw, "lr", H5T_NATIVE_DOUBLE, 8, 0, steps, &c, &ext));
   CULPRIT_RETURN_IF_ERROR(get(sg, sw, "grad_fp", H5T_NATIVE_UINT64, 8, 0, steps, &d, &ext));
   CULPRIT_RETURN_IF_ERROR(get(sg, sw, "param_fp", H5T_NATIVE_UINT64, 8, np, steps, &e, &ext));
-  std::vector<unsigned char> wo, cf, of, sc;
+  std::vector<unsigned char> wo, cf, of, rf, sc;
   if (v3) {
     CULPRIT_RETURN_IF_ERROR(get(sg, sw, "world", H5T_NATIVE_INT32, 4, 0, steps, &wo, &ext));
     CULPRIT_RETURN_IF_ERROR(get(sg, sw, "chunk_fp", H5T_NATIVE_UINT64, 8, 0, steps, &cf, &ext));
     CULPRIT_RETURN_IF_ERROR(get(sg, sw, "opt_fp", H5T_NATIVE_UINT64, 8, np, steps, &of, &ext));
     CULPRIT_RETURN_IF_ERROR(get(sg, sw, "row_check", H5T_NATIVE_UINT64, 8, 0, steps, &sc, &ext));
   }
+  if (v4) CULPRIT_RETURN_IF_ERROR(get(sg, sw, "reduced_fp", H5T_NATIVE_UINT64, 8, np, steps, &rf, &ext));
   out->torn_steps = ext_steps - steps;
   for (std::int64_t i = 0; i < steps; ++i) {
     StepRow r;
@@ -97,6 +98,10 @@ Status read_steps(hid_t sg, const std::string& sw, std::int64_t steps, TraceFile
       std::memcpy(&r.chunk_fp, &cf[i * 8], 8);
       r.opt_fps.resize(out->header.params.size());
       std::memcpy(r.opt_fps.data(), &of[i * np * 8], 8 * r.opt_fps.size());
+      if (v4) {
+        r.reduced_fps.resize(out->header.params.size());
+        std::memcpy(r.reduced_fps.data(), &rf[i * np * 8], 8 * r.reduced_fps.size());
+      }
       Fingerprint want;
       std::memcpy(&want, &sc[i * 8], 8);
       if (row_check(r, out->header.rank, i) != want)

@@ -270,6 +270,7 @@ Fingerprint Trainer::record(double lr, trace::StepRow* row) {
     row->world = comm_.size;
     row->chunk_fp = reduced_fp(comm_.size, comm_.rank);
     row->opt_fps = optimizer_fps();
+    row->reduced_fps = reduced_param_fps();
     f.opt_fps = row->opt_fps;
   }
   return fp;

@@ -206,6 +206,21 @@ class Trace(TempDirTest):
             self.assertTrue(all(a[key][2]) and all(a[key][3]), "every layer has forward and backward fingerprints")
         self.assertEqual({b[k][0] for k in b}, {0, 1, 2, 3})  # ... computed on different ranks
         self.assertEqual({a[k][0] for k in a}, {0})
+        # The reduced gradient's per-parameter fingerprints (format 4): one per parameter, the same on
+        # every rank and at every world size.
+        reduced = {}
+        for name in ("w1", "w4"):
+            for p in sorted(glob.glob(os.path.join(self.path(name), "trace", "rank-*.h5"))):
+                with h5py.File(p, "r") as f:
+                    self.assertEqual(int(f.attrs["format_version"]), 4)
+                    n = int(f.attrs["steps_committed"])
+                    rows = [tuple(int(x) for x in f["steps"]["reduced_fp"][i]) for i in range(n)]
+                    self.assertEqual(len(rows[0]), len(str(f.attrs["params"]).split("\n")) if not isinstance(
+                        f.attrs["params"], bytes) else len(f.attrs["params"].decode().split("\n")))
+                    reduced[(name, p[-8:])] = rows
+        self.assertEqual(len(set(map(tuple, reduced.values()))), 1, reduced)
+        first = next(iter(reduced.values()))[0]
+        self.assertEqual(len(set(first)), len(first), "every parameter's slice has its own fingerprint")
 
     def test_torn_tail_is_reported(self):
         self.train("torn", ["--steps", "4"] + BASE)

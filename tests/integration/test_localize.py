@@ -17,6 +17,7 @@ from culprit_testlib import TempDirTest, incidents, run, run_each_rank_code  # n
 
 MLP = ["--model", "mlp", "--global-batch", "24", "--micro-shards", "4", "--samples", "96", "--quiet"]
 CODES = {"none": 0, "hardware-transient": 20, "hardware-persistent": 21, "data": 24, "inconclusive": 25,
+         "hardware-unconfirmed": 26,
          "damaged-record": 4}
 
 
@@ -141,6 +142,16 @@ class Localize(TempDirTest):
         self.assertEqual((got["step"], got["phase"], got["layer"], got["rank"]), (4, "comm", "fc3", 0), got)
         twin = self.train("seen-twin", 4, ["--steps", "6", "--checkpoint-every", "2"])
         self.assertEqual(self.bisect(twin, 2, "none")["step"], -1)
+
+    def test_an_absorbed_reduction_fault_outside_the_world_names_its_layer(self):
+        # A low bit of fc3's reduced gradient, flipped in the chunk rank 2 reduces (trained on 3): the
+        # update absorbs it, so only the record's reduced gradient differs. Bisected on 2 ranks, rank 2
+        # is outside: hardware-unconfirmed, and the layer comes from the record's per-parameter
+        # fingerprints of the reduced gradient (trace format 4).
+        spec = "step=4,rank=2,index=1,phase=comm,kind=bitflip,bit=2,mode=persistent,layer=fc3"
+        d = self.train("absorbed", 3, ["--steps", "6", "--checkpoint-every", "2", "--inject", spec])
+        got = self.bisect(d, 2, "hardware-unconfirmed")
+        self.assertEqual((got["step"], got["phase"], got["layer"], got["rank"]), (4, "comm", "fc3", 2), got)
 
     def test_a_low_bit_optimizer_fault_on_one_rank_is_found_at_its_step(self):
         # One training rank: no replica to compare with, nothing fires; the flipped low bit of a

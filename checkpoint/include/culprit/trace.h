@@ -52,6 +52,9 @@ struct StepRow {
   Fingerprint chunk_fp = 0;             // the chunk of the reduced gradient this rank reduced
                                         // (chunk_offset(P, world, rank)..; W = 1: the whole)
   std::vector<Fingerprint> opt_fps;     // every parameter's optimizer state after the update (0: none)
+  // Format 4 (empty in older files):
+  std::vector<Fingerprint> reduced_fps;  // per parameter: its slice of the reduced gradient, as this
+                                         // rank holds it (names the layer a reduction fault hit)
 };
 
 // One micro-shard as computed by one rank.
