@@ -238,6 +238,15 @@ def trial(work, t):
     return t
 
 
+def brief(d):
+    """One line of a diagnosis: verdict@step/phase/layer/rank, candidates, replay faults, steps not examined."""
+    cov = d.get("coverage") or {}
+    gaps = ", ".join("%d..%d" % (r["from"], r["to"]) for r in cov.get("not_examined", []))
+    return "%s@%s/%s/%s/r%s candidates %s, %d replay fault(s), %s steps replayed, not examined: %s" % (
+        d.get("verdict"), d.get("step"), d.get("phase"), d.get("layer"), d.get("rank"), d.get("candidates"),
+        len(d.get("replay_faults") or []), d.get("steps_replayed"), gaps or "-")
+
+
 def summary(results):
     out = []
     cells = collections.defaultdict(lambda: collections.Counter())
@@ -282,8 +291,9 @@ def main():
         for t in results:
             t["score"] = score(t, t["diagnosis"], t["truth_step"])
             if t["score"] != "exact":
-                print("%4d %-4s W%d->%d %s: %s %s" % (t["trial"], t["model"], t["w_train"], t["w_bisect"],
-                                                     (t["fault"] or {}).get("spec"), t["score"], t["diagnosis"]))
+                print("%4d %-4s W%d->%d %s truth %s: %s %s" % (t["trial"], t["model"], t["w_train"], t["w_bisect"],
+                                                              (t["fault"] or {}).get("spec"), t["truth_step"], t["score"],
+                                                              brief(t["diagnosis"])))
         print(summary(results))
         return 0
     rng = random.Random(a.seed)

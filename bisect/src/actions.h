@@ -49,6 +49,7 @@ struct Context {
   std::vector<records::StepRange> examined;  // steps replayed, in order
   std::int64_t stopped_at = -1;   // a step the search gave up on (its replays kept disagreeing)
   std::map<std::int64_t, int> redone;  // steps redone after a fault in the bisection's own replay
+  std::int64_t incident_refuted = -1;  // the comm incident's step, once the record there proved healthy
 
   bool layer = false;    // the trace holds per-layer fingerprints
   bool opt_recorded = false;  // the trace holds the optimizer state's fingerprints (format 3)
@@ -90,6 +91,7 @@ struct Finding {
     bool optimizer = false;     // its optimizer state differs, not (yet) its value
     int param_rank = -1;        // whose record holds it
     int replayed_by = -1;       // the lowest rank whose replay differs from a record
+    bool from_incident = false;  // only the run's comm incident says this step differs
     std::string describe() const;
   } update;
   int blamed = -1;              // the blamed rank

@@ -3,6 +3,7 @@
 // reproduce itself), then its update as the run did it. The rotated engine does both in one
 // run_step; only where this world puts a micro-shard back on its recording rank is it computed once
 // more, on the next rank.
+#include <algorithm>
 #include <cmath>
 
 #include "actions.h"
@@ -159,9 +160,11 @@ Status check_step(Context& ctx, std::int64_t t, Finding* f, bool* differs) {
   // wrong even when this replay reproduces it exactly (the same device firing again where no
   // message crosses in this layout, e.g. in the chunk it reduces itself).
   const auto* first = ctx.first;
-  if (first && first->step == t && first->detector == Detector::kComm && !u.reduced && u.param.empty()) {
+  if (first && first->step == t && first->detector == Detector::kComm && ctx.incident_refuted != t && !u.reduced &&
+      u.param.empty()) {
     u.reduced = true;
-    u.replayed_by = first->rank;
+    u.from_incident = true;
+    u.replayed_by = -1;  // nobody in this bisection replayed it differently
   }
   const bool update_differs = u.reduced || !u.param.empty();
   c.rows.back() = update_differs;
@@ -224,7 +227,12 @@ Status find_step(Context& ctx, Finding* f, Evidence* ev) {
     if (none) break;
   }
   nothing_differs(ctx, f, ev);
-  ev->unexamined = !coverage(ctx, -1).not_examined.empty();
+  // Steps not examined make the search inconclusive; after a reproduced NaN or spike, only those
+  // before it (what came after cannot have made it).
+  const auto gaps = coverage(ctx, -1).not_examined;
+  ev->unexamined = std::any_of(gaps.begin(), gaps.end(), [&](const records::StepRange& r) {
+    return !ev->nonfinite_reproduced || r.from < f->step;
+  });
   return Status::OK();
 }
 

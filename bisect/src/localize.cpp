@@ -330,8 +330,12 @@ Status update_replay_faulted(Context& ctx, std::int64_t s, const Finding& f, con
   for (int r : suspects) ctx.replay_fault(s, r, "replayed the update of step " + std::to_string(s) + " unlike the records");
   ctx.redo(s);
   ev->replay_fault = true;
-  ctx.note("the update of step " + std::to_string(s) + " agrees with every record when replayed again; rank(s) " +
-           rank_list(suspects) + " replayed it wrongly during this bisection (suspect); the step is redone");
+  if (suspects.empty())
+    ctx.note("every record of step " + std::to_string(s) +
+             " agrees with the steps computed alone: the run's comm incident there is not borne out; the step is redone");
+  else
+    ctx.note("the update of step " + std::to_string(s) + " agrees with every record when replayed again; rank(s) " +
+             rank_list(suspects) + " replayed it wrongly during this bisection (suspect); the step is redone");
   CULPRIT_RETURN_IF_ERROR(agree(ctx.comm, ctx.engine->rewind()));
   return agree(ctx.comm, ctx.engine->set_rotation(1));
 }
@@ -385,7 +389,9 @@ Status localize_update(Context& ctx, Finding* f, Evidence* ev) {
     CULPRIT_RETURN_IF_ERROR(corrupted_param(ctx, s, f, &record_healthy, &alone_wrong));
     if (record_healthy) {
       // The run reduced this step correctly: the replay's reduction (a link, or a micro-shard of a
-      // rank whose device fired during the search) was wrong. Noted; the step is redone.
+      // rank whose device fired during the search) was wrong. Noted; the step is redone. A difference
+      // only the comm incident claimed is not claimed again.
+      if (f->update.from_incident) ctx.incident_refuted = s;
       UpdateVote none;
       none.s.wrong_now = alone_wrong;
       for (const auto& [from, to] : sr.comm_faults)

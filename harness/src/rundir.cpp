@@ -5,27 +5,46 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <utility>
+
+#include <nlohmann/json.hpp>
 
 namespace culprit::harness {
 
 namespace fs = std::filesystem;
 
-// Keeps the lines of metrics.jsonl up to step `keep` (a resumed run rewrites what follows).
+// Keeps the lines of metrics.jsonl up to step `keep` (a resumed run rewrites what follows). A torn
+// tail (a crash or a full disk mid-line: no newline, or a line that is not a JSON object with an
+// integer "step") ends what is kept; the rewrite goes through a temporary file and a rename, so a
+// crash during it leaves the old file whole.
 Status truncate_metrics(const std::string& path, std::int64_t keep) {
-  std::ifstream in(path);
+  std::ifstream in(path, std::ios::binary);
   if (!in) return Status::OK();
-  std::string line, kept;
-  while (std::getline(in, line)) {
-    const auto pos = line.find("\"step\": ");
-    if (pos == std::string::npos) continue;
-    if (std::stoll(line.substr(pos + 8)) > keep) break;
+  std::string all((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  in.close();
+  std::string kept;
+  for (std::size_t at = 0; at < all.size();) {
+    const std::size_t end = all.find('\n', at);
+    if (end == std::string::npos) break;  // torn: no newline
+    const std::string line = all.substr(at, end - at);
+    at = end + 1;
+    const auto j = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
+    if (!j.is_object() || !j.contains("step") || !j["step"].is_number_integer()) break;
+    if (j["step"].get<std::int64_t>() > keep) break;
     kept += line + "\n";
   }
-  in.close();
-  std::ofstream out(path, std::ios::trunc);
-  out << kept;
-  return out ? Status::OK() : Status::IoError("cannot rewrite '" + path + "'");
+  const std::string tmp = path + ".tmp";
+  {
+    std::ofstream out(tmp, std::ios::trunc | std::ios::binary);
+    out << kept;
+    out.flush();
+    if (!out) return Status::IoError("cannot rewrite '" + path + "' (writing '" + tmp + "' failed)");
+  }
+  std::error_code ec;
+  fs::rename(tmp, path, ec);
+  if (ec) return Status::IoError("cannot rewrite '" + path + "': " + ec.message());
+  return Status::OK();
 }
 
 Status prepare_run_dir(const TrainConfig& cfg) {

@@ -218,6 +218,8 @@ class Trace(TempDirTest):
                     self.assertEqual(len(rows[0]), len(str(f.attrs["params"]).split("\n")) if not isinstance(
                         f.attrs["params"], bytes) else len(f.attrs["params"].decode().split("\n")))
                     reduced[(name, p[-8:])] = rows
+                    self.assertNotEqual(rows[0], tuple(int(x) for x in f["steps"]["param_fp"][0]))
+                    self.assertNotEqual(rows[0], tuple(int(x) for x in f["steps"]["opt_fp"][0]))
         self.assertEqual(len(set(map(tuple, reduced.values()))), 1, reduced)
         first = next(iter(reduced.values()))[0]
         self.assertEqual(len(set(first)), len(first), "every parameter's slice has its own fingerprint")
