@@ -5,8 +5,10 @@
 
 #include <chrono>
 #include <cstdio>
+#include <filesystem>
 
 #include "actions.h"
+#include "culprit/run_files.h"
 
 namespace culprit::bisect {
 
@@ -143,9 +145,18 @@ double since(std::chrono::steady_clock::time_point t0) {
 
 }  // namespace
 
+// The run is this job's while it is bisected (no train --resume rewrites its traces meanwhile).
+// Without run.json there is no run: open_context says so.
+static Status lock_run(const std::string& run_dir, const char* command) {
+  std::error_code ec;
+  if (!std::filesystem::exists(std::filesystem::path(run_dir) / "run.json", ec)) return Status::OK();
+  return files::lock_run_dir(run_dir, command);
+}
+
 Status run(const Options& opt, const Comm& comm, records::Diagnosis* d) {
   const auto t0 = std::chrono::steady_clock::now();
   *d = records::Diagnosis();
+  CULPRIT_RETURN_IF_ERROR(agree(comm, comm.rank == 0 ? lock_run(opt.run_dir, "bisect") : Status::OK()));
   Context ctx(opt, comm, d);
   const Status opened = open_context(&ctx);
   if (opened.code() == StatusCode::kDamaged) return damaged_record(ctx, opened);

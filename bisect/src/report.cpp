@@ -10,6 +10,7 @@
 #include <sstream>
 
 #include "actions.h"
+#include "culprit/run_files.h"
 
 namespace culprit::bisect {
 
@@ -172,11 +173,7 @@ Status write_page(const std::string& run_dir, const Diagnosis& d, const trace::R
   coverage_and_evidence(h, d);
   h << "</body></html>\n";
   const auto path = fs::path(run_dir) / "diagnosis.html";
-  std::ofstream out(path);
-  out << h.str();
-  out.flush();
-  if (!out) return Status::IoError("cannot write '" + path.string() + "'");
-  return Status::OK();
+  return files::write_atomic(path.string(), h.str());
 }
 
 }  // namespace

@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
@@ -13,6 +14,7 @@
 
 #include "culprit/checkpoint_format.h"
 #include "culprit/h5.h"
+#include "culprit/run_files.h"
 
 namespace culprit::ckpt {
 
@@ -130,16 +132,21 @@ std::string path_for(const std::string& run_dir, std::int64_t step) {
   return (fs::path(run_dir) / kCheckpointDir / name).string();
 }
 
+// The step a checkpoint's file name says (step-XXXXXXXX.h5), -1 for any other name.
+static std::int64_t step_in_name(const std::string& name) {
+  static const std::regex re("step-([0-9]{8})\\.h5");
+  std::smatch m;
+  return std::regex_match(name, m, re) ? std::stoll(m[1]) : -1;
+}
+
 std::vector<std::pair<std::int64_t, std::string>> list(const std::string& run_dir) {
   std::vector<std::pair<std::int64_t, std::string>> out;
   const fs::path dir = fs::path(run_dir) / kCheckpointDir;
   std::error_code ec;
   if (!fs::is_directory(dir, ec)) return out;
-  static const std::regex re("step-([0-9]{8})\\.h5");
   for (const auto& e : fs::directory_iterator(dir, ec)) {
-    std::smatch m;
-    const std::string name = e.path().filename().string();
-    if (std::regex_match(name, m, re)) out.push_back({std::stoll(m[1]), e.path().string()});
+    const std::int64_t step = step_in_name(e.path().filename().string());
+    if (step >= 0) out.push_back({step, e.path().string()});
   }
   std::sort(out.begin(), out.end());
   return out;
@@ -173,6 +180,31 @@ Status find_valid(const Comm& comm, const std::string& run_dir, std::int64_t bef
   return st.ok() ? st : Status::Damaged(where + " (" + st.message() + ")");
 }
 
+namespace {
+
+// Bytes the file of `c` needs, with room for HDF5's metadata (object headers, attributes).
+std::uint64_t size_estimate(const Checkpoint& c) {
+  std::uint64_t bytes = 0;
+  std::size_t n = 0;
+  for (const auto* group : {&c.model, &c.optimizer, &c.rng})
+    for (const auto& t : *group) bytes += t.bytes.size(), ++n;
+  return bytes + bytes / 32 + n * 512 + 32768;
+}
+
+Status prepare_file(const std::string& tmp, const Checkpoint& c) {
+  CULPRIT_RETURN_IF_ERROR(files::create_fresh(tmp));
+  std::uint64_t free = 0;
+  Status st = files::free_bytes(tmp, &free);
+  const std::uint64_t need = size_estimate(c);
+  if (st.ok() && free < need)
+    st = Status::IoError("cannot write checkpoint '" + tmp + "': " + std::strerror(ENOSPC) + " (" +
+                         std::to_string(free) + " bytes free, the checkpoint needs about " + std::to_string(need) + ")");
+  if (!st.ok()) files::remove(tmp);
+  return st;
+}
+
+}  // namespace
+
 Status write(const Comm& comm, const std::string& final_path, const Checkpoint& c, WriteStats* stats,
              const std::vector<int>& writers) {
   const auto t0 = std::chrono::steady_clock::now();
@@ -181,7 +213,11 @@ Status write(const Comm& comm, const std::string& final_path, const Checkpoint& 
   for (int i = 0; i < static_cast<int>(writers.size()); ++i)
     if (writers[i] == comm.rank) writer = i;
   const std::string tmp = final_path + kTempSuffix;
-  Status st;
+  // Rank 0 makes the file a fresh one (a leftover or a link there is replaced, never written
+  // through) and checks the space: MPI-IO's collective close can hang once a rank's write failed
+  // for lack of it, so a full disk must be found before the first byte (docs/checkpoint-format.md).
+  Status st = comm.rank == 0 ? prepare_file(tmp, c) : Status::OK();
+  CULPRIT_RETURN_IF_ERROR(agree(comm, st));
   {
     h5::Handle file;
     // One rank needs no MPI-IO: the POSIX driver is faster for it.
@@ -222,7 +258,11 @@ Status write(const Comm& comm, const std::string& final_path, const Checkpoint& 
     }
     if (stats) stats->bytes = bytes;
     st = agree(comm, st);
-    if (!st.ok()) return st.prefixed("writing checkpoint '" + tmp + "'");
+    if (!st.ok()) {
+      file.reset();  // collective close, then the partial file goes
+      if (comm.rank == 0) files::remove(tmp);
+      return st.prefixed("writing checkpoint '" + tmp + "'");
+    }
   }  // collective close
   CULPRIT_MPI_CHECK(MPI_Barrier(comm.comm));
   if (comm.rank == 0) {
@@ -366,7 +406,19 @@ Status read_open(const h5::Handle& file, const std::string& path, std::uint64_t 
   return Status::OK();
 }
 
+Status belongs(const std::string& path, const Checkpoint& c, const std::string& run_id) {
+  const std::int64_t named_step = step_in_name(fs::path(path).filename().string());
+  const auto id = c.meta.find(kMetaRunId);
+  CULPRIT_RETURN_IF_ERROR(files::same_run(path, id == c.meta.end() ? "" : id->second, run_id));
+  if (named_step >= 0 && c.step != named_step)
+    return Status::BadInput("'" + path + "' holds step " + std::to_string(c.step) + ", not the step its name says (" +
+                            std::to_string(named_step) + "): a renamed checkpoint is never used");
+  return Status::OK();
+}
+
 Status apply_retention(const std::string& run_dir, std::int64_t keep_step, int keep_last, std::int64_t keep_every) {
+  // Deletes only entries of RUN/checkpoints itself: never through a linked directory.
+  CULPRIT_RETURN_IF_ERROR(files::refuse_link((fs::path(run_dir) / kCheckpointDir).string()));
   auto all = list(run_dir);
   std::vector<std::pair<std::int64_t, std::string>> older;
   for (const auto& e : all)
@@ -378,9 +430,7 @@ Status apply_retention(const std::string& run_dir, std::int64_t keep_step, int k
   for (std::size_t i = 1; i + keep_older < older.size(); ++i) {
     const auto& [step, path] = older[i];
     if (keep_every > 0 && step > 0 && step % keep_every == 0) continue;
-    std::error_code ec;
-    fs::remove(path, ec);
-    if (ec) return Status::IoError("cannot delete old checkpoint '" + path + "': " + ec.message());
+    CULPRIT_RETURN_IF_ERROR(files::remove(path).prefixed("retention"));
   }
   return Status::OK();
 }

@@ -8,6 +8,8 @@
 #include <cstring>
 #include <filesystem>
 
+#include "culprit/run_files.h"
+
 namespace culprit::records::detail {
 
 namespace fs = std::filesystem;
@@ -35,34 +37,24 @@ Status io_error(const std::string& what, const std::string& path) {
 }
 }  // namespace
 
+// Records inside a run directory are replaced atomically, never through a link (run_files.h); a
+// screen report goes where the user named it.
 Status write_file(const std::string& path, const std::string& text, bool atomic) {
-  const std::string target = atomic ? path + ".tmp" : path;
-  const int fd = ::open(target.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) return io_error("write", target);
+  if (atomic) return files::write_atomic(path, text);
+  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) return io_error("write", path);
   for (std::size_t done = 0; done < text.size();) {
     const ssize_t n = ::write(fd, text.data() + done, text.size() - done);
     if (n < 0 && errno == EINTR) continue;
     if (n < 0) {
-      const Status st = io_error("write", target);
+      const Status st = io_error("write", path);
       ::close(fd);
       return st;
     }
     done += static_cast<std::size_t>(n);
   }
-  if (::fsync(fd) != 0) {
-    const Status st = io_error("sync", target);
-    ::close(fd);
-    return st;
-  }
-  if (::close(fd) != 0) return io_error("write", target);
-  if (!atomic) return Status::OK();
-  if (std::rename(target.c_str(), path.c_str()) != 0) return io_error("rename '" + target + "' to", path);
-  const std::string dir = fs::path(path).parent_path().empty() ? "." : fs::path(path).parent_path().string();
-  const int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (dfd < 0) return io_error("sync the directory", dir);
-  const int rc = ::fsync(dfd);
-  ::close(dfd);
-  return rc == 0 ? Status::OK() : io_error("sync the directory", dir);
+  if (::close(fd) != 0) return io_error("write", path);
+  return Status::OK();
 }
 
 Status open_record(const std::string& path, std::ifstream* in) {

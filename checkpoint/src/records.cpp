@@ -11,6 +11,7 @@
 
 #include "culprit/exit_codes.h"
 #include "record_json.h"
+#include "culprit/run_files.h"
 
 namespace culprit {
 
@@ -219,13 +220,11 @@ Status append_incident(const std::string& run_dir, Incident inc) {
     const char* job = std::getenv("SLURM_JOB_ID");
     inc.slurm_job_id = job ? job : "";
   }
-  std::ofstream jl(fs::path(run_dir) / "incidents.jsonl", std::ios::app);
-  jl << dump(to_json(inc), -1) << "\n";
-  jl.flush();
-  std::ofstream log(fs::path(run_dir) / "incidents.log", std::ios::app);
-  log << log_line(inc) << "\n";
-  log.flush();
-  if (!log || !jl) return Status::IoError("cannot append to the incident log in '" + run_dir + "'");
+  // Both appends are tried: the human log should not lose a line because the record did.
+  const Status jl = files::append((fs::path(run_dir) / "incidents.jsonl").string(), dump(to_json(inc), -1) + "\n");
+  const Status log = files::append((fs::path(run_dir) / "incidents.log").string(), log_line(inc) + "\n");
+  if (!jl.ok()) return jl.prefixed("cannot append to the incident log");
+  if (!log.ok()) return log.prefixed("cannot append to the incident log");
   return Status::OK();
 }
 

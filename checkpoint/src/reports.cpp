@@ -5,6 +5,7 @@
 
 #include "culprit/records.h"
 #include "record_json.h"
+#include "culprit/run_files.h"
 
 namespace culprit::records {
 
@@ -155,8 +156,9 @@ std::string audit_part_path(const std::string& run_dir, int share, int shares) {
 }
 
 Status write_audit(const std::string& path, const AuditReport& a) {
-  std::error_code ec;
-  fs::create_directories(fs::path(path).parent_path(), ec);
+  // The shares' parts go to RUN/audit/, a directory of culprit's (never a link); audit.json to RUN.
+  const fs::path dir = fs::path(path).parent_path();
+  if (dir.filename() == "audit") CULPRIT_RETURN_IF_ERROR(files::ensure_dir(dir.string()));
   return write_file(path, dump(to_json(a), 2) + "\n", /*atomic=*/true);
 }
 

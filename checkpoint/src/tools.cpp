@@ -12,6 +12,7 @@
 #include "culprit/checkpoint_tools.h"
 #include "culprit/h5.h"
 #include "culprit/trace.h"
+#include "verify_run.h"
 
 namespace culprit::ckpt {
 
@@ -155,7 +156,11 @@ Status verify(const std::string& path, std::string* report, bool* clean) {
   *clean = true;
   std::ostringstream os;
   std::vector<std::string> ckpts, traces;
+  RunFacts facts;
+  std::map<std::string, std::string> checkpoint_run_ids;
+  std::map<int, trace::TraceFile> trace_files;
   if (fs::is_directory(path, ec)) {
+    CULPRIT_RETURN_IF_ERROR(read_run_facts(path, &facts));
     for (const auto& [step, p] : list(path)) ckpts.push_back(p);
     traces = trace::list(path);
     if (ckpts.empty() && traces.empty())
@@ -172,7 +177,10 @@ Status verify(const std::string& path, std::string* report, bool* clean) {
   for (const auto& p : ckpts) {
     Checkpoint c;
     Status st = read(p, &c, true);
+    if (st.ok() && facts.has_run_json) st = belongs(p, c, "");  // its name; its run: verify_run_whole
     if (st.ok()) {
+      const auto id = c.meta.find(format::kMetaRunId);
+      checkpoint_run_ids[p] = id == c.meta.end() ? "" : id->second;
       os << "ok    " << p << " (step " << c.step << ", state " << fingerprint_hex(c.state_fingerprint) << ")\n";
     } else {
       *clean = false;
@@ -186,11 +194,13 @@ Status verify(const std::string& path, std::string* report, bool* clean) {
       os << "ok    " << p << " (" << tf.steps.size() << " steps";
       if (tf.torn_steps || tf.torn_shards) os << ", torn tail of " << tf.torn_steps << " step row(s) ignored";
       os << (tf.verified ? ", every row's checksum verified" : ", format 2: its rows carry no checksums") << ")\n";
+      if (p == trace::path_for(path, tf.header.rank)) trace_files[tf.header.rank] = std::move(tf);
     } else {
       *clean = false;
       os << "FAIL  " << st.message() << "\n";
     }
   }
+  if (facts.has_run_json) verify_run_whole(path, facts, checkpoint_run_ids, trace_files, os, clean);
   *report = os.str();
   return Status::OK();
 }

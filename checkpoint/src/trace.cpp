@@ -9,6 +9,7 @@
 #include <filesystem>
 
 #include "culprit/checkpoint_format.h"
+#include "culprit/run_files.h"
 #include "trace_columns.h"
 
 namespace culprit::trace {
@@ -26,11 +27,14 @@ std::string path_for(const std::string& run_dir, int rank) {
 Status Writer::open(const std::string& path, const Header& h, std::int64_t keep_through_step, std::string* warning) {
   header_ = h;
   const std::string where = "trace '" + path + "'";
+  CULPRIT_RETURN_IF_ERROR(files::refuse_link(fs::path(path).parent_path().string()));
+  CULPRIT_RETURN_IF_ERROR(files::refuse_link(path));  // opened for writing below: never through a link
   std::error_code ec;
   if (fs::exists(path, ec)) {
     Header old;
     Status st = h5::open_rw(path, &file_);
     if (st.ok()) st = read_header(file_.id(), &old);
+    if (st.ok()) CULPRIT_RETURN_IF_ERROR(files::same_run(path, old.run_id, h.run_id));  // foreign: never moved aside
     if (st.ok() && old.format_version != kTraceVersion)
       return Status::BadInput(where + " has format " + std::to_string(old.format_version) + ", not " +
                               std::to_string(kTraceVersion) + ": continue the run with the culprit that started it");
@@ -60,7 +64,10 @@ Status Writer::open(const std::string& path, const Header& h, std::int64_t keep_
     if (ec) return Status::IoError(where + " is damaged (" + st.message() + ") and cannot be moved aside");
     *warning = where + " was damaged (" + st.message() + "); moved to '" + aside + "', a new trace starts";
   }
-  fs::create_directories(fs::path(path).parent_path(), ec);
+  // trace/ is culprit's (never a link) and the file a fresh one (a link there is replaced, not
+  // written through).
+  CULPRIT_RETURN_IF_ERROR(files::ensure_dir(fs::path(path).parent_path().string()));
+  CULPRIT_RETURN_IF_ERROR(files::create_fresh(path));
   hid_t id = H5Fcreate(path.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT);
   if (id < 0) return Status::IoError("cannot create " + where + ": " + h5::error_stack());
   file_ = h5::Handle(id, H5Fclose);
@@ -186,6 +193,7 @@ Status Writer::append(const StepRow& s, const std::vector<ShardRow>& rows) {
 
 Status truncate(const std::string& path, std::int64_t keep) {
   const std::string where = "trace '" + path + "'";
+  CULPRIT_RETURN_IF_ERROR(files::refuse_link(path));
   h5::Handle f;
   Status st = h5::open_rw(path, &f);
   if (!st.ok()) return st.prefixed(where);

@@ -158,6 +158,7 @@ Status write_header(hid_t f, const Header& h) {
   CULPRIT_RETURN_IF_ERROR(h5::write_attr(f, "layers", join(h.layers)));
   CULPRIT_RETURN_IF_ERROR(h5::write_attr(f, "faults", join(h.faults)));
   CULPRIT_RETURN_IF_ERROR(h5::write_attr(f, kAttrSamplesPerShard, static_cast<std::int64_t>(h.samples_per_shard)));
+  if (!h.run_id.empty()) CULPRIT_RETURN_IF_ERROR(h5::write_attr(f, kAttrRunId, h.run_id));
   return h5::write_attr(f, "fingerprint_format", std::string("fp1"));
 }
 
@@ -192,6 +193,8 @@ Status read_header(hid_t f, Header* h) {
     if (v < 0 || v > (1 << 24)) return Status::Damaged("implausible samples_per_shard " + std::to_string(v));
     h->samples_per_shard = static_cast<int>(v);
   }
+  h->run_id.clear();
+  if (h5::has_attr(f, kAttrRunId)) CULPRIT_RETURN_IF_ERROR(h5::read_attr(f, kAttrRunId, &h->run_id));
   return Status::OK();
 }
 

@@ -6,6 +6,7 @@
 #include <regex>
 
 #include "culprit/checkpoint_format.h"
+#include "culprit/run_files.h"
 #include "culprit/trace.h"
 #include "trace_columns.h"
 
@@ -35,14 +36,15 @@ const StepRow* RunTrace::step(std::int64_t s) const {
   return nullptr;
 }
 
-Status read_run(const std::string& run_dir, RunTrace* out) {
+Status read_run(const std::string& run_dir, RunTrace* out, const std::string& run_id) {
   *out = RunTrace();
-  const auto files = list(run_dir);
-  if (files.empty())
+  const auto paths = list(run_dir);
+  if (paths.empty())
     return Status::BadInput("no trace in '" + run_dir + "/" + kTraceDir + "' (was the run trained with --trace off?)");
-  for (std::size_t i = 0; i < files.size(); ++i) {
+  for (std::size_t i = 0; i < paths.size(); ++i) {
     TraceFile tf;
-    CULPRIT_RETURN_IF_ERROR(read(files[i], &tf));
+    CULPRIT_RETURN_IF_ERROR(read(paths[i], &tf));
+    CULPRIT_RETURN_IF_ERROR(files::same_run(paths[i], tf.header.run_id, run_id));
     if (i == 0) out->header = tf.header;
     out->verified = out->verified && tf.verified;
     out->ranks.push_back(tf.header.rank);

@@ -144,6 +144,8 @@ void Watchdog::expire(const char* what) {
   if (rep.silent.empty()) {
     rep.message = "every rank answered, but " + std::string(what) + " did not complete within the collective timeout of " +
                   seconds(timeout_) + " (" + waits + ")";
+    if (explain_) rep.cause = explain_();
+    if (!rep.cause.ok()) rep.message = rep.cause.message() + " (" + rep.message + ")";
   } else {
     std::string who;
     for (int r : rep.silent) who += (who.empty() ? "" : ", ") + std::to_string(r) + " (host " + hosts_[r] + ")";
@@ -159,8 +161,9 @@ void Watchdog::expire(const char* what) {
     // The lowest live rank reports and ends the job; should it fail to, this rank does.
     listen(MPI_Wtime() + grace, false);
   }
-  MPI_Abort(MPI_COMM_WORLD, exit_code(StatusCode::kSilentRank));
-  std::_Exit(exit_code(StatusCode::kSilentRank));
+  const int code = exit_code(rep.cause.ok() ? StatusCode::kSilentRank : rep.cause.code());
+  MPI_Abort(MPI_COMM_WORLD, code);
+  std::_Exit(code);
 }
 
 void complete(const Comm& comm, MPI_Request* req, const char* what) {

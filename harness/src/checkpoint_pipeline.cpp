@@ -4,10 +4,11 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
-#include <fstream>
+#include <sstream>
 #include <map>
 #include <thread>
 
+#include "culprit/run_files.h"
 #include "culprit/watchdog.h"
 
 namespace culprit::harness {
@@ -144,12 +145,15 @@ void CheckpointPipeline::append_trace(trace::StepRow row, std::vector<trace::Sha
 // One line per checkpoint: what it cost (docs/performance.md).
 void CheckpointPipeline::log_checkpoint() {
   if (comm_.rank != 0 || cost_.step < 0) return;
-  std::ofstream log(fs::path(cfg_.run_dir) / "checkpoints.jsonl", std::ios::app);
-  log << "{\"step\": " << cost_.step << ", \"bytes\": " << cost_.bytes << ", \"writers\": " << writers_.size()
-      << ", \"wait_seconds\": " << cost_.wait << ", \"copy_seconds\": " << cost_.copy
-      << ", \"fence_seconds\": " << cost_.fence << ", \"stall_seconds\": " << cost_.stall
-      << ", \"write_seconds\": " << cost_.write << ", \"total_io_seconds\": " << cost_.total_io
-      << ", \"async\": " << (cfg_.checkpoint.async && !serial_ ? "true" : "false") << "}\n";
+  std::ostringstream line;
+  line << "{\"step\": " << cost_.step << ", \"bytes\": " << cost_.bytes << ", \"writers\": " << writers_.size()
+       << ", \"wait_seconds\": " << cost_.wait << ", \"copy_seconds\": " << cost_.copy
+       << ", \"fence_seconds\": " << cost_.fence << ", \"stall_seconds\": " << cost_.stall
+       << ", \"write_seconds\": " << cost_.write << ", \"total_io_seconds\": " << cost_.total_io
+       << ", \"async\": " << (cfg_.checkpoint.async && !serial_ ? "true" : "false") << "}\n";
+  // A cost log only: a failure to append it is said, never fatal.
+  const Status st = files::append((fs::path(cfg_.run_dir) / "checkpoints.jsonl").string(), line.str());
+  if (!st.ok()) std::fprintf(stderr, "culprit: warning: %s\n", printable(st.message()).c_str());
   cost_.step = -1;
 }
 

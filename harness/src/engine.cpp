@@ -3,6 +3,8 @@
 #include <torch/torch.h>
 
 #include "culprit/engine.h"
+#include "culprit/checkpoint_format.h"
+#include "culprit/run_files.h"
 #include "culprit/tree_reduce.h"
 #include "data.h"
 #include "model.h"
@@ -215,6 +217,8 @@ class EngineImpl : public Engine {
 Status Engine::open(const TrainConfig& cfg, const Comm& comm, const ckpt::Checkpoint& start, const std::string& path,
                     bool layer_trace, std::unique_ptr<Engine>* out, int rotate) {
   CULPRIT_RETURN_IF_ERROR(agree(comm, validate(cfg, comm.size)));
+  // A foreign checkpoint (renamed into the run) is refused, never replayed and "reproduced".
+  CULPRIT_RETURN_IF_ERROR(agree(comm, ckpt::belongs(path, start, cfg.run_id)));
   auto e = std::make_unique<EngineImpl>();
   CULPRIT_RETURN_IF_ERROR(e->init(cfg, comm, start, path, layer_trace, rotate));
   *out = std::move(e);

@@ -10,6 +10,9 @@
 
 #include <nlohmann/json.hpp>
 
+#include "culprit/checkpoint_format.h"
+#include "culprit/run_files.h"
+
 namespace culprit::harness {
 
 namespace fs = std::filesystem;
@@ -34,33 +37,57 @@ Status truncate_metrics(const std::string& path, std::int64_t keep) {
     if (j["step"].get<std::int64_t>() > keep) break;
     kept += line + "\n";
   }
-  const std::string tmp = path + ".tmp";
-  {
-    std::ofstream out(tmp, std::ios::trunc | std::ios::binary);
-    out << kept;
-    out.flush();
-    if (!out) return Status::IoError("cannot rewrite '" + path + "' (writing '" + tmp + "' failed)");
-  }
+  return files::write_atomic(path, kept);
+}
+
+// Rank 0, before anything is written. The directory becomes this job's (the lock, held until the
+// process ends); it is the run it claims to be (--resume: run.json is there) or a new one (nothing
+// culprit writes is there: a leftover run's traces or checkpoints are never overwritten or
+// deleted by retention); the directories culprit writes into are not links.
+Status prepare_run_dir(const TrainConfig& cfg) {
+  const fs::path dir(cfg.run_dir);
   std::error_code ec;
-  fs::rename(tmp, path, ec);
-  if (ec) return Status::IoError("cannot rewrite '" + path + "': " + ec.message());
+  if (resuming(cfg)) {
+    if (!fs::exists(dir / "run.json", ec))
+      return Status::BadInput("cannot resume: '" + cfg.run_dir + "' holds no run (no run.json)");
+  } else {
+    fs::create_directories(dir, ec);
+    if (ec) return Status::IoError("cannot create run directory '" + cfg.run_dir + "': " + ec.message());
+  }
+  CULPRIT_RETURN_IF_ERROR(files::lock_run_dir(cfg.run_dir, "train"));
+  for (const char* const* name = files::owned_names(); !resuming(cfg) && *name; ++name) {
+    if (fs::symlink_status(dir / *name, ec).type() != fs::file_type::not_found)
+      return Status::BadInput("run directory '" + cfg.run_dir + "' already holds a run or part of one ('" + *name +
+                              "'); pass --resume to continue it, or choose another --run-dir (a new run needs a "
+                              "directory holding nothing culprit writes)");
+  }
+  for (const char* sub : {"checkpoints", "trace", "audit"})
+    CULPRIT_RETURN_IF_ERROR(files::refuse_link((dir / sub).string()));
   return Status::OK();
 }
 
-Status prepare_run_dir(const TrainConfig& cfg) {
-  std::error_code ec;
-  if (resuming(cfg)) {
-    if (!fs::exists(fs::path(cfg.run_dir) / "run.json"))
-      return Status::BadInput("cannot resume: '" + cfg.run_dir + "' holds no run (no run.json)");
-    return Status::OK();
+Status stored_run_id(const std::string& run_dir, std::string* id) {
+  id->clear();
+  const std::string path = (fs::path(run_dir) / "run.json").string();
+  std::ifstream in(path);
+  if (!in) return Status::BadInput("'" + run_dir + "' holds no run (no run.json)");
+  const auto j = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
+  if (!j.is_object()) return Status::Damaged("'" + path + "' is not a culprit run.json");
+  if (j.contains("run_id") && j["run_id"].is_string()) *id = j["run_id"].get<std::string>();
+  return Status::OK();
+}
+
+Status establish_run_id(const TrainConfig& cfg, const Comm& comm, std::string* id) {
+  Status st;
+  if (comm.rank == 0) {
+    if (resuming(cfg)) st = stored_run_id(cfg.run_dir, id);
+    if (st.ok() && id->empty()) *id = files::new_run_id();  // new, or a run from before identities
   }
-  fs::create_directories(cfg.run_dir, ec);
-  if (ec) return Status::IoError("cannot create run directory '" + cfg.run_dir + "': " + ec.message());
-  for (const char* f : {"run.json", "metrics.jsonl"}) {
-    if (fs::exists(fs::path(cfg.run_dir) / f))
-      return Status::BadInput("run directory '" + cfg.run_dir + "' already holds a run (" + f +
-                           "); pass --resume to continue it or choose another --run-dir");
-  }
+  CULPRIT_RETURN_IF_ERROR(agree(comm, st));
+  char buf[64] = {0};
+  if (comm.rank == 0) std::snprintf(buf, sizeof buf, "%s", id->c_str());
+  CULPRIT_MPI_CHECK(MPI_Bcast(buf, sizeof buf, MPI_CHAR, 0, comm.comm));
+  *id = buf;
   return Status::OK();
 }
 
@@ -76,6 +103,7 @@ Status find_checkpoint(const TrainConfig& cfg, const Comm& comm, ckpt::Checkpoin
 }
 
 Status check_compatible(const TrainConfig& cfg, const Dataset& data, const ckpt::Checkpoint& c, const std::string& from) {
+  CULPRIT_RETURN_IF_ERROR(ckpt::belongs(from, c, cfg.run_id));
   auto want = c.meta_int.find("seed");
   if (want == c.meta_int.end() || static_cast<std::uint64_t>(want->second) != cfg.seed)
     return Status::BadInput("checkpoint '" + from + "' belongs to another run (seed differs)");

@@ -19,6 +19,9 @@ Status prepare_run_dir(const TrainConfig& cfg);
 // reported (file, dataset, fingerprints) and skipped, never used. Collective.
 Status find_checkpoint(const TrainConfig& cfg, const Comm& comm, ckpt::Checkpoint* c, std::string* from);
 // A checkpoint of another run (other seed, model, ...) must not be resumed silently.
+// The run's identity on every rank: run.json's on --resume (a run from before identities gets a
+// new one), a new one otherwise. Collective.
+Status establish_run_id(const TrainConfig& cfg, const Comm& comm, std::string* id);
 Status check_compatible(const TrainConfig& cfg, const Dataset& data, const ckpt::Checkpoint& c, const std::string& from);
 // Keeps the lines of metrics.jsonl up to step `keep` (a resumed run rewrites what follows).
 Status truncate_metrics(const std::string& path, std::int64_t keep);

@@ -9,6 +9,8 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
+#include "culprit/run_files.h"
+
 namespace culprit::harness {
 
 namespace {
@@ -73,6 +75,7 @@ void gather_hosts(const Comm& comm, RunInfo* info) { info->hosts = gather_string
 
 Status write_run_json(const std::string& path, const RunInfo& i) {
   nlohmann::ordered_json j;
+  j["run_id"] = i.run_id;
   j["culprit_version"] = i.culprit_version;
   j["created"] = i.created;
   j["model"] = i.model;
@@ -89,11 +92,8 @@ Status write_run_json(const std::string& path, const RunInfo& i) {
   j["deterministic_algorithms"] = true;
   if (!i.resumed_from.empty()) j["resumed_from"] = {{"checkpoint", i.resumed_from}, {"step", i.resumed_at_step}};
   j["config"] = i.config_ini;
-  std::ofstream out(path);
-  out << j.dump(2) << "\n";
-  out.close();
-  if (!out) return Status::IoError("cannot write '" + path + "'");
-  return Status::OK();
+  // Replaced whole or not at all: a failed start (full disk) leaves no empty or torn run.json.
+  return files::write_atomic(path, j.dump(2) + "\n");
 }
 
 std::string format_json_number(double v) {

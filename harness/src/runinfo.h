@@ -28,6 +28,7 @@ struct RunInfo {
   std::string model;
   std::string slurm_job_id;
   std::string created;  // ISO 8601 UTC
+  std::string run_id;        // the run's identity (TrainConfig::run_id)
   std::string resumed_from;  // checkpoint a resumed run started from
   std::int64_t resumed_at_step = 0;
 };

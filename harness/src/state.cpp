@@ -3,6 +3,7 @@
 #include <cstring>
 #include <map>
 
+#include "culprit/checkpoint_format.h"
 #include "rng.h"
 #include "trainer.h"
 
@@ -52,7 +53,8 @@ void Trainer::snapshot(std::int64_t step, ckpt::Checkpoint* cp, const std::vecto
             {"hdf5_version", info_.hdf5_version},
             {"blas", info_.blas_library},
             {"created", info_.created},
-            {"slurm_job_id", info_.slurm_job_id}};
+            {"slurm_job_id", info_.slurm_job_id},
+            {format::kMetaRunId, cfg_.run_id}};
   std::string hosts, devices;
   for (int r = 0; r < comm_.size; ++r) {
     hosts += (r ? "," : "") + info_.hosts[r];
@@ -133,6 +135,7 @@ trace::Header Trainer::trace_header() const {
   if (cfg_.trace == TraceLevel::kLayer) h.layers = model_.layers();
   h.faults = cfg_.inject;
   h.samples_per_shard = static_cast<int>(cfg_.global_batch / cfg_.micro_shards);
+  h.run_id = cfg_.run_id;
   return h;
 }
 

@@ -4,10 +4,16 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cerrno>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 
+#include <unistd.h>
+
+#include "culprit/checkpoint_format.h"
+#include "culprit/run_files.h"
 #include "culprit/watchdog.h"
 #include "finite.h"
 #include "rng.h"
@@ -335,6 +341,7 @@ Status Trainer::start_run(std::int64_t start_step, const std::string& resumed_fr
   info_.parameters = flat_.size;
   info_.model = cfg_.model.text();
   info_.blas_threads = setup_determinism(cfg_.threads);
+  info_.run_id = cfg_.run_id;
   info_.resumed_from = resumed_from;
   info_.resumed_at_step = start_step;
   fill_environment(&info_);
@@ -346,12 +353,13 @@ Status Trainer::start_run(std::int64_t start_step, const std::string& resumed_fr
     const std::string path = (fs::path(cfg_.run_dir) / "metrics.jsonl").string();
     st = write_run_json((fs::path(cfg_.run_dir) / "run.json").string(), info_);
     if (st.ok()) st = truncate_metrics(path, start_step);
-    if (st.ok()) {
-      metrics_ = std::fopen(path.c_str(), "a");
-      if (!metrics_) st = Status::IoError("cannot write '" + path + "'");
+    int fd = -1;
+    if (st.ok()) st = files::open_append(path, &fd);
+    if (st.ok() && !(metrics_ = ::fdopen(fd, "a"))) {
+      ::close(fd);
+      st = Status::IoError("cannot write '" + path + "'");
     }
-    std::error_code ec;
-    fs::create_directories(fs::path(cfg_.run_dir) / "checkpoints", ec);
+    if (st.ok()) st = files::ensure_dir((fs::path(cfg_.run_dir) / format::kCheckpointDir).string());
   }
   CULPRIT_RETURN_IF_ERROR(agree(comm_, st));
   pipeline_ = std::make_unique<CheckpointPipeline>(cfg_, comm_);
@@ -408,13 +416,23 @@ Status Trainer::run(std::int64_t start_step, const std::string& resumed_from) {
   return st;
 }
 
-Status train(const TrainConfig& cfg, const Comm& world) {
-  CULPRIT_RETURN_IF_ERROR(agree(world, validate(cfg, world.size)));
+Status train(const TrainConfig& given, const Comm& world) {
+  CULPRIT_RETURN_IF_ERROR(agree(world, validate(given, world.size)));
+  TrainConfig cfg = given;
   // From here on, every collective of the main thread is bounded by --collective-timeout.
   Watchdog watchdog(world, cfg.detect.collective_timeout);
   Comm comm = world;
   comm.watchdog = &watchdog;
+  // A writer stuck past the deadline on a full disk is an I/O failure, not a silent rank: MPI-IO
+  // can hang in a collective once a write failed for lack of space (docs/detection.md).
+  watchdog.on_stuck([&cfg] {
+    std::uint64_t free = 0;
+    if (!files::free_bytes(cfg.run_dir, &free).ok() || free >= (1u << 20)) return Status::OK();
+    return Status::IoError("the filesystem of run directory '" + cfg.run_dir + "' is full (" + std::to_string(free) +
+                           " bytes free): " + std::strerror(ENOSPC));
+  });
   watchdog.on_silence([&cfg](const SilentReport& rep) {
+    if (!rep.cause.ok()) return;  // not a hardware incident
     records::Incident inc;
     inc.step = rep.step;
     inc.detector = Detector::kCollectiveTimeout;
@@ -431,6 +449,7 @@ Status train(const TrainConfig& cfg, const Comm& world) {
   });
   setup_determinism(cfg.threads);
   CULPRIT_RETURN_IF_ERROR(agree(comm, comm.rank == 0 ? prepare_run_dir(cfg) : Status::OK()));
+  CULPRIT_RETURN_IF_ERROR(establish_run_id(cfg, comm, &cfg.run_id));
   Dataset data;
   CULPRIT_RETURN_IF_ERROR(agree(comm, load_dataset(cfg, &data)));
   if (cfg.global_batch > data.n)

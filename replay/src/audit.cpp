@@ -9,6 +9,7 @@
 #include <set>
 
 #include "culprit/replay.h"
+#include "culprit/run_files.h"
 
 namespace culprit::replay {
 
@@ -22,20 +23,24 @@ using Ckpts = std::vector<std::pair<std::int64_t, std::string>>;
 
 // Collective: the run's checkpoints that verify, in step order (each rank verifies every W-th; the
 // ranks agree), and on rank 0 the messages of the damaged ones.
-void verify_checkpoints(const std::string& run_dir, const Comm& comm, Ckpts* valid, std::vector<std::string>* damaged) {
-  const auto all = ckpt::list(run_dir);
+// Damaged checkpoints are reported and left out; a foreign or renamed one ends the audit (agreed).
+Status verify_checkpoints(const RunRecord& run, const Comm& comm, Ckpts* valid, std::vector<std::string>* damaged) {
+  const auto all = ckpt::list(run.cfg.run_dir);
   std::vector<int> ok(all.size(), 1);
   std::vector<std::string> mine;
+  Status foreign;
   for (std::size_t j = 0; j < all.size(); ++j) {
     if (static_cast<int>(j % comm.size) != comm.rank) continue;
     ckpt::Checkpoint c;
     Status st = ckpt::read(all[j].second, &c, /*verify=*/true);
     if (!st.ok()) ok[j] = 0, mine.push_back(st.message());
+    if (st.ok() && foreign.ok()) foreign = ckpt::belongs(all[j].second, c, run.cfg.run_id);
   }
   CULPRIT_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, ok.data(), static_cast<int>(ok.size()), MPI_INT, MPI_MIN, comm.comm));
   *damaged = gather_lines(comm, mine);
   for (std::size_t j = 0; j < all.size(); ++j)
     if (ok[j]) valid->push_back(all[j]);
+  return agree(comm, foreign);
 }
 
 // The replay of one interval must end in the next checkpoint's parameters ("" when it does).
@@ -137,6 +142,12 @@ Status audit(const AuditOptions& opt, const Comm& comm) {
   if (opt.shares < 1 || opt.share < 0 || opt.share >= opt.shares)
     return agree(comm, Status::BadInput("option '--share': " + std::to_string(opt.share) + "/" +
                                         std::to_string(opt.shares) + " is not I/N with 0 <= I < N"));
+  Status locked;
+  // Shared: the shares of an array audit read the run side by side; no writer of it meanwhile.
+  std::error_code ec;
+  if (comm.rank == 0 && fs::exists(fs::path(opt.run_dir) / "run.json", ec))
+    locked = files::lock_run_dir(opt.run_dir, "audit", files::Lock::kShared);
+  CULPRIT_RETURN_IF_ERROR(agree(comm, locked));
   RunRecord run;
   CULPRIT_RETURN_IF_ERROR(load_run(opt.run_dir, comm, &run));
   const auto t0 = MPI_Wtime();
@@ -146,7 +157,7 @@ Status audit(const AuditOptions& opt, const Comm& comm) {
   report.shares = opt.shares;
   report.world_size = comm.size;
   Ckpts ckpts;
-  verify_checkpoints(opt.run_dir, comm, &ckpts, &report.damaged);
+  CULPRIT_RETURN_IF_ERROR(verify_checkpoints(run, comm, &ckpts, &report.damaged));
   if (ckpts.size() < 2)
     return agree(comm, Status::BadInput("'" + opt.run_dir + "' holds " + std::to_string(ckpts.size()) +
                                         " valid checkpoint(s): an audit needs two (an interval)"));

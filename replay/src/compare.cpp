@@ -174,7 +174,8 @@ StepComparison compare_step(const StepResult& got, const trace::RunTrace& rec, c
 
 Status load_run(const std::string& run_dir, const Comm& comm, RunRecord* out) {
   CULPRIT_RETURN_IF_ERROR(agree(comm, harness::load_run_config(run_dir, &out->cfg)));
-  return agree(comm, trace::read_run(run_dir, &out->trace));
+  CULPRIT_RETURN_IF_ERROR(agree(comm, harness::stored_run_id(run_dir, &out->cfg.run_id)));
+  return agree(comm, trace::read_run(run_dir, &out->trace, out->cfg.run_id));
 }
 
 Status open_engine_before(const RunRecord& run, const Comm& comm, std::int64_t before, ckpt::Pick pick,

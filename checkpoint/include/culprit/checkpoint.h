@@ -73,6 +73,12 @@ Status first_valid(const Comm& comm, const std::vector<std::string>& candidates,
 // Deletes checkpoints beyond retention: keeps the oldest (the run's start: every step stays
 // reachable), the newest keep_last, every one whose step is a multiple of keep_every (> 0),
 // `keep_step` itself and everything newer than it.
+// A checkpoint found in a run directory is the run's: its recorded run identity is `run_id` (or
+// either is from before identities) and it holds the step its name says (a name that is not
+// step-XXXXXXXX.h5 says none). BadInput naming the file otherwise: a foreign or renamed file is
+// refused, never used.
+Status belongs(const std::string& path, const Checkpoint& c, const std::string& run_id);
+
 Status apply_retention(const std::string& run_dir, std::int64_t keep_step, int keep_last, std::int64_t keep_every);
 
 }  // namespace culprit::ckpt

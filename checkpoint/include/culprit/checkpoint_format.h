@@ -30,7 +30,7 @@ constexpr const char* kMetaInts[] = {"format_version", "step", "seed", "world_si
                                      "intra_op_threads", "blas_threads"};
 constexpr const char* kMetaStrings[] = {"fingerprint_format", "state_fingerprint_hex", "config", "model", "optimizer",
                                         "data", "culprit_version", "libtorch_version", "mpi_version", "hdf5_version",
-                                        "blas", "created", "slurm_job_id", "hosts", "devices"};
+                                        "blas", "created", "slurm_job_id", "hosts", "devices", "run_id"};
 
 // Tensors at least this large are split across ranks when written.
 constexpr std::uint64_t kSliceBytes = 1 << 20;
@@ -47,6 +47,10 @@ constexpr int kRankDigits = 5;
 constexpr const char* kAttrStepsCommitted = "steps_committed";    // rows of /steps valid
 constexpr const char* kAttrShardsCommitted = "shards_committed";  // rows of /shards valid
 constexpr const char* kAttrSamplesPerShard = "samples_per_shard";  // int64: width of /shards/sample_fp
+// string: the run that wrote the file (RUN/run.json "run_id"); optional (files from before run
+// identities lack it). Checkpoints carry it as /meta attribute kMetaRunId.
+constexpr const char* kAttrRunId = "run_id";
+constexpr const char* kMetaRunId = "run_id";
 // A row's checksum (column row_check): the fingerprint (fp1) of kRowCheckSeed, the file's rank and
 // the row's index (int64 each), then the row's fields in column order (strings as their fixed-width
 // bytes), so a row moved, copied from another rank's file or changed in any bit fails it.

@@ -38,6 +38,7 @@ struct Header {
   std::vector<std::string> faults;  // --inject specs of every run that wrote the file (kept on resume)
   int samples_per_shard = 0;        // width of ShardRow::sample_fps (format 3)
   std::int64_t format_version = 0;  // as read (written: the current one)
+  std::string run_id;               // the run that wrote the file (empty: written before identities)
 };
 
 // One optimizer step as seen by one rank.
@@ -120,8 +121,9 @@ struct RunTrace {
   // The lowest rank's record of step s, or null.
   const StepRow* step(std::int64_t s) const;
 };
-// Reads every rank's trace of `run_dir`; an error when there is none or one is damaged.
-Status read_run(const std::string& run_dir, RunTrace* out);
+// Reads every rank's trace of `run_dir`; an error when there is none, one is damaged, or one belongs
+// to another run than `run_id` (files::same_run; "" checks nothing).
+Status read_run(const std::string& run_dir, RunTrace* out, const std::string& run_id = "");
 
 // Sets the committed counts of an existing file to the rows with step <= keep_through_step.
 Status truncate(const std::string& path, std::int64_t keep_through_step);

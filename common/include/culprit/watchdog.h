@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "culprit/mpi_util.h"
+#include "culprit/status.h"
 
 namespace culprit {
 
@@ -19,6 +20,7 @@ struct SilentReport {
   std::vector<int> silent;  // ranks that did not answer (empty: all answered)
   std::vector<std::string> hosts;  // of every rank
   std::string message;      // one line naming them, their hosts and where the others waited
+  Status cause;             // every rank answered and on_stuck() explained the wait (a full disk)
 };
 
 class Watchdog {
@@ -31,6 +33,10 @@ class Watchdog {
 
   // Called on the one reporting rank before the job ends (log the incident there).
   void on_silence(std::function<void(const SilentReport&)> report) { report_ = std::move(report); }
+  // Asked when every rank answered but one waited past the deadline (a stuck writer): an error
+  // (a full disk) replaces the report's message and ends the job with its exit code, not
+  // kExitSilentRank, which job scripts read as hardware.
+  void on_stuck(std::function<Status()> explain) { explain_ = std::move(explain); }
   void set_step(std::int64_t step) { step_ = step; }
   // Completes a nonblocking collective; `what` names it in the report.
   void wait(MPI_Request* req, const char* what);
@@ -49,6 +55,7 @@ class Watchdog {
   std::int64_t step_ = 0;
   std::vector<std::string> hosts_;
   std::function<void(const SilentReport&)> report_;
+  std::function<Status()> explain_;
 };
 
 // Completes a nonblocking collective on comm: through its watchdog when it has one.

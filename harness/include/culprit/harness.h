@@ -107,6 +107,9 @@ struct OptimizerOptions {
 
 struct TrainConfig {
   std::string run_dir;
+  // The run's identity (RUN/run.json "run_id", in every checkpoint and trace it writes): set by
+  // train and by loading a run, never an option; empty for a run from before identities.
+  std::string run_id;
   bool resume = false;             // continue from the newest valid checkpoint of run_dir
   std::string resume_from;         // continue from this checkpoint file
   CheckpointOptions checkpoint;
@@ -140,6 +143,8 @@ Status parse_train_options(const std::vector<std::string>& args, TrainConfig* cf
 // The configuration a run recorded in RUN/run.json, injected faults included (replays simulate the
 // same faulty devices).
 Status load_run_config(const std::string& run_dir, TrainConfig* cfg);
+// RUN/run.json's "run_id" ("" for a run from before run identities).
+Status stored_run_id(const std::string& run_dir, std::string* id);
 // The fully resolved configuration as INI text (key = value per line), loadable with --config.
 inline std::string to_ini(const TrainConfig& cfg) { return train_options().to_ini(cfg); }
 // Checks the configuration (every option's own checks, then how they combine, and the world size);

@@ -1,0 +1,98 @@
+// `culprit verify RUN`: the run as a whole (verify_run.h). The files' own checks (fingerprints,
+// row checksums) are tools.cpp's verify(); these are the checks between files.
+#include "verify_run.h"
+
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "culprit/run_files.h"
+
+namespace culprit::ckpt {
+
+namespace fs = std::filesystem;
+
+Status read_run_facts(const std::string& run_dir, RunFacts* out) {
+  *out = RunFacts();
+  const fs::path path = fs::path(run_dir) / "run.json";
+  std::ifstream in(path);
+  if (!in) return Status::OK();
+  const auto j = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
+  if (!j.is_object()) return Status::Damaged("'" + path.string() + "' is not a culprit run.json");
+  out->has_run_json = true;
+  if (j.contains("run_id") && j["run_id"].is_string()) out->run_id = j["run_id"].get<std::string>();
+  if (j.contains("world_size") && j["world_size"].is_number_integer()) out->world_size = j["world_size"].get<int>();
+  if (j.contains("config") && j["config"].is_string()) {
+    std::istringstream ini(j["config"].get<std::string>());
+    for (std::string line; std::getline(ini, line);)
+      if (line == "trace = off") out->traced = false;
+  }
+  return Status::OK();
+}
+
+namespace {
+
+void fail(std::ostringstream& os, bool* clean, const std::string& line) {
+  os << "FAIL  " << line << "\n";
+  *clean = false;
+}
+
+// metrics.jsonl: one line per step, in order, each step once; losses as rank 0's trace recorded.
+void check_metrics(const std::string& run_dir, const std::map<int, trace::TraceFile>& traces,
+                   std::int64_t newest_checkpoint, std::ostringstream& os, bool* clean) {
+  const std::string path = (fs::path(run_dir) / "metrics.jsonl").string();
+  std::ifstream in(path);
+  if (!in) return fail(os, clean, "'" + path + "' is missing");
+  std::map<std::int64_t, float> trace_loss;
+  if (!traces.empty())
+    for (const auto& row : traces.begin()->second.steps) trace_loss[row.step] = row.loss;
+  std::int64_t last = -1, lineno = 0;
+  for (std::string line; std::getline(in, line);) {
+    ++lineno;
+    const auto j = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
+    if (!j.is_object() || !j.contains("step") || !j["step"].is_number_integer()) {
+      os << "note  " << path << " line " << lineno << " is torn (a crash or full disk; --resume rewrites it)\n";
+      break;
+    }
+    const std::int64_t step = j["step"].get<std::int64_t>();
+    if (last >= 0 && step != last + 1)
+      return fail(os, clean, "'" + path + "' line " + std::to_string(lineno) + ": step " + std::to_string(step) +
+                                 " follows step " + std::to_string(last) + " (a step repeated or missing: two jobs wrote the run?)");
+    last = step;
+    const auto t = trace_loss.find(step);
+    if (t != trace_loss.end() && j.contains("loss") && j["loss"].is_number() &&
+        static_cast<float>(j["loss"].get<double>()) != t->second && !(std::isnan(t->second)))
+      return fail(os, clean, "'" + path + "' step " + std::to_string(step) + ": loss " + j["loss"].dump() +
+                                 ", rank 0's trace records " + std::to_string(t->second) + " (not the same run?)");
+  }
+  if (newest_checkpoint > 0 && last < newest_checkpoint)
+    fail(os, clean, "'" + path + "' ends at step " + std::to_string(last) + ", before the newest checkpoint (step " +
+                        std::to_string(newest_checkpoint) + ")");
+}
+
+}  // namespace
+
+void verify_run_whole(const std::string& run_dir, const RunFacts& facts,
+                      const std::map<std::string, std::string>& checkpoint_run_ids,
+                      const std::map<int, trace::TraceFile>& traces, std::ostringstream& os, bool* clean) {
+  for (const auto& [path, id] : checkpoint_run_ids) {
+    const Status st = files::same_run(path, id, facts.run_id);
+    if (!st.ok()) fail(os, clean, st.message());
+  }
+  for (const auto& [rank, tf] : traces) {
+    const Status st = files::same_run(trace::path_for(run_dir, rank), tf.header.run_id, facts.run_id);
+    if (!st.ok()) fail(os, clean, st.message());
+  }
+  const auto ckpts = list(run_dir);
+  if (ckpts.empty())
+    fail(os, clean, "'" + run_dir + "' holds no checkpoint (a run always keeps its first: was checkpoints/ deleted?)");
+  if (facts.traced)
+    for (int r = 0; r < facts.world_size; ++r)
+      if (!fs::exists(trace::path_for(run_dir, r)))
+        fail(os, clean, "the trace of rank " + std::to_string(r) + " is missing ('" + trace::path_for(run_dir, r) +
+                            "'; run.json: world size " + std::to_string(facts.world_size) + ")");
+  check_metrics(run_dir, traces, ckpts.empty() ? 0 : ckpts.back().first, os, clean);
+}
+
+}  // namespace culprit::ckpt

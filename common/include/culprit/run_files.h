@@ -1,0 +1,72 @@
+// Writing inside a run directory (docs/architecture.md, "Security model"). Every file culprit
+// creates, appends to, replaces or deletes in a run directory goes through these calls, so that:
+//  - a symbolic link inside the run directory is never followed: a link where culprit writes a file
+//    is replaced (never written through) or refused, and a linked checkpoints/, trace/ or audit/ is
+//    refused, so nothing outside the run directory is written or deleted;
+//  - a failed write leaves no half-written file: replacements go through a fresh temporary file,
+//    fsync and rename (the commit point), and the temporary is removed on failure;
+//  - the OS's reason (ENOSPC, EIO, EROFS ...) and the file are in the one line of the Status (kIo).
+// The run directory itself may be a link (a user's choice, e.g. onto a scratch filesystem).
+// No libtorch, no MPI: callers decide which rank writes and agree() on the result.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "culprit/status.h"
+
+namespace culprit::files {
+
+// `path` must not be a symbolic link (BadInput naming it if it is); absent is fine.
+Status refuse_link(const std::string& path);
+
+// A directory culprit owns inside a run directory (checkpoints/, trace/, audit/): created when
+// absent; refused when it is a link or not a directory.
+Status ensure_dir(const std::string& path);
+
+// Appends `text` to `path` (created 0644 when absent) in one write(2), then fsync. A link at
+// `path` is refused (O_NOFOLLOW), not followed.
+Status append(const std::string& path, const std::string& text);
+
+// Opens `path` for appending (created when absent; a link refused), for a long-lived stream
+// (metrics.jsonl). The caller owns the descriptor.
+Status open_append(const std::string& path, int* fd);
+
+// Makes `path` a new, empty regular file: whatever is there (a leftover, a link) is unlinked
+// first, never followed; created with O_EXCL | O_NOFOLLOW. For files a library then opens by
+// name with truncation (HDF5's H5Fcreate).
+Status create_fresh(const std::string& path);
+
+// Replaces `path` with `text` atomically: written to a fresh `path`.tmp, fsynced, renamed over
+// `path` (which may be a link: rename replaces the link itself), the directory fsynced. On any
+// failure `path` is as it was and the temporary is removed.
+Status write_atomic(const std::string& path, const std::string& text);
+
+// Deletes the file `path` (a link is removed itself, its target untouched). Absent is fine.
+Status remove(const std::string& path);
+
+// Bytes available to this user on the filesystem holding `path` (statvfs).
+Status free_bytes(const std::string& path, std::uint64_t* out);
+
+// The run-directory lock: RUN/.lock, flock(2)-ed for the life of the process. Writers of the run
+// (train, bisect) hold it exclusively; audit, whose array shares read the run side by side and
+// write only their own parts, holds it shared. The kernel drops the lock when the process ends in
+// any way (exit, crash, SIGKILL), so a lock left by a crashed job is free again: a stale .lock
+// file is only a file. The file says who took it (command, host, pid, Slurm job, time) for the
+// one line a refused job prints. Taking it again in the same process succeeds (train --on-detect
+// diagnose runs bisect). Read-only commands (verify, diff, inspect, replay) never take it. A run
+// directory without run.json is not locked by bisect or audit (there is no run to guard).
+enum class Lock { kExclusive, kShared };
+Status lock_run_dir(const std::string& run_dir, const std::string& command, Lock mode = Lock::kExclusive);
+
+// A file of the run `ours` is one whose recorded run identity `theirs` is the same; a file or run
+// from before identities (either empty) passes. Otherwise BadInput naming `file` and both.
+Status same_run(const std::string& file, const std::string& theirs, const std::string& ours);
+
+// A new run identity: 16 hex digits from the host, pid, time and the system's randomness.
+std::string new_run_id();
+
+// The names culprit writes in a run directory (a directory holding none of them is a new one).
+const char* const* owned_names();
+
+}  // namespace culprit::files

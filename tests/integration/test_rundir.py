@@ -1,0 +1,381 @@
+"""The run directory is culprit's to guard (docs/architecture.md, "Security model"): one writer at a
+time (a lock that a crash releases), no link inside it followed, nothing outside it written or
+deleted, a new run only in a directory holding nothing culprit writes, and a full or read-only disk
+ends the job promptly with exit 6 naming the file and the reason, nothing already written damaged.
+Real things throughout: concurrent mpirun jobs, real symbolic links, a real tmpfs of a few hundred
+KiB for the full disk (mounting needs root, as in CI)."""
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+import unittest
+
+sys.path.insert(0, os.path.dirname(__file__))
+from culprit_testlib import CULPRIT, MPIRUN, TempDirTest, run  # noqa: E402
+
+ARGS = ["--model", "mlp", "--global-batch", "16", "--micro-shards", "4", "--quiet"]
+EXIT_USAGE, EXIT_IO = 2, 6
+
+
+def start(args, world, run_dir):
+    cmd = MPIRUN + ["-np", str(world), CULPRIT] + list(args) + ["--run-dir", run_dir]
+    return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+
+
+def metric_steps(run_dir):
+    with open(os.path.join(run_dir, "metrics.jsonl")) as f:
+        return [json.loads(l)["step"] for l in f]
+
+
+def wait_for_steps(run_dir, n, proc, limit=120):
+    t0 = time.time()
+    while time.time() - t0 < limit and proc.poll() is None:
+        try:
+            if len(metric_steps(run_dir)) >= n:
+                return
+        except (OSError, ValueError):
+            pass
+        time.sleep(0.05)
+    raise AssertionError("the job did not reach step %d" % n)
+
+
+def tree_digest(root):
+    """Every file under root (following nothing) with its content hash."""
+    out = {}
+    for base, _, names in os.walk(root):
+        for n in names:
+            p = os.path.join(base, n)
+            if os.path.islink(p):
+                out[os.path.relpath(p, root)] = "link:" + os.readlink(p)
+                continue
+            with open(p, "rb") as f:
+                out[os.path.relpath(p, root)] = hashlib.sha256(f.read()).hexdigest()
+    return out
+
+
+class Lock(TempDirTest):
+    def test_a_second_writer_is_refused_while_the_first_runs(self):
+        d = self.path("run")
+        first = start(["train", "--steps", "1500", "--checkpoint-every", "100"] + ARGS, 2, d)
+        try:
+            wait_for_steps(d, 5, first)
+            with open(os.path.join(d, ".lock")) as f:
+                holder = f.read()
+            self.assertIn("culprit train (host ", holder)
+            for args in (["train", "--resume"] + ARGS, ["bisect"], ["audit"]):
+                with self.subTest(args=args[0]):
+                    r = run(args, world=2, run_dir=d)
+                    self.assertEqual(r.code, EXIT_USAGE, r.err)
+                    self.assertIn("is in use by culprit train (host ", r.err)
+                    self.assertIn("one job writes a run at a time", r.err)
+                    self.assertNotIn("Traceback", r.err)
+            # Read-only commands never need the lock.
+            v = run(["verify", os.path.join(d, "checkpoints", "step-00000000.h5")])
+            self.assertEqual(v.code, 0, v.out + v.err)
+            self.assertNotIn("in use", v.out + v.err)
+        finally:
+            out, err = first.communicate(timeout=300)
+        self.assertEqual(first.returncode, 0, err)
+        # The refused jobs changed nothing: every step once, in order; no trace moved aside.
+        self.assertEqual(metric_steps(d), list(range(1, 1501)))
+        self.assertEqual(sorted(os.listdir(os.path.join(d, "trace"))), ["rank-00000.h5", "rank-00001.h5"])
+        v = run(["verify", d])
+        self.assertEqual(v.code, 0, v.out + v.err)
+
+    def test_the_lock_of_a_killed_job_is_free_again(self):
+        d = self.path("run")
+        first = start(["train", "--steps", "1500", "--checkpoint-every", "20"] + ARGS, 2, d)
+        wait_for_steps(d, 45, first)
+        subprocess.run(["pkill", "-9", "-s", str(first.pid)])
+        first.wait()
+        self.assertNotEqual(first.returncode, 0)
+        with open(os.path.join(d, ".lock")) as f:
+            stale = f.read()
+        self.assertIn("culprit train", stale)  # the file stays; the kernel dropped the lock
+        r = run(["train", "--resume", "--steps", "60"] + ARGS, world=2, run_dir=d)
+        self.assertEqual(r.code, 0, r.err)
+        with open(os.path.join(d, ".lock")) as f:
+            self.assertNotEqual(f.read(), stale)  # taken by the resumed job
+        self.assertEqual(metric_steps(d), list(range(1, 61)))
+
+    def test_audit_shares_run_side_by_side(self):
+        d = self.path("run")
+        self.train("run", ["--steps", "6", "--checkpoint-every", "2"] + ARGS[:-1])
+        jobs = [start(["audit", "--share", "%d/2" % i], 1, d) for i in range(2)]
+        for i, j in enumerate(jobs):
+            out, err = j.communicate(timeout=300)
+            self.assertEqual(j.returncode, 0, "share %d: %s" % (i, err))
+            self.assertNotIn("in use", err)
+
+
+class Links(TempDirTest):
+    def setUp(self):
+        super().setUp()
+        os.makedirs(self.path("outside"))
+        self.victim = self.path("outside", "victim.txt")
+        with open(self.victim, "w") as f:
+            f.write("precious\n")
+        self.victim_before = tree_digest(self.path("outside"))
+
+    def base(self, name="run", steps=4):
+        self.train(name, ["--steps", str(steps), "--checkpoint-every", "2"] + ARGS[:-1], world=2)
+        return self.path(name)
+
+    def link(self, path):
+        if os.path.lexists(path):
+            os.remove(path)
+        os.symlink(self.victim, path)
+
+    def test_no_link_inside_a_run_directory_is_written_through(self):
+        d = self.base()
+        # run.json, metrics.jsonl and incidents.jsonl are read too: their links point at copies.
+        open(os.path.join(d, "incidents.jsonl"), "w").close()
+        for name in ("run.json", "metrics.jsonl", "incidents.jsonl"):
+            shutil.copy(os.path.join(d, name), self.path("outside", name))
+            os.remove(os.path.join(d, name))
+            os.symlink(self.path("outside", name), os.path.join(d, name))
+        outside_before = tree_digest(self.path("outside"))
+        replaced = ["diagnosis.json", "diagnosis.html", "audit.json.tmp",
+                    "checkpoints/step-00000006.h5.tmp"]
+        appended = ["checkpoints.jsonl", "incidents.log", "incidents.jsonl"]
+        for name in replaced + appended[:2]:
+            self.link(os.path.join(d, name))
+        r = run(["train", "--resume", "--steps", "6", "--checkpoint-every", "2"] + ARGS, world=2, run_dir=d)
+        self.assertEqual(r.code, 0, r.err)
+        self.assertIn("checkpoints.jsonl' is a symbolic link", r.err)  # a cost log: said, not fatal
+        self.assertEqual(metric_steps(d), list(range(1, 7)))
+        for args in (["bisect"], ["audit"]):
+            r = run(args, world=2, run_dir=d)
+            self.assertEqual(r.code, 0, args[0] + ": " + r.err)
+        r = run(["log", d, "--decision", "stop", "--message", "test"])
+        self.assertEqual(r.code, EXIT_USAGE, r.err)
+        self.assertIn("is a symbolic link: culprit does not follow links inside a run directory", r.err)
+        self.assertEqual(tree_digest(self.path("outside")), outside_before)
+        for name in ["run.json", "metrics.jsonl", "diagnosis.json", "diagnosis.html",
+                     "checkpoints/step-00000006.h5"]:
+            p = os.path.join(d, name)
+            self.assertTrue(os.path.isfile(p) and not os.path.islink(p), name)  # replaced, not written through
+        for name in ["audit.json.tmp", "checkpoints/step-00000006.h5.tmp"]:
+            self.assertFalse(os.path.lexists(os.path.join(d, name)), name)
+        for name in appended:
+            self.assertTrue(os.path.islink(os.path.join(d, name)), name)  # refused, left as it was
+
+    def test_linked_directories_and_traces_are_refused(self):
+        for what in ("checkpoints", "trace", "trace/rank-00000.h5"):
+            with self.subTest(what=what):
+                d = self.base("r-" + what.replace("/", "-"))
+                target = self.path("outside", what.replace("/", "-"))
+                shutil.move(os.path.join(d, what), target)
+                os.symlink(target, os.path.join(d, what))
+                before = tree_digest(self.path("outside"))
+                # --keep-last 1: retention would delete through a linked checkpoints/.
+                r = run(["train", "--resume", "--steps", "8", "--checkpoint-every", "2", "--keep-last", "1"] + ARGS,
+                        world=2, run_dir=d)
+                self.assertEqual(r.code, EXIT_USAGE, r.err)
+                self.assertIn("is a symbolic link", r.err)
+                self.assertEqual(len([l for l in r.err.splitlines() if l.startswith("culprit: error")]), 1, r.err)
+                self.assertEqual(tree_digest(self.path("outside")), before)
+
+    def test_a_new_run_needs_a_directory_holding_nothing_culprit_writes(self):
+        d = self.base()
+        # A leftover run without run.json and metrics.jsonl: its traces and checkpoints stay.
+        os.remove(os.path.join(d, "run.json"))
+        os.remove(os.path.join(d, "metrics.jsonl"))
+        before = tree_digest(d)
+        r = run(["train", "--steps", "8", "--keep-last", "1"] + ARGS, world=2, run_dir=d)
+        self.assertEqual(r.code, EXIT_USAGE, r.err)
+        self.assertIn("already holds a run or part of one ('checkpoints')", r.err)
+        after = tree_digest(d)
+        after.pop(".lock", None)
+        before.pop(".lock", None)
+        self.assertEqual(after, before)
+        # Files culprit never touches do not make a directory used (a job's output, notes).
+        fresh = self.path("fresh")
+        os.makedirs(fresh)
+        for n in ("slurm-1.out", "notes.txt"):
+            with open(os.path.join(fresh, n), "w") as f:
+                f.write("mine\n")
+        self.train("fresh", ["--steps", "2"] + ARGS[:-1])
+        for n in ("slurm-1.out", "notes.txt"):
+            with open(os.path.join(fresh, n)) as f:
+                self.assertEqual(f.read(), "mine\n")
+
+
+class Identity(TempDirTest):
+    """Every checkpoint and trace carries the run's identity (run.json "run_id"); a foreign one is
+    refused by name. Two runs of the same configuration: only the identity tells them apart (the
+    reported case: a checkpoint of another run renamed in as a later step was "reproduced")."""
+
+    def two_runs(self):
+        a = self.train("a", ["--steps", "4", "--checkpoint-every", "2"] + ARGS[:-1], world=2)
+        self.train("b", ["--steps", "8", "--checkpoint-every", "2", "--keep-last", "10"] + ARGS[:-1], world=2)
+        with open(self.path("a", "run.json")) as f, open(self.path("b", "run.json")) as g:
+            ids = json.load(f)["run_id"], json.load(g)["run_id"]
+        self.assertRegex(ids[0], "^[0-9a-f]{16}$")
+        self.assertNotEqual(ids[0], ids[1])
+        return self.path("a"), self.path("b")
+
+    def assert_refused(self, r, name, code=EXIT_USAGE):
+        self.assertEqual(r.code, code, r.out + r.err)
+        self.assertIn("'%s' belongs to another run (run_id " % name, r.err + r.out)
+
+    def test_a_foreign_checkpoint_is_refused_by_name(self):
+        a, b = self.two_runs()
+        v = run(["verify", a])
+        self.assertEqual(v.code, 0, v.out)  # negative control: the run itself verifies
+        foreign = os.path.join(a, "checkpoints", "step-00000008.h5")
+        shutil.copy(os.path.join(b, "checkpoints", "step-00000008.h5"), foreign)
+        self.assert_refused(run(["train", "--resume", "--steps", "10"] + ARGS, world=2, run_dir=a), foreign)
+        self.assert_refused(run(["audit"], world=2, run_dir=a), foreign)
+        self.assert_refused(run(["verify", a]), foreign, code=4)
+        os.remove(foreign)
+        # The replay of step 3 starts from step 2's checkpoint: b's, in place of a's own.
+        swapped = os.path.join(a, "checkpoints", "step-00000002.h5")
+        shutil.copy(os.path.join(b, "checkpoints", "step-00000002.h5"), swapped)
+        self.assert_refused(run(["replay", "--step", "3"], world=2, run_dir=a), swapped)
+        os.remove(swapped)
+        shutil.copy(os.path.join(b, "checkpoints", "step-00000008.h5"), foreign)
+        # Renamed: step 8's file under step 6's name.
+        os.rename(foreign, os.path.join(a, "checkpoints", "step-00000006.h5"))
+        v = run(["verify", a])
+        self.assertEqual(v.code, 4, v.out)
+        self.assertIn("holds step 8, not the step its name says (6)", v.out)
+
+    def test_a_foreign_trace_is_refused_by_name(self):
+        a, b = self.two_runs()
+        foreign = os.path.join(a, "trace", "rank-00001.h5")
+        shutil.copy(os.path.join(b, "trace", "rank-00001.h5"), foreign)
+        for args, code in ((["train", "--resume", "--steps", "6"] + ARGS, EXIT_USAGE), (["bisect"], EXIT_USAGE),
+                           (["replay", "--step", "3"], EXIT_USAGE)):
+            with self.subTest(args=args[0]):
+                self.assert_refused(run(args, world=2, run_dir=a), foreign, code)
+        self.assert_refused(run(["verify", a]), foreign, code=4)
+        with open(os.path.join(b, "trace", "rank-00001.h5"), "rb") as f, open(foreign, "rb") as g:
+            self.assertEqual(f.read(), g.read())  # refused, not moved aside or rewritten
+
+
+class VerifyRun(TempDirTest):
+    """`verify RUN` checks the run as a whole, not only each file (each case fails its own way)."""
+
+    def test_an_incomplete_or_inconsistent_run_fails_verify(self):
+        def broken(name, how):
+            self.train(name, ["--steps", "6", "--checkpoint-every", "2"] + ARGS[:-1], world=2)
+            d = self.path(name)
+            self.assertEqual(run(["verify", d]).code, 0)
+            how(d)
+            return run(["verify", d])
+
+        def twice(d):  # what two writers left: steps 3..4 again
+            with open(os.path.join(d, "metrics.jsonl")) as f:
+                lines = f.readlines()
+            with open(os.path.join(d, "metrics.jsonl"), "w") as f:
+                f.writelines(lines[:4] + lines[2:])
+
+        def other_loss(d):
+            with open(os.path.join(d, "metrics.jsonl")) as f:
+                lines = [json.loads(l) for l in f]
+            lines[2]["loss"] = lines[2]["loss"] * 1.5
+            with open(os.path.join(d, "metrics.jsonl"), "w") as f:
+                f.writelines(json.dumps(l) + "\n" for l in lines)
+
+        cases = {
+            "no-checkpoints": (lambda d: shutil.rmtree(os.path.join(d, "checkpoints")), "holds no checkpoint"),
+            "no-trace": (lambda d: os.remove(os.path.join(d, "trace", "rank-00001.h5")),
+                         "the trace of rank 1 is missing"),
+            "repeated": (twice, "step 3 follows step 4"),
+            "loss": (other_loss, "step 3: loss"),
+        }
+        for name, (how, needle) in cases.items():
+            with self.subTest(case=name):
+                v = broken(name, how)
+                self.assertEqual(v.code, 4, v.out + v.err)
+                self.assertIn(needle, v.out)
+
+
+def can_mount():
+    return os.geteuid() == 0 and shutil.which("mount") is not None
+
+
+@unittest.skipUnless(can_mount(), "a tmpfs for the full disk needs root (CI runs as root)")
+class FullDisk(TempDirTest):
+    def setUp(self):
+        super().setUp()
+        self.disk = self.path("disk")
+        os.makedirs(self.disk)
+        self.mount("size=700k")
+
+    def tearDown(self):
+        subprocess.run(["umount", self.disk], check=False)
+        super().tearDown()
+
+    def mount(self, opts):
+        if os.path.ismount(self.disk):
+            subprocess.run(["mount", "-o", "remount," + opts, self.disk], check=True)
+        else:
+            subprocess.run(["mount", "-t", "tmpfs", "-o", opts, "tmpfs", self.disk], check=True)
+
+    def fill(self):
+        """Fills the tmpfs; returns a 4 KiB file whose removal frees one page."""
+        spare = os.path.join(self.disk, "spare")
+        with open(spare, "wb") as f:
+            f.write(b"\0" * 4096)
+        fd = os.open(os.path.join(self.disk, "fill"), os.O_WRONLY | os.O_CREAT)
+        try:
+            while os.write(fd, b"\0" * 4096) > 0:
+                pass
+        except OSError:
+            pass
+        os.close(fd)
+        return spare
+
+    def test_a_full_disk_ends_the_job_with_exit_6_and_damages_nothing(self):
+        args = ["--steps", "60", "--checkpoint-every", "5", "--keep-last", "100", "--collective-timeout", "30"] + ARGS
+        ref = run(["train"] + args, world=2, run_dir=self.path("ref"))
+        self.assertEqual(ref.code, 0, ref.err)
+        d = os.path.join(self.disk, "run")
+        t0 = time.time()
+        r = run(["train"] + args, world=2, run_dir=d)
+        took = time.time() - t0
+        self.assertEqual(r.code, EXIT_IO, r.err)
+        self.assertIn("No space left on device", r.err)
+        self.assertIn(os.path.join(d, "checkpoints", "step-"), r.err)  # the file it could not write
+        self.assertLess(took, 30, "it waited for the collective timeout instead of ending promptly")
+        self.assertFalse([n for n in os.listdir(os.path.join(d, "checkpoints")) if n.endswith(".tmp")])
+        v = run(["verify", d])
+        self.assertEqual(v.code, 0, v.out + v.err)  # everything written before stays whole
+        self.mount("size=8m")
+        r = run(["train", "--resume"] + args, world=2, run_dir=d)
+        self.assertEqual(r.code, 0, r.err)
+        self.assertEqual(metric_steps(d), list(range(1, 61)))
+        self.assertEqual(r.metrics()[-1]["fingerprint"], ref.final_fingerprint())
+
+    def test_a_failed_start_leaves_no_empty_run_json(self):
+        os.remove(self.fill())  # one page left: the lock takes it, run.json finds none
+        d = os.path.join(self.disk, "run")
+        r = run(["train", "--steps", "4"] + ARGS, world=2, run_dir=d)
+        self.assertEqual(r.code, EXIT_IO, r.err)
+        self.assertIn("No space left on device", r.err)
+        self.assertIn("run.json", r.err)
+        self.assertFalse(os.path.lexists(os.path.join(d, "run.json")))
+        self.assertFalse(os.path.lexists(os.path.join(d, "run.json.tmp")))
+
+    def test_a_read_only_filesystem_is_an_io_error(self):
+        d = os.path.join(self.disk, "run")
+        r = run(["train", "--steps", "4", "--checkpoint-every", "2"] + ARGS, world=2, run_dir=d)
+        self.assertEqual(r.code, 0, r.err)
+        before = tree_digest(d)
+        self.mount("ro")
+        for args in (["train", "--resume", "--steps", "6"] + ARGS, ["bisect"]):
+            with self.subTest(args=args[0]):
+                r = run(args, world=2, run_dir=d)
+                self.assertEqual(r.code, EXIT_IO, r.err)
+                self.assertIn("Read-only file system", r.err)
+        self.mount("rw")
+        self.assertEqual(tree_digest(d), before)
+
+
+if __name__ == "__main__":
+    unittest.main(verbosity=2)
