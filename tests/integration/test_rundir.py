@@ -59,7 +59,8 @@ def tree_digest(root):
 class Lock(TempDirTest):
     def test_a_second_writer_is_refused_while_the_first_runs(self):
         d = self.path("run")
-        first = start(["train", "--steps", "1500", "--checkpoint-every", "100"] + ARGS, 2, d)
+        steps = 4000  # long enough to outlast the three refused jobs on a loaded machine
+        first = start(["train", "--steps", str(steps), "--checkpoint-every", "500"] + ARGS, 2, d)
         try:
             wait_for_steps(d, 5, first)
             with open(os.path.join(d, ".lock")) as f:
@@ -67,6 +68,7 @@ class Lock(TempDirTest):
             self.assertIn("culprit train (host ", holder)
             for args in (["train", "--resume"] + ARGS, ["bisect"], ["audit"]):
                 with self.subTest(args=args[0]):
+                    self.assertIsNone(first.poll(), "the first job ended before the test could race it")
                     r = run(args, world=2, run_dir=d)
                     self.assertEqual(r.code, EXIT_USAGE, r.err)
                     self.assertIn("is in use by culprit train (host ", r.err)
@@ -80,7 +82,7 @@ class Lock(TempDirTest):
             out, err = first.communicate(timeout=300)
         self.assertEqual(first.returncode, 0, err)
         # The refused jobs changed nothing: every step once, in order; no trace moved aside.
-        self.assertEqual(metric_steps(d), list(range(1, 1501)))
+        self.assertEqual(metric_steps(d), list(range(1, steps + 1)))
         self.assertEqual(sorted(os.listdir(os.path.join(d, "trace"))), ["rank-00000.h5", "rank-00001.h5"])
         v = run(["verify", d])
         self.assertEqual(v.code, 0, v.out + v.err)
