@@ -57,21 +57,36 @@ bool SpikeDetector::observe(double v, std::string* why) {
     std::sort(dev.begin(), dev.end());
     const double mad = dev[dev.size() / 2];
     const double z = (v - median) / (1.4826 * mad + 1e-12 * std::max(1.0, std::fabs(median)));
-    const double top = sorted.back();
+    const double top = long_max();
     if (z > z_ && v > ratio_ * top) {
       spike = true;
-      char buf[200];
-      std::snprintf(buf, sizeof buf, "%.6g against a median of %.6g (robust z %.1f, %.1fx the recent maximum %.6g)", v,
-                    median, z, v / top, top);
+      char buf[240];
+      std::snprintf(buf, sizeof buf,
+                    "%.6g against a median of %.6g (robust z %.1f, %.1fx the maximum %.6g of the last %d values)", v,
+                    median, z, v / top, top, window_ * static_cast<int>(block_max_.size() - 1) + in_block_);
       *why = buf;
     }
   }
-  // A spike does not become the new normal.
-  if (!spike) {
-    recent_.push_back(v);
-    if (static_cast<int>(recent_.size()) > window_) recent_.erase(recent_.begin());
-  }
+  if (!spike) remember(v);  // a spike does not become the new normal
   return spike;
+}
+
+void SpikeDetector::remember(double v) {
+  recent_.push_back(v);
+  if (static_cast<int>(recent_.size()) > window_) recent_.erase(recent_.begin());
+  if (block_max_.empty() || in_block_ == window_) {
+    block_max_.push_back(v);
+    in_block_ = 0;
+    if (static_cast<int>(block_max_.size()) > kLongWindows) block_max_.erase(block_max_.begin());
+  }
+  block_max_.back() = std::max(block_max_.back(), v);
+  ++in_block_;
+}
+
+double SpikeDetector::long_max() const {
+  double m = recent_.empty() ? 0 : *std::max_element(recent_.begin(), recent_.end());
+  for (double b : block_max_) m = std::max(m, b);
+  return m;
 }
 
 }  // namespace culprit::harness

@@ -24,17 +24,27 @@ ReplicaCheck compare_replicas(int world, const std::vector<Fingerprint>& all, st
 
 // Spikes in a series (loss, gradient norm): a robust z-score over the last `window` values
 // (median and MAD) above `z`, guarded by a ratio: the value must also exceed `ratio` times the
-// largest of those values. Needs half a window of history. Non-finite values are the nonfinite
-// detector's and are not added.
+// largest value of the last kLongWindows windows (the long horizon). The horizon is what keeps
+// long clean runs quiet: a converged model's per-batch loss and gradient norm jump by 10x from one
+// batch to the next (a hard batch after easy ones) without ever exceeding what the run saw a few
+// hundred steps before; a fault's spike (an exponent bit, a scaled gradient) exceeds it by orders
+// of magnitude (docs/detection.md, bench/soak.sh). Needs half a window of history. Non-finite
+// values are the nonfinite detector's and are not added; nor is a spike.
 class SpikeDetector {
  public:
+  static constexpr int kLongWindows = 50;
   void configure(int window, double z, double ratio) { window_ = window, z_ = z, ratio_ = ratio; }
   bool observe(double v, std::string* why);
 
  private:
+  void remember(double v);
+  double long_max() const;
+
   int window_ = 0;
   double z_ = 8, ratio_ = 3;
   std::vector<double> recent_;
+  std::vector<double> block_max_;  // the maximum of each of the last kLongWindows blocks of `window` values
+  int in_block_ = 0;               // values in the newest block
 };
 
 }  // namespace culprit::harness

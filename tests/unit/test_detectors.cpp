@@ -149,6 +149,23 @@ TEST(Spikes, NeedHistoryAndBothThresholds) {
   EXPECT_FALSE(d.observe(std::nan(""), &why));  // non-finite values are the nonfinite detector's
 }
 
+TEST(Spikes, TheLongHorizonKeepsAConvergedRunQuiet) {
+  // A converged run: the loss sits near 0.01 for many windows, after an early phase near 2. A hard
+  // batch at 1.3 is 100x the recent window but below what the run saw within the horizon: quiet.
+  h::SpikeDetector d;
+  d.configure(20, 8, 3);
+  std::string why;
+  for (int i = 0; i < 100; ++i) EXPECT_FALSE(d.observe(2.0 - 0.015 * i, &why));
+  for (int i = 0; i < 300; ++i) EXPECT_FALSE(d.observe(0.01 + 0.001 * (i % 3), &why));
+  EXPECT_FALSE(d.observe(1.3, &why));
+  // Past the horizon (kLongWindows windows of 20) the early phase is forgotten: the same batch
+  // against a long quiet stretch, and a fault's spike (1000x) at any time, are spikes.
+  for (int i = 0; i < 20 * h::SpikeDetector::kLongWindows; ++i) EXPECT_FALSE(d.observe(0.01 + 0.001 * (i % 3), &why));
+  EXPECT_TRUE(d.observe(1.3, &why));
+  EXPECT_NE(why.find("values)"), std::string::npos) << why;  // says how far back it looked
+  EXPECT_TRUE(d.observe(10.0, &why));
+}
+
 TEST(Spikes, RatioGuardsAgainstTinyVariance) {
   h::SpikeDetector d;
   d.configure(8, 8, 3);
