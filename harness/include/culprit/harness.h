@@ -105,6 +105,13 @@ struct OptimizerOptions {
   std::int64_t warmup_steps = 0;
 };
 
+// The most steps any step-valued option may name (--steps, --checkpoint-every, replay's --step,
+// ...): 10^9 steps is thirty years at one step a second, so a larger value is a slip of the keyboard.
+inline constexpr std::int64_t kMaxSteps = 1'000'000'000;
+// The widest classifier output --classes may ask for: 2^20, twenty times the largest vocabularies
+// in use.
+inline constexpr int kMaxClasses = 1 << 20;
+
 struct TrainConfig {
   std::string run_dir;
   bool resume = false;             // continue from the newest valid checkpoint of run_dir
