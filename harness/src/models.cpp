@@ -235,10 +235,17 @@ Status make_model(const TrainConfig& cfg, const Dataset& d, std::unique_ptr<Mode
     if (!d.classification() || d.y_shape != d.x_shape)
       return Status::BadInput("model gpt needs int64 next-token targets of the shape of x " + shape_str(d.x_shape) +
                            ", data y has " + dtype_name(d.y_dtype) + " " + shape_str(d.y_shape));
+    // The vocabulary: --classes when given (every token must be below it), else wide enough for
+    // every token and target, at most kMaxClasses.
     const auto* tok = reinterpret_cast<const std::int64_t*>(d.x.data());
+    const std::int64_t limit = cfg.classes > 0 ? cfg.classes : kMaxClasses;
     std::int64_t vocab = d.classes;
     for (std::int64_t i = 0; i < d.n * d.x_numel(); ++i) {
-      if (tok[i] < 0) return Status::BadInput("model gpt: data x holds a negative token id");
+      if (tok[i] < 0 || tok[i] >= limit)
+        return Status::BadInput("model gpt: data x holds token id " + std::to_string(tok[i]) + " at sample " +
+                                std::to_string(i / d.x_numel()) + " (position " + std::to_string(i % d.x_numel()) +
+                                "); valid token ids are [0, " + std::to_string(limit) + ")" +
+                                (cfg.classes > 0 ? " with --classes " + std::to_string(cfg.classes) : ""));
       vocab = std::max(vocab, tok[i] + 1);
     }
     CULPRIT_RETURN_IF_ERROR(check_model_size(cfg, d.x_shape, vocab));

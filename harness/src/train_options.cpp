@@ -143,7 +143,7 @@ opts::Table<C> make_table() {
     number<C>("hidden", &C::hidden, "mlp: hidden units per layer", Range<std::int64_t>{1, 1 << 20}, kCritical),
     number<C>("samples", &C::samples, "synthetic data: number of samples", Range<std::int64_t>{1, std::int64_t{1} << 40}, kCritical),
     custom<C>("sample-shape", "synthetic data: sample shape, e.g. 1,16,16 (empty: the model's default)", set_sample_shape, [](const C& c) { return join(c.sample_shape); }, kCritical),
-    number<C>("classes", &C::classes, "synthetic data: classes (gpt: vocabulary); 0: the model's default", Range<int>{0, kMaxClasses}, kCritical),
+    number<C>("classes", &C::classes, "the model's output width for integer labels (gpt: the vocabulary); every label (gpt: token) of the data must be in [0, classes); 0: synthetic data: the model's default, hdf5 data: the largest label + 1", Range<int>{0, kMaxClasses}, kCritical),
     choice<C>("optimizer", opt(&OptimizerOptions::kind), "sgd | adamw", kCritical),
     number<C>("lr", opt(&OptimizerOptions::lr), "peak learning rate", rate, kCritical),
     number<C>("momentum", opt(&OptimizerOptions::momentum), "sgd: momentum", Range<double>{0, 1}, kCritical),

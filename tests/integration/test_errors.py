@@ -173,6 +173,44 @@ class Errors(TempDirTest):
             self.expect_bad_input(self.rd() + ["--config", path], "config file '%s'" % path, what)
         self.expect_error(self.rd() + ["--config", self.path("link.ini")], "no-such-option")  # a link is followed
 
+    def test_labels_and_inputs_checked_at_load(self):
+        rng = np.random.default_rng(1)
+        x = rng.standard_normal((64, 32)).astype(np.float32)
+        y = rng.integers(0, 4, 64)
+        y[9] = 1000
+        with h5py.File(self.path("wide.h5"), "w") as f:
+            f["x"], f["y"] = x, y
+        y[9] = 1 << 40
+        with h5py.File(self.path("huge.h5"), "w") as f:
+            f["x"], f["y"] = x, y
+        y[9] = 12
+        with h5py.File(self.path("twelve.h5"), "w") as f:
+            f["x"], f["y"] = x, y
+        y[9] = 1
+        x[5, 3] = np.nan
+        with h5py.File(self.path("nan.h5"), "w") as f:
+            f["x"], f["y"] = x, y
+        data = lambda name: ["--data", "hdf5:" + self.path(name), "--global-batch", "16"]
+        self.expect_bad_input(self.rd() + data("wide.h5") + ["--classes", "4"], "y holds class label 1000 at sample 9",
+                              "valid class labels are [0, 4) with --classes 4")
+        self.expect_bad_input(self.rd() + data("huge.h5"), "y holds class label 1099511627776 at sample 9",
+                              "valid class labels are [0, 1048576) (give --classes C")
+        self.expect_bad_input(self.rd() + data("nan.h5"), "x holds a non-finite value (nan) in sample 5", "element 3")
+        # A TorchScript module's output width (10) is known after its first forward, at setup.
+        net = ["--model", "torchscript:" + self.path("net.pt")]
+        self.expect_bad_input(self.rd() + net + data("twelve.h5"), "scores 10 classes",
+                              "class labels must be in [0, 10): data hdf5:%s y holds label 12 at sample 9"
+                              % self.path("twelve.h5"))
+        self.expect_bad_input(self.rd() + net + data("wide.h5")[:2] + ["--classes", "11", "--global-batch", "16"],
+                              "y holds class label 1000", "[0, 11) with --classes 11")
+        # gpt: --classes is the vocabulary; every token id of x must be in it too.
+        tokens = rng.integers(0, 40, (64, 8))
+        tokens[3, 2] = 50
+        with h5py.File(self.path("tokens.h5"), "w") as f:
+            f["x"], f["y"] = tokens, np.roll(tokens, -1, axis=1) % 40
+        self.expect_bad_input(self.rd() + ["--model", "gpt", "--classes", "40"] + data("tokens.h5"),
+                              "x holds token id 50 at sample 3 (position 2)", "valid token ids are [0, 40) with --classes 40")
+
     def test_single_process_without_mpirun(self):
         res = run(["train", "--micro-shards", "3"], run_dir=self.path("single"))
         self.assertEqual(res.code, 2)
