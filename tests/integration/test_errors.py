@@ -141,7 +141,7 @@ class Errors(TempDirTest):
         self.expect_bad_input(self.rd() + ["--threads", "100000"], "'--threads'", "the system reports")
         self.expect_bad_input(self.rd() + ["--hidden", "100000000"], "'--hidden'", "must be in [1, 1048576]")
         self.expect_bad_input(self.rd() + ["--collective-timeout", "1e-9"], "'--collective-timeout'",
-                              "0 (wait forever) or in [1, 604800], got 1e-09")
+                              "0 (wait forever) or a finite number in [1, 604800], got 1e-09")
         self.expect_bad_input(self.rd() + ["--spike-z", "nan"], "'--spike-z'", "finite number in [0, 1000000], got nan")
         self.expect_bad_input(self.rd() + ["--lr", "inf"], "'--lr'", "finite number in [0, 1000000]")
         self.expect_bad_input(self.rd() + ["--eps", "0"], "'--eps'", "in (0, 1], got 0")

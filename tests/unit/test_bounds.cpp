@@ -53,8 +53,8 @@ TEST(Range, SaysTheRangeWhyAndTheValue) {
   auto msg = [&](std::vector<std::string> a) { return toy().parse(a, &t).message(); };
   EXPECT_EQ(msg({"--n", "9"}), "option '--n' must be in [1, 8], got 9: the system reports 8 cores");
   EXPECT_EQ(msg({"--n", "x"}), "option '--n': 'x' is not an integer; it must be in [1, 8]: the system reports 8 cores");
-  EXPECT_EQ(msg({"--t", "1e-9"}), "option '--t' must be a finite number 0 (wait forever) or in [1, 60], got 1e-09");
-  EXPECT_EQ(msg({"--t", "nan"}), "option '--t' must be a finite number 0 (wait forever) or in [1, 60], got nan");
+  EXPECT_EQ(msg({"--t", "1e-9"}), "option '--t' must be 0 (wait forever) or a finite number in [1, 60], got 1e-09");
+  EXPECT_EQ(msg({"--t", "nan"}), "option '--t' must be 0 (wait forever) or a finite number in [1, 60], got nan");
   EXPECT_TRUE(toy().parse({"--t", "0"}, &t).ok());
   EXPECT_TRUE(toy().parse({"--t", "60", "--n", "8"}, &t).ok());
   const auto open = opts::Range<double>::above(0, 1);
@@ -98,7 +98,7 @@ TEST(TrainBounds, TheReportedFailuresAreOneLine) {
   const std::string threads = train_error({"--threads", "100000"});
   EXPECT_NE(threads.find("], got 100000: " + culprit::cores_reason()), std::string::npos) << threads;
   EXPECT_EQ(train_error({"--collective-timeout", "1e-9"}),
-            "option '--collective-timeout' must be a finite number 0 (wait forever) or in [1, 604800], got 1e-09");
+            "option '--collective-timeout' must be 0 (wait forever) or a finite number in [1, 604800], got 1e-09");
   EXPECT_EQ(train_error({"--collective-timeout", "0"}), "");
   EXPECT_EQ(train_error({"--spike-z", "nan"}), "option '--spike-z' must be a finite number in [0, 1000000], got nan");
   EXPECT_EQ(train_error({"--samples", "999999999999999"}),

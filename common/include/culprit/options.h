@@ -102,16 +102,16 @@ struct Range {
     if (zero && v == T(0)) return true;
     return (lo_open ? v > lo : v >= lo) && v <= hi;
   }
-  // "in [1, 16]", "0 (wait forever) or in [1, 604800]", "at least 1"
-  std::string describe() const {
+  // What check() says after "must be": "in [1, 16]", "a finite number in (0, 1]", "0 (wait forever)
+  // or a finite number in [1, 604800]", "at least 1".
+  std::string must_be() const {
     std::ostringstream os;
     if (zero) os << "0 (" << zero_means << ") or ";
+    if (std::is_floating_point_v<T>) os << "a finite number ";
     if (hi == std::numeric_limits<T>::max() && !lo_open) os << "at least " << text(lo);
     else os << "in " << (lo_open ? "(" : "[") << text(lo) << ", " << text(hi) << "]";
     return os.str();
   }
-  // What check() says after "must be": "a finite number in [0, 1]", "in [1, 16]".
-  std::string must_be() const { return (std::is_floating_point_v<T> ? "a finite number " : "") + describe(); }
   // What an error ends with: ": the system reports 16 cores ..." when hi depends on the machine.
   std::string reason() const { return why.empty() ? "" : ": " + why; }
   Status check(const std::string& option, T v) const {
