@@ -12,7 +12,7 @@ const opts::Table<Options>& bisect_options() {
       opts::text<Options>("run-dir", &Options::run_dir, "the run to diagnose", opts::kRequired),
       opts::number<Options>("reruns", &Options::reruns,
                             "reruns of the faulty micro-shard on the blamed rank (persistent or transient)",
-                            opts::Range<int>::at_least(1)),
+                            opts::Range<int>{1, 1000}),
   });
   return table;
 }

@@ -1,12 +1,16 @@
 // The option table's core: Boost.Program_options over rows of text (culprit/options.h).
 #include "culprit/options.h"
 
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <boost/program_options.hpp>
+#include <cerrno>
+#include <cstring>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
-#include <filesystem>
-#include <fstream>
 #include <sstream>
 
 namespace po = boost::program_options;
@@ -54,20 +58,54 @@ void collect(const std::vector<Row>& rows, const po::variables_map& vm,
   }
 }
 
+// What a path that is not a regular file is, for the message.
+const char* file_kind(mode_t m) {
+  if (S_ISDIR(m)) return "a directory";
+  if (S_ISFIFO(m)) return "a fifo";
+  if (S_ISCHR(m)) return "a character device";
+  if (S_ISBLK(m)) return "a block device";
+  if (S_ISSOCK(m)) return "a socket";
+  return "not a regular file";
+}
+
+// An INI file is a regular file (the user's path followed to it) of at most kMaxConfigBytes: a
+// directory, fifo or device is refused before it is read (a fifo would block, /dev/zero never ends).
+// The type is asked of the opened descriptor, so what is read is what was checked.
 Status read_config(const std::string& path, std::string* text) {
-  std::error_code ec;
-  if (!std::filesystem::exists(path, ec)) return Status::BadInput("config file '" + path + "' does not exist");
-  if (std::filesystem::is_directory(path, ec)) return Status::BadInput("config file '" + path + "' is a directory");
-  std::ifstream in(path);
-  if (!in) return Status::IoError("config file '" + path + "' cannot be read");
+  const std::string what = "config file '" + path + "'";
+  // O_NONBLOCK: opening a fifo for reading must not wait for a writer.
+  const int fd = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+  if (fd < 0) {
+    const int err = errno;
+    if (err == ENOENT) return Status::BadInput(what + " does not exist");
+    return Status::BadInput(what + " cannot be opened: " + std::strerror(err));
+  }
+  struct FdCloser {
+    int fd;
+    ~FdCloser() { ::close(fd); }
+  } closer{fd};
+  struct stat st {};
+  if (::fstat(fd, &st) != 0) return Status::IoError(what + " cannot be read: " + std::strerror(errno));
+  if (!S_ISREG(st.st_mode))
+    return Status::BadInput(what + " is " + file_kind(st.st_mode) + ": --config takes a regular file (an INI file of options)");
+  if (st.st_size > static_cast<off_t>(kMaxConfigBytes))
+    return Status::BadInput(what + " is " + std::to_string(st.st_size) + " bytes, more than the " +
+                            std::to_string(kMaxConfigBytes) + " bytes (1 MiB) an INI file of options may have");
+  // The size can change under us (a file still being written): read at most one byte past the limit.
   std::string buf(kMaxConfigBytes + 1, '\0');
-  in.read(buf.data(), static_cast<std::streamsize>(buf.size()));
-  if (in.bad()) return Status::IoError("config file '" + path + "' cannot be read");
-  buf.resize(static_cast<std::size_t>(in.gcount()));
-  if (buf.size() > kMaxConfigBytes)
-    return Status::BadInput("config file '" + path + "' is larger than " + std::to_string(kMaxConfigBytes) +
-                            " bytes: not an INI file of options");
-  *text = buf;
+  std::size_t got = 0;
+  while (got < buf.size()) {
+    const ssize_t n = ::read(fd, buf.data() + got, buf.size() - got);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) return Status::IoError(what + " cannot be read: " + std::strerror(errno));
+    if (n == 0) break;
+    got += static_cast<std::size_t>(n);
+  }
+  if (got > kMaxConfigBytes)
+    return Status::BadInput(what + " is more than the " + std::to_string(kMaxConfigBytes) +
+                            " bytes (1 MiB) an INI file of options may have");
+  buf.resize(got);
+  *text = std::move(buf);
   return Status::OK();
 }
 

@@ -88,7 +88,32 @@ Status check_finite(const std::string& path, const char* name, DType dtype, cons
                           std::to_string(static_cast<std::int64_t>(i) % per_sample) + ")");
 }
 
-Status read_hdf5(const std::string& path, Dataset* d) {
+// Integer labels are class indices: each must be in [0, classes), where classes is --classes, or
+// (--classes 0) the largest label + 1, itself at most kMaxClasses. A label past the output width
+// would otherwise widen the model silently (or ask for an impossible allocation); the message names
+// the range and the first label outside it.
+Status check_labels(const std::string& path, int classes, Dataset* d) {
+  const auto* lab = reinterpret_cast<const std::int64_t*>(d->y.data());
+  const std::int64_t m = d->n * d->y_numel(), per_sample = std::max<std::int64_t>(1, d->y_numel());
+  const std::int64_t limit = classes > 0 ? classes : kMaxClasses;
+  for (std::int64_t i = 0; i < m; ++i) {
+    if (lab[i] >= 0 && lab[i] < limit) {
+      if (lab[i] > d->max_label) d->max_label = lab[i], d->max_label_at = i;
+      continue;
+    }
+    const std::string where = " at sample " + std::to_string(i / per_sample) +
+                              (per_sample > 1 ? " (element " + std::to_string(i % per_sample) + ")" : "");
+    const std::string valid = "valid class labels are [0, " + std::to_string(limit) + ")";
+    if (lab[i] < 0) return Status::BadInput("data '" + path + "': y holds a negative class label (" + std::to_string(lab[i]) + ")" + where + "; " + valid);
+    return Status::BadInput("data '" + path + "': y holds class label " + std::to_string(lab[i]) + where + "; " + valid +
+                            (classes > 0 ? " with --classes " + std::to_string(classes)
+                                         : " (give --classes C if the data has C classes; at most " + std::to_string(kMaxClasses) + ")"));
+  }
+  d->classes = classes > 0 ? classes : d->max_label + 1;
+  return Status::OK();
+}
+
+Status read_hdf5(const std::string& path, int classes, Dataset* d) {
   d->source = "hdf5:" + path;
   h5::Handle file;
   CULPRIT_RETURN_IF_ERROR(h5::open_read(path, &file));
@@ -109,20 +134,8 @@ Status read_hdf5(const std::string& path, Dataset* d) {
   d->y_shape.assign(y.shape.begin() + 1, y.shape.end());
   d->y = std::move(y.bytes);
   CULPRIT_RETURN_IF_ERROR(check_finite(path, "x", d->x_dtype, d->x, d->x_numel()));
-  if (!d->classification()) CULPRIT_RETURN_IF_ERROR(check_finite(path, "y", d->y_dtype, d->y, d->y_numel()));
-  if (d->classification()) {
-    const auto* lab = reinterpret_cast<const std::int64_t*>(d->y.data());
-    const std::int64_t m = d->n * d->y_numel();
-    std::int64_t mx = -1;
-    for (std::int64_t i = 0; i < m; ++i) {
-      if (lab[i] < 0)
-        return Status::BadInput("data '" + path + "': y holds a negative class label (" + std::to_string(lab[i]) +
-                             ") at element " + std::to_string(i));
-      mx = std::max(mx, lab[i]);
-    }
-    d->classes = mx + 1;
-  }
-  return Status::OK();
+  if (!d->classification()) return check_finite(path, "y", d->y_dtype, d->y, d->y_numel());
+  return check_labels(path, classes, d);
 }
 }  // namespace
 
@@ -142,7 +155,7 @@ Status load_dataset(const TrainConfig& cfg, Dataset* out) {
     return Status::OK();
   }
   // The data file is the user's input: a file the HDF5 layer finds malformed is bad input here.
-  Status st = read_hdf5(cfg.data.path, out);
+  Status st = read_hdf5(cfg.data.path, cfg.classes, out);
   return st.code() == StatusCode::kDamaged ? Status::BadInput(st.message()) : st;
 }
 

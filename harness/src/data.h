@@ -20,7 +20,9 @@ struct Dataset {
   DType y_dtype = DType::kInt64;       // int64: class labels (cross entropy); float32: targets (MSE)
   std::vector<std::int64_t> y_shape;   // one sample's target
   ByteBuffer y;
-  std::int64_t classes = 0;            // int64 labels: max label + 1
+  std::int64_t classes = 0;            // int64 labels: --classes, or the largest label + 1
+  std::int64_t max_label = -1;         // hdf5 int64 labels: the largest, and its element of y
+  std::int64_t max_label_at = -1;
   bool classification() const { return y_dtype == DType::kInt64; }
   std::int64_t x_numel() const;        // elements of one sample
   std::int64_t y_numel() const;

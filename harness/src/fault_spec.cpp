@@ -7,6 +7,7 @@
 #include <limits>
 #include <sstream>
 
+#include "culprit/harness.h"
 #include "rng.h"
 
 namespace culprit::harness {
@@ -22,10 +23,22 @@ Status number(const std::string& key, const std::string& value, double* out) {
   try {
     std::size_t used = 0;
     *out = std::stod(value, &used);
-    if (used == value.size()) return Status::OK();
+    if (used == value.size() && std::isfinite(*out)) return Status::OK();
   } catch (const std::exception&) {
   }
-  return Status::BadInput("--inject: " + key + "=" + value + " is not a number");
+  return Status::BadInput("--inject: " + key + "=" + value + " is not a finite number");
+}
+
+// A number key's value within [lo, hi] (an integer when integral): every key has a range, said in
+// the error, so a step of 1e30 is refused here instead of overflowing the cast to an integer.
+Status bounded(const std::string& key, const std::string& value, double lo, double hi, bool integral, double* out) {
+  CULPRIT_RETURN_IF_ERROR(number(key, value, out));
+  if (*out >= lo && *out <= hi && (!integral || *out == std::floor(*out))) return Status::OK();
+  std::ostringstream os;
+  os.precision(17);
+  os << "--inject: " << key << " must be " << (integral ? "an integer" : "a number") << " in [" << lo << ", " << hi
+     << "], got " << value;
+  return Status::BadInput(os.str());
 }
 }  // namespace
 
@@ -48,24 +61,25 @@ Status parse_fault(const std::string& text, const std::vector<std::string>& laye
     double v = 0;
     if (key == "rank" && value == "all") {
       out->rank = -1;
-    } else if (key == "step" || key == "rank" || key == "index" || key == "bit") {
-      CULPRIT_RETURN_IF_ERROR(number(key, value, &v));
-      if (v < 0 || v != std::floor(v)) return Status::BadInput("--inject: " + key + " must be a non-negative integer");
-      if (key == "step") out->step = static_cast<std::int64_t>(v);
-      if (key == "rank") out->rank = static_cast<int>(v);
-      if (key == "index") out->index = static_cast<std::int64_t>(v);
-      if (key == "bit") {
-        if (v > 31) return Status::BadInput("--inject: bit must be 0..31");
-        out->bit = static_cast<int>(v);
-      }
+    } else if (key == "step") {
+      CULPRIT_RETURN_IF_ERROR(bounded(key, value, 1, static_cast<double>(kMaxSteps), true, &v));
+      out->step = static_cast<std::int64_t>(v);
+    } else if (key == "rank") {
+      CULPRIT_RETURN_IF_ERROR(bounded(key, value, 0, 1 << 30, true, &v));
+      out->rank = static_cast<int>(v);
+    } else if (key == "index") {
+      // 2^53: every integer below it is a double, and no tensor has more elements.
+      CULPRIT_RETURN_IF_ERROR(bounded(key, value, 0, 9007199254740992.0, true, &v));
+      out->index = static_cast<std::int64_t>(v);
+    } else if (key == "bit") {
+      CULPRIT_RETURN_IF_ERROR(bounded(key, value, 0, 31, true, &v));
+      out->bit = static_cast<int>(v);
     } else if (key == "factor") {
       CULPRIT_RETURN_IF_ERROR(number(key, value, &out->factor));
     } else if (key == "seconds") {
-      CULPRIT_RETURN_IF_ERROR(number(key, value, &out->seconds));
-      if (!(out->seconds >= 0)) return Status::BadInput("--inject: seconds must be >= 0");
+      CULPRIT_RETURN_IF_ERROR(bounded(key, value, 0, 86400, false, &out->seconds));
     } else if (key == "p") {
-      CULPRIT_RETURN_IF_ERROR(number(key, value, &out->p));
-      if (!(out->p >= 0 && out->p <= 1)) return Status::BadInput("--inject: p must be in [0, 1]");
+      CULPRIT_RETURN_IF_ERROR(bounded(key, value, 0, 1, false, &out->p));
     } else if (key == "layer") {
       out->layer = value;
       have_layer = true;

@@ -6,6 +6,7 @@
 
 #include "error_line.h"
 #include "model.h"
+#include "sizes.h"
 
 namespace culprit::harness {
 
@@ -128,9 +129,9 @@ class Cnn : public BuiltinModel {
 
 class Gpt : public BuiltinModel {
  public:
-  static constexpr std::int64_t kDim = 32;
-  static constexpr std::int64_t kHeads = 2;
-  static constexpr int kLayers = 2;
+  static constexpr std::int64_t kDim = GptDims::kDim;  // sizes.h: the memory estimate counts the same
+  static constexpr std::int64_t kHeads = GptDims::kHeads;
+  static constexpr int kLayers = GptDims::kLayers;
   static constexpr double kDropout = 0.1;
   Gpt(std::int64_t vocab, std::int64_t ctx) : net_(std::make_shared<GptNet>(vocab, ctx, kDim, kLayers)) {
     for (int i = 0; i < kLayers; ++i) blocks_.push_back(net_->blocks->ptr<BlockNet>(i));
@@ -217,6 +218,7 @@ Status make_model(const TrainConfig& cfg, const Dataset& d, std::unique_ptr<Mode
   const ModelKind kind = cfg.model.kind;
   if (kind == ModelKind::kMlp) {
     CULPRIT_RETURN_IF_ERROR(need_float_samples(m, d));
+    CULPRIT_RETURN_IF_ERROR(check_model_size(cfg, d.x_shape, out_features(d)));
     *out = std::make_unique<Mlp>(d.x_numel(), cfg.hidden, out_features(d));
   } else if (kind == ModelKind::kCnn) {
     CULPRIT_RETURN_IF_ERROR(need_float_samples(m, d));
@@ -224,6 +226,7 @@ Status make_model(const TrainConfig& cfg, const Dataset& d, std::unique_ptr<Mode
     if (s.size() != 3 || s[1] < 4 || s[2] < 4 || s[1] % 4 || s[2] % 4)
       return Status::BadInput("model cnn needs samples of shape [C,H,W] with H and W multiples of 4, data x has " +
                            shape_str(s));
+    CULPRIT_RETURN_IF_ERROR(check_model_size(cfg, s, out_features(d)));
     *out = std::make_unique<Cnn>(s[0], s[1], s[2], out_features(d));
   } else if (kind == ModelKind::kGpt) {
     if (d.x_dtype != DType::kInt64 || d.x_shape.size() != 1)
@@ -232,12 +235,20 @@ Status make_model(const TrainConfig& cfg, const Dataset& d, std::unique_ptr<Mode
     if (!d.classification() || d.y_shape != d.x_shape)
       return Status::BadInput("model gpt needs int64 next-token targets of the shape of x " + shape_str(d.x_shape) +
                            ", data y has " + dtype_name(d.y_dtype) + " " + shape_str(d.y_shape));
+    // The vocabulary: --classes when given (every token must be below it), else wide enough for
+    // every token and target, at most kMaxClasses.
     const auto* tok = reinterpret_cast<const std::int64_t*>(d.x.data());
+    const std::int64_t limit = cfg.classes > 0 ? cfg.classes : kMaxClasses;
     std::int64_t vocab = d.classes;
     for (std::int64_t i = 0; i < d.n * d.x_numel(); ++i) {
-      if (tok[i] < 0) return Status::BadInput("model gpt: data x holds a negative token id");
+      if (tok[i] < 0 || tok[i] >= limit)
+        return Status::BadInput("model gpt: data x holds token id " + std::to_string(tok[i]) + " at sample " +
+                                std::to_string(i / d.x_numel()) + " (position " + std::to_string(i % d.x_numel()) +
+                                "); valid token ids are [0, " + std::to_string(limit) + ")" +
+                                (cfg.classes > 0 ? " with --classes " + std::to_string(cfg.classes) : ""));
       vocab = std::max(vocab, tok[i] + 1);
     }
+    CULPRIT_RETURN_IF_ERROR(check_model_size(cfg, d.x_shape, vocab));
     *out = std::make_unique<Gpt>(vocab, d.x_shape[0]);
   } else {
     const std::string& path = cfg.model.path;

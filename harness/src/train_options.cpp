@@ -9,6 +9,8 @@
 #include <sstream>
 
 #include "culprit/harness.h"
+#include "culprit/system.h"
+#include "sizes.h"
 
 namespace culprit::harness {
 
@@ -71,9 +73,12 @@ Status set_sample_shape(C* c, const std::string& t) {
   std::vector<double> v;
   CULPRIT_RETURN_IF_ERROR(parse_list("sample-shape", t, &v));
   c->sample_shape.clear();
+  // Each dimension alone is bounded here; whether their product fits memory, validate() asks.
+  constexpr double kMaxDim = 1 << 24;
+  if (v.size() > 8) return Status::BadInput("option '--sample-shape' must have at most 8 dimensions, got '" + t + "'");
   for (double d : v) {
-    if (d < 1 || d != std::floor(d) || d > 1e12)
-      return Status::BadInput("option '--sample-shape': dimensions must be positive integers");
+    if (!(d >= 1 && d <= kMaxDim) || d != std::floor(d))
+      return Status::BadInput("option '--sample-shape': every dimension must be an integer in [1, 16777216], got '" + t + "'");
     c->sample_shape.push_back(static_cast<std::int64_t>(d));
   }
   return Status::OK();
@@ -99,52 +104,57 @@ opts::Table<C> make_table() {
   using opts::flag;
   using opts::number;
   using opts::text;
-  const auto nonneg_i64 = Range<std::int64_t>::at_least(0);
-  const auto nonneg_int = Range<int>::at_least(0);
-  const auto nonneg = Range<double>::at_least(0);
+  // Every number has a range (docs/cli.md, "Ranges"): what the option can mean, with room, or what
+  // the machine has; sizes that must fit memory together are checked in validate().
+  const auto steps_or_off = Range<std::int64_t>{0, kMaxSteps};
+  const auto window = Range<int>{0, 1'000'000};
+  const auto threshold = Range<double>{0, 1e6};
+  const auto rate = Range<double>{0, 1e6};
   // clang-format off
   return opts::Table<C>("culprit train options", {
     text<C>("run-dir", &C::run_dir, "run directory (created)", opts::kRequired),
     flag<C>("resume", &C::resume, "continue the run in --run-dir from its newest valid checkpoint (its configuration is the default)", kNotRecorded),
     text<C>("resume-from", &C::resume_from, "continue the run in --run-dir from this checkpoint file", kNotRecorded),
-    number<C>("checkpoint-every", ck(&CheckpointOptions::every), "checkpoint every K steps (0: only after the last step, which is always checkpointed)", nonneg_i64),
-    number<C>("keep-last", ck(&CheckpointOptions::keep_last), "keep the newest N checkpoints", Range<int>::at_least(1)),
-    number<C>("keep-every", ck(&CheckpointOptions::keep_every), "also keep every checkpoint whose step is a multiple of E (0: none)", nonneg_i64),
-    number<C>("checkpoint-writers-per-host", ck(&CheckpointOptions::writers_per_host), "ranks per host that write checkpoint data, each a slice of every large tensor (0: every rank); the ranks of a host share its I/O path", nonneg_int),
+    number<C>("checkpoint-every", ck(&CheckpointOptions::every), "checkpoint every K steps (0: only after the last step, which is always checkpointed)", steps_or_off),
+    number<C>("keep-last", ck(&CheckpointOptions::keep_last), "keep the newest N checkpoints", Range<int>{1, 1'000'000}),
+    number<C>("keep-every", ck(&CheckpointOptions::keep_every), "also keep every checkpoint whose step is a multiple of E (0: none)", steps_or_off),
+    number<C>("checkpoint-writers-per-host", ck(&CheckpointOptions::writers_per_host), "ranks per host that write checkpoint data, each a slice of every large tensor (0: every rank); the ranks of a host share its I/O path", Range<int>{0, 1024}),
     flag<C>("async-checkpoint", ck(&CheckpointOptions::async), "write checkpoints in a background thread, which also copies the state to host memory while the next step's forward and backward passes run (training waits at most for what is left of that copy)"),
     opts::texts<C>("inject", &C::inject, "inject a fault (repeatable): step=S,rank=R,layer=NAME,phase=P,kind=K[,index=I,bit=B,factor=F,mode=M,p=P] (docs/detection.md)"),
     choice<C>("on-detect", det(&DetectorOptions::on_detect), "halt | warn | diagnose: what a detection does (halt: every rank exits with the class's code; diagnose: culprit bisect runs in the job and its verdict is the exit code)"),
     flag<C>("detect-nonfinite", det(&DetectorOptions::nonfinite), "detect NaN/Inf in micro-shard losses and gradients and in the parameters"),
-    number<C>("spike-window", det(&DetectorOptions::spike_window), "loss and gradient-norm spike detection over the last N steps (0: off)", nonneg_int),
-    number<C>("spike-z", det(&DetectorOptions::spike_z), "spike: robust z-score (median/MAD) above this ..."),
-    number<C>("spike-ratio", det(&DetectorOptions::spike_ratio), "... and more than this times the window's maximum"),
+    number<C>("spike-window", det(&DetectorOptions::spike_window), "loss and gradient-norm spike detection over the last N steps (0: off)", window),
+    number<C>("spike-z", det(&DetectorOptions::spike_z), "spike: robust z-score (median/MAD) above this ...", threshold),
+    number<C>("spike-ratio", det(&DetectorOptions::spike_ratio), "... and more than this times the window's maximum", threshold),
     choice<C>("spike-action", det(&DetectorOptions::spike_action), "warn | halt: a spike is logged as a warning unless halt"),
     flag<C>("comm-check", det(&DetectorOptions::comm_check), "fingerprint every reduction message as sent and as received; a mismatch names sender and receiver"),
-    number<C>("replica-check-every", det(&DetectorOptions::replica_check_every), "compare parameter and optimizer-state fingerprints across ranks every N steps (0: off)", nonneg_i64),
+    number<C>("replica-check-every", det(&DetectorOptions::replica_check_every), "compare parameter and optimizer-state fingerprints across ranks every N steps (0: off)", steps_or_off),
     number<C>("spot-check", det(&DetectorOptions::spot_check), "recompute this fraction of micro-shards per step on another rank and compare bitwise (redundant computation; 0: off, 1: every micro-shard)", Range<double>{0, 1}),
     flag<C>("check-invariants", det(&DetectorOptions::invariants), "check training invariants: parameters change, gradients start at zero, each sample once per epoch, learning rate as scheduled, dropout masks differ"),
-    number<C>("collective-timeout", det(&DetectorOptions::collective_timeout), "seconds a rank waits in a collective (or for its checkpoint writer) before it names the silent rank(s) and ends the job (0: wait forever)", nonneg),
+    // Below a second a busy but healthy rank would be named silent; a week outlasts any collective.
+    number<C>("collective-timeout", det(&DetectorOptions::collective_timeout), "seconds a rank waits in a collective (or for its checkpoint writer) before it names the silent rank(s) and ends the job (0: wait forever)", Range<double>{1, 604800}.or_zero("wait forever")),
     choice<C>("trace", &C::trace, "off | step | layer: per-step fingerprint trace in RUN/trace/ (layer: also every layer's forward output and backward gradient)", kCritical),
-    number<C>("steps", &C::steps, "optimizer steps to run", Range<std::int64_t>::at_least(1)),
-    number<C>("global-batch", &C::global_batch, "samples per step (B)", Range<std::int64_t>::at_least(1), kCritical),
-    number<C>("micro-shards", &C::micro_shards, "micro-shards per step (M: a power of two, B divisible by M, world size <= M)", Range<int>::at_least(1), kCritical),
+    number<C>("steps", &C::steps, "optimizer steps to run", Range<std::int64_t>{1, kMaxSteps}),
+    number<C>("global-batch", &C::global_batch, "samples per step (B)", Range<std::int64_t>{1, 1 << 30}, kCritical),
+    number<C>("micro-shards", &C::micro_shards, "micro-shards per step (M: a power of two, B divisible by M, world size <= M)", Range<int>{1, 1 << 20}, kCritical),
     number<C>("seed", &C::seed, "seed of data order, initialisation, dropout and synthetic data", {}, kCritical),
     custom<C>("model", "mlp | cnn | gpt | torchscript:PATH", set_model, [](const C& c) { return c.model.text(); }, kCritical),
     custom<C>("data", "synthetic | hdf5:PATH (datasets x and y)", set_data, [](const C& c) { return c.data.text(); }, kCritical),
-    number<C>("hidden", &C::hidden, "mlp: hidden units per layer", Range<std::int64_t>::at_least(1), kCritical),
-    number<C>("samples", &C::samples, "synthetic data: number of samples", Range<std::int64_t>::at_least(1), kCritical),
+    number<C>("hidden", &C::hidden, "mlp: hidden units per layer", Range<std::int64_t>{1, 1 << 20}, kCritical),
+    number<C>("samples", &C::samples, "synthetic data: number of samples", Range<std::int64_t>{1, std::int64_t{1} << 40}, kCritical),
     custom<C>("sample-shape", "synthetic data: sample shape, e.g. 1,16,16 (empty: the model's default)", set_sample_shape, [](const C& c) { return join(c.sample_shape); }, kCritical),
-    number<C>("classes", &C::classes, "synthetic data: classes (gpt: vocabulary); 0: the model's default", nonneg_int, kCritical),
+    number<C>("classes", &C::classes, "the model's output width for integer labels (gpt: the vocabulary); every label (gpt: token) of the data must be in [0, classes); 0: synthetic data: the model's default, hdf5 data: the largest label + 1", Range<int>{0, kMaxClasses}, kCritical),
     choice<C>("optimizer", opt(&OptimizerOptions::kind), "sgd | adamw", kCritical),
-    number<C>("lr", opt(&OptimizerOptions::lr), "peak learning rate", nonneg, kCritical),
-    number<C>("momentum", opt(&OptimizerOptions::momentum), "sgd: momentum", nonneg, kCritical),
+    number<C>("lr", opt(&OptimizerOptions::lr), "peak learning rate", rate, kCritical),
+    number<C>("momentum", opt(&OptimizerOptions::momentum), "sgd: momentum", Range<double>{0, 1}, kCritical),
     flag<C>("nesterov", opt(&OptimizerOptions::nesterov), "sgd: Nesterov momentum", kCritical),
-    number<C>("weight-decay", opt(&OptimizerOptions::weight_decay), "weight decay (adamw: decoupled)", nonneg, kCritical),
+    number<C>("weight-decay", opt(&OptimizerOptions::weight_decay), "weight decay (adamw: decoupled)", rate, kCritical),
     custom<C>("betas", "adamw: beta1,beta2", set_betas, [](const C& c) { return opts::format_number(c.optim.beta1) + "," + opts::format_number(c.optim.beta2); }, kCritical),
-    number<C>("eps", opt(&OptimizerOptions::eps), "adamw: epsilon", {}, kCritical),
+    number<C>("eps", opt(&OptimizerOptions::eps), "adamw: epsilon", Range<double>::above(0, 1), kCritical),
     choice<C>("lr-schedule", opt(&OptimizerOptions::schedule), "constant | cosine (over --steps)", kCritical),
-    number<C>("warmup-steps", opt(&OptimizerOptions::warmup_steps), "linear warm-up steps", nonneg_i64, kCritical),
-    number<C>("threads", &C::threads, "intra-op threads per rank", Range<int>::at_least(1), kCritical),
+    number<C>("warmup-steps", opt(&OptimizerOptions::warmup_steps), "linear warm-up steps", steps_or_off, kCritical),
+    // More intra-op threads than cores only slows a rank (and thousands of threads can hang it).
+    number<C>("threads", &C::threads, "intra-op threads per rank (cores: those the system lets the rank run on)", Range<int>{1, system_cores()}.because(cores_reason(), "[1, cores]"), kCritical),
     choice<C>("device", &C::device, "cpu | cuda: where each rank computes (cuda: the GPU of index local rank mod GPUs on the host; needs culprit built against a CUDA-enabled libtorch, docs/cuda.md)"),
     flag<C>("quiet", &C::quiet, "no per-step line on stdout", kNotRecorded),
   });
@@ -222,7 +232,7 @@ Status validate(const TrainConfig& c, int world) {
   CULPRIT_RETURN_IF_ERROR(train_options().validate(c));
   const int m = c.micro_shards;
   if (m < 1 || (m & (m - 1)) != 0)
-    return Status::BadInput("option '--micro-shards' must be a power of two, got " + std::to_string(m));
+    return Status::BadInput("option '--micro-shards' must be a power of two in [1, 1048576], got " + std::to_string(m));
   if (c.global_batch % m != 0)
     return Status::BadInput("--global-batch " + std::to_string(c.global_batch) + " is not divisible by --micro-shards " +
                             std::to_string(m));
@@ -236,7 +246,8 @@ Status validate(const TrainConfig& c, int world) {
   if (!(o.eps > 0)) return Status::BadInput("option '--eps' must be > 0");
   if (c.detect.on_detect == OnDetect::kDiagnose && c.trace == TraceLevel::kOff)
     return Status::BadInput("option '--on-detect diagnose' needs the trace: --trace step or layer");
-  return Status::OK();
+  // Each size is within its range; together they must still fit the machine (sizes.h).
+  return check_synthetic_sizes(c);
 }
 
 double learning_rate(const TrainConfig& c, std::int64_t step) {

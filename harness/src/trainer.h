@@ -89,6 +89,7 @@ class Trainer {
   Status select_device();
   void build_flat_params();
   Status check_model();  // the model accepts the data; its forward pass changes no state
+  Status narrow_output(const std::vector<std::int64_t>& got) const;  // check_model's error: labels past the output
   StateProbe probe();
   Status start_run(std::int64_t start_step, const std::string& resumed_from);  // run.json, metrics, I/O
 

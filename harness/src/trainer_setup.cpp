@@ -120,6 +120,22 @@ Status Trainer::init(StepMode mode) {
   return check_model();
 }
 
+// The model's output is narrower than the labels need: name the width, the valid labels and the
+// label that needs more (the largest), or --classes when it asks for more than the model has.
+Status Trainer::narrow_output(const std::vector<std::int64_t>& got) const {
+  const std::int64_t width = got.back();
+  const std::string head = "model " + cfg_.model.text() + " scores " + std::to_string(width) + " classes (its output " +
+                           shape_str(got) + "), so class labels must be in [0, " + std::to_string(width) + ")";
+  if (cfg_.classes > width) return Status::BadInput(head + ", but --classes is " + std::to_string(cfg_.classes));
+  if (data_.max_label < 0)  // synthetic data: its labels are 0 .. classes - 1 by construction
+    return Status::BadInput(head + ", but the synthetic data has " + std::to_string(data_.classes) +
+                            " classes (--classes 0: the default); give --classes " + std::to_string(width));
+  const std::int64_t per_sample = std::max<std::int64_t>(1, data_.y_numel()), at = data_.max_label_at;
+  return Status::BadInput(head + ": data " + cfg_.data.text() + " y holds label " + std::to_string(data_.max_label) +
+                          " at sample " + std::to_string(at / per_sample) +
+                          (per_sample > 1 ? " (element " + std::to_string(at % per_sample) + ")" : ""));
+}
+
 Status Trainer::check_model() {
   // The model must accept the data and produce outputs the loss can use.
   CULPRIT_RETURN_IF_ERROR(guarded(
@@ -136,9 +152,11 @@ Status Trainer::check_model() {
         std::vector<std::int64_t> got(out.sizes().begin(), out.sizes().end());
         if (data_.classification()) {
           std::vector<std::int64_t> lead(got.begin(), got.end() - (got.empty() ? 0 : 1));
-          if (got.empty() || lead != want || got.back() < data_.classes)
-            return Status::BadInput("its output " + shape_str(got) + " cannot score " + std::to_string(data_.classes) +
-                                 " classes for targets " + shape_str(data_.y_shape) + " per sample");
+          if (got.empty() || lead != want)
+            return Status::BadInput("model " + cfg_.model.text() + ": its output " + shape_str(got) +
+                                    " cannot score targets " + shape_str(data_.y_shape) + " per sample");
+          // A TorchScript module's output width is known only now: the labels must fit it.
+          if (got.back() < data_.classes) return narrow_output(got);
         } else if (got != want) {
           return Status::BadInput("its output " + shape_str(got) + " does not match targets " + shape_str(want));
         }

@@ -14,7 +14,8 @@ Status set_ranks(Options* o, const std::string& text) {
     const std::string item = text.substr(pos, end == std::string::npos ? std::string::npos : end - pos);
     std::int64_t r = 0;
     if (!opts::parse_number("ranks", item, &r).ok() || r < 0 || r > (1 << 30))
-      return Status::BadInput("option '--ranks': '" + text + "' is not a comma-separated list of ranks");
+      return Status::BadInput("option '--ranks': '" + text +
+                              "' is not a comma-separated list of ranks, each in [0, 1073741824] (and below the world size)");
     o->ranks.push_back(static_cast<int>(r));
     if (end == std::string::npos) break;
     pos = end + 1;
@@ -32,7 +33,8 @@ Status set_micro_shard(Options* o, const std::string& text) {
   if (text == "all" || text == "-1") return o->micro_shard = -1, Status::OK();
   std::int64_t k = 0;
   CULPRIT_RETURN_IF_ERROR(opts::parse_number("micro-shard", text, &k));
-  if (k < 0 || k > (1 << 30)) return Status::BadInput("option '--micro-shard' must be a micro-shard's index or all");
+  if (k < 0 || k > (1 << 20))
+    return Status::BadInput("option '--micro-shard' must be a micro-shard's index in [0, 1048576] (below --micro-shards) or all, got " + text);
   o->micro_shard = static_cast<int>(k);
   return Status::OK();
 }
@@ -41,7 +43,7 @@ const opts::Table<Options>& replay_options() {
   using O = Options;
   static const opts::Table<O> table("culprit replay options", {
       opts::text<O>("run-dir", &O::run_dir, "the run to replay", opts::kRequired),
-      opts::number<O>("step", &O::step, "the step to examine, 1-based", opts::Range<std::int64_t>::at_least(1),
+      opts::number<O>("step", &O::step, "the step to examine, 1-based", opts::Range<std::int64_t>{1, harness::kMaxSteps},
                       opts::kRequired),
       opts::custom<O>("ranks", "comma-separated ranks that recompute the step's micro-shards", set_ranks, ranks_text),
       opts::custom<O>("micro-shard", "only this micro-shard", set_micro_shard,
@@ -77,9 +79,13 @@ const char* kAuditUsage =
 
 Status set_share(AuditArgs* a, const std::string& text) {
   int i = -1, n = -1, used = 0;
-  if (std::sscanf(text.c_str(), "%d/%d%n", &i, &n, &used) != 2 || used != static_cast<int>(text.size()) || n < 1 ||
-      i < 0 || i >= n)
-    return Status::BadInput("option '--share': '" + text + "' is not I/N with 0 <= I < N");
+  // %d of a number past int is undefined: at most 7 digits on each side (N <= 1000000).
+  const auto slash = text.find('/');
+  const bool short_enough = slash != std::string::npos && slash >= 1 && slash <= 7 && text.size() - slash - 1 >= 1 &&
+                            text.size() - slash - 1 <= 7 && text.find_first_not_of("0123456789/") == std::string::npos;
+  if (!short_enough || std::sscanf(text.c_str(), "%d/%d%n", &i, &n, &used) != 2 ||
+      used != static_cast<int>(text.size()) || n < 1 || n > 1000000 || i < 0 || i >= n)
+    return Status::BadInput("option '--share': '" + text + "' is not I/N with 0 <= I < N <= 1000000");
   a->share = text;
   a->audit.share = i;
   a->audit.shares = n;

@@ -273,7 +273,7 @@ class Bisect(TempDirTest):
                                    (["--run-dir", torn], "trace '%s'" % path, DAMAGED),
                                    (["--run-dir", self.path("notrace")], "no trace in", 2),
                                    (["--run-dir", d], "no valid checkpoint", 2),
-                                   (["--run-dir", d, "--reruns", "0"], "'--reruns' must be at least 1", 2),
+                                   (["--run-dir", d, "--reruns", "0"], "'--reruns' must be in [1, 1000], got 0", 2),
                                    ([], "option '--run-dir' is required", 2)]:
             with self.subTest(args=args):
                 res = run(["bisect"] + args, world=2, use_mpirun=True)

@@ -80,7 +80,7 @@ class Resume(TempDirTest):
             self.assertEqual(v.code, 0, v.out + v.err)
         r = run(["train", "--checkpoint-writers-per-host", "-1"], run_dir=self.path("bad"))
         self.assertEqual(r.code, 2)
-        self.assertIn("option '--checkpoint-writers-per-host' must not be negative", r.err)
+        self.assertIn("option '--checkpoint-writers-per-host' must be in [0, 1024], got -1", r.err)
 
     def test_resume_refusals(self):
         r = run(["train", "--resume"], run_dir=self.path("nothing"))

@@ -51,24 +51,78 @@ Status parse_number(const std::string& option, const std::string& text, double* 
 Status parse_bool(const std::string& option, const std::string& text, bool* out);
 std::string format_number(double v);  // shortest text that reads back to v
 
-// A closed interval of allowed values; the error says it as the option's help would.
+// The allowed values of a number: a closed interval [lo, hi] (lo excluded with lo_open: "(0, 1]"),
+// and with or_zero() also 0, which then means something of its own ("0: wait forever"). A
+// floating-point value must be finite. The error says the whole range, why hi is what it is when
+// that depends on the machine (because()), and the value given, so a value from a --config file or
+// a run's recorded configuration is as easy to find as one on the command line.
 template <class T>
 struct Range {
   T lo = std::numeric_limits<T>::lowest(), hi = std::numeric_limits<T>::max();
+  bool lo_open = false;
+  bool zero = false;       // 0 is allowed besides [lo, hi]
+  std::string zero_means;  // what 0 means, said in the error
+  std::string why;         // why hi is what it is ("the system reports 16 cores"), said in the error
+  std::string shown;       // the range as the help says it, when hi depends on the machine
+
+  Range() = default;
+  Range(T low, T high) : lo(low), hi(high) {}
   static Range at_least(T lo) { return {lo, std::numeric_limits<T>::max()}; }
-  Status check(const std::string& option, T v) const {
+  static Range above(T lo, T hi) {
+    Range r{lo, hi};
+    r.lo_open = true;
+    return r;
+  }
+  Range or_zero(std::string means) const {
+    Range r = *this;
+    r.zero = true;
+    r.zero_means = std::move(means);
+    return r;
+  }
+  // hi depends on the machine: the error says `reason`, the help (and so docs/cli.md, the same on
+  // every machine) says `in_help` instead of the number ("[1, cores]").
+  Range because(std::string reason, std::string in_help) const {
+    Range r = *this;
+    r.why = std::move(reason);
+    r.shown = std::move(in_help);
+    return r;
+  }
+  // What the option's help adds: " (range [1, 10])", "" when every value of T is allowed.
+  std::string help_note() const {
+    if (!shown.empty()) return " (range " + shown + ")";
+    if (!lo_open && !zero && lo == std::numeric_limits<T>::lowest() && hi == std::numeric_limits<T>::max()) return "";
+    std::string r = zero ? "0 or " : "";
+    if (hi == std::numeric_limits<T>::max() && !lo_open) r += ">= " + text(lo);
+    else r += (lo_open ? "(" : "[") + text(lo) + ", " + text(hi) + "]";
+    return " (range " + r + ")";
+  }
+  bool contains(T v) const {
     if constexpr (std::is_floating_point_v<T>)
-      if (!std::isfinite(static_cast<double>(v)))
-        return Status::BadInput("option '--" + option + "' must be a finite number");
-    if (v >= lo && v <= hi) return Status::OK();
-    const bool open_top = hi == std::numeric_limits<T>::max();
+      if (!std::isfinite(static_cast<double>(v))) return false;
+    if (zero && v == T(0)) return true;
+    return (lo_open ? v > lo : v >= lo) && v <= hi;
+  }
+  // What check() says after "must be": "in [1, 16]", "a finite number in (0, 1]", "0 (wait forever)
+  // or a finite number in [1, 604800]", "at least 1".
+  std::string must_be() const {
     std::ostringstream os;
-    if (open_top && lo == 0) os << "option '--" << option << "' must not be negative";
-    else if (open_top && std::is_integral_v<T>) os << "option '--" << option << "' must be at least " << lo;
-    else if (open_top) os << "option '--" << option << "' must be >= " << format_number(static_cast<double>(lo));
-    else os << "option '--" << option << "' must be in [" << format_number(static_cast<double>(lo)) << ", "
-            << format_number(static_cast<double>(hi)) << "]";
-    return Status::BadInput(os.str());
+    if (zero) os << "0 (" << zero_means << ") or ";
+    if (std::is_floating_point_v<T>) os << "a finite number ";
+    if (hi == std::numeric_limits<T>::max() && !lo_open) os << "at least " << text(lo);
+    else os << "in " << (lo_open ? "(" : "[") << text(lo) << ", " << text(hi) << "]";
+    return os.str();
+  }
+  // What an error ends with: ": the system reports 16 cores ..." when hi depends on the machine.
+  std::string reason() const { return why.empty() ? "" : ": " + why; }
+  Status check(const std::string& option, T v) const {
+    if (contains(v)) return Status::OK();
+    return Status::BadInput("option '--" + option + "' must be " + must_be() + ", got " + text(v) + reason());
+  }
+
+ private:
+  static std::string text(T v) {
+    if constexpr (std::is_floating_point_v<T>) return format_number(static_cast<double>(v));
+    else return std::to_string(v);
   }
 };
 
@@ -94,16 +148,18 @@ Field<C, T> field(S C::*outer, T S::*inner) {
 template <class C, class T>
 Option<C> number(const char* name, Field<C, T> f, const char* help, Range<T> range = {}, unsigned flags = kNone) {
   static_assert(std::is_arithmetic_v<T>, "number() takes an arithmetic field");
-  Option<C> o{name, help, flags, nullptr, nullptr, nullptr};
+  Option<C> o{name, help + range.help_note(), flags, nullptr, nullptr, nullptr};
   const std::string n = name;
   o.check = [n, f, range](const C& c) { return range.check(n, f(c)); };
   o.set = [n, f, range](C* c, const std::string& text) {
     using Wide = std::conditional_t<std::is_floating_point_v<T>, double,
                                     std::conditional_t<std::is_signed_v<T>, std::int64_t, std::uint64_t>>;
     Wide v{};
-    CULPRIT_RETURN_IF_ERROR(parse_number(n, text, &v));
+    // A text that is no number, or one past every integer, is told the range as well.
+    const Status parsed = parse_number(n, text, &v);
+    if (!parsed.ok()) return Status::BadInput(parsed.message() + "; it must be " + range.must_be() + range.reason());
     if (v < static_cast<Wide>(std::numeric_limits<T>::lowest()) || v > static_cast<Wide>(std::numeric_limits<T>::max()))
-      return Status::BadInput("option '--" + n + "': " + text + " is out of range");
+      return Status::BadInput("option '--" + n + "' must be " + range.must_be() + ", got " + text + range.reason());
     f(*c) = static_cast<T>(v);
     return range.check(n, f(*c));
   };

@@ -105,6 +105,13 @@ struct OptimizerOptions {
   std::int64_t warmup_steps = 0;
 };
 
+// The most steps any step-valued option may name (--steps, --checkpoint-every, replay's --step,
+// ...): 10^9 steps is thirty years at one step a second, so a larger value is a slip of the keyboard.
+inline constexpr std::int64_t kMaxSteps = 1'000'000'000;
+// The widest classifier output (--classes, or the largest label + 1 of HDF5 data): 2^20, twenty
+// times the largest vocabularies in use; a label beyond it is damaged data, not a class.
+inline constexpr int kMaxClasses = 1 << 20;
+
 struct TrainConfig {
   std::string run_dir;
   // The run's identity (RUN/run.json "run_id", in every checkpoint and trace it writes): set by
@@ -125,7 +132,8 @@ struct TrainConfig {
   std::int64_t samples = 2048;     // synthetic data set size
   std::int64_t hidden = 64;        // mlp: hidden width
   std::vector<std::int64_t> sample_shape;  // synthetic sample shape; empty: the model's default
-  int classes = 0;                 // synthetic classes (vocabulary for gpt); 0: model's default
+  int classes = 0;                 // output width for integer labels (gpt: vocabulary); 0: the model's
+                                   // default (synthetic) or the largest label + 1 (hdf5)
   OptimizerOptions optim;
   int threads = 1;
   DeviceKind device = DeviceKind::kCpu;  // cuda: one GPU per rank, by local rank

@@ -1,0 +1,111 @@
+// Memory estimates of a configuration (sizes.h).
+#include "sizes.h"
+
+#include <cmath>
+#include <cstdio>
+
+#include "culprit/system.h"
+#include "data.h"
+
+namespace culprit::harness {
+
+namespace {
+
+double product(const std::vector<std::int64_t>& v) {
+  double p = 1;
+  for (auto d : v) p *= static_cast<double>(d);
+  return p;
+}
+
+double linear(double in, double out) { return in * out + out; }
+
+// A count for people: exact while it is an integer a double holds, else "1.2e+16".
+std::string count_text(double v) {
+  char buf[40];
+  std::snprintf(buf, sizeof buf, v < 1e15 ? "%.0f" : "%.3g", v);
+  return buf;
+}
+
+// The synthetic data's shape and outputs, as data.cpp makes them.
+std::vector<std::int64_t> synthetic_shape(const TrainConfig& c) {
+  if (c.model.kind == ModelKind::kGpt) return {c.sample_shape.empty() ? 16 : static_cast<std::int64_t>(product(c.sample_shape))};
+  if (!c.sample_shape.empty()) return c.sample_shape;
+  return c.model.kind == ModelKind::kCnn ? std::vector<std::int64_t>{1, 16, 16} : std::vector<std::int64_t>{32};
+}
+double synthetic_classes(const TrainConfig& c) { return c.classes ? c.classes : (c.model.kind == ModelKind::kGpt ? 32 : 10); }
+
+// Bytes of the synthetic samples, labels and (classification by a random teacher) its weights.
+double synthetic_data_bytes(const TrainConfig& c) {
+  const double n = static_cast<double>(c.samples), d = product(synthetic_shape(c));
+  if (c.model.kind == ModelKind::kGpt) return n * d * 16;  // int64 tokens and next-token targets
+  return n * d * 4 + n * 8 + synthetic_classes(c) * d * 8;
+}
+
+// gpt's attention scores: micro-shard samples x heads x T x T floats per layer, kept for backward.
+double gpt_activation_bytes(const TrainConfig& c, double t) {
+  const double per_shard = std::ceil(static_cast<double>(c.global_batch) / std::max(1, c.micro_shards));
+  return per_shard * GptDims::kHeads * t * t * 4 * GptDims::kLayers * 3;
+}
+
+}  // namespace
+
+double builtin_parameters(ModelKind kind, const std::vector<std::int64_t>& x_shape, double out, std::int64_t hidden) {
+  if (kind == ModelKind::kMlp) {
+    const double h = static_cast<double>(hidden);
+    return linear(product(x_shape), h) + linear(h, h) + linear(h, out);
+  }
+  if (kind == ModelKind::kCnn) {
+    const double cin = x_shape.size() == 3 ? static_cast<double>(x_shape[0]) : 1;
+    const double hw = x_shape.size() == 3 ? std::floor(x_shape[1] / 4.0) * std::floor(x_shape[2] / 4.0) : 1;
+    return linear(cin * 9, 8) + linear(8 * 9, 16) + linear(16 * hw, out);
+  }
+  if (kind == ModelKind::kGpt) {
+    const double d = GptDims::kDim, t = product(x_shape);
+    const double block = 2 * (2 * d) + linear(d, 3 * d) + linear(d, d) + linear(d, 4 * d) + linear(4 * d, d);
+    return out * d + t * d + GptDims::kLayers * block + 2 * d + linear(d, out);
+  }
+  return 0;  // TorchScript: known once loaded
+}
+
+double state_bytes(const TrainConfig& c, double parameters) {
+  double optimizer = 0;
+  if (c.optim.kind == OptimizerKind::kAdamW) optimizer = 2;
+  else if (c.optim.momentum > 0) optimizer = 1;
+  // parameters, gradients, reduced gradient, spot-check leaf, checkpoint copy; the tree holds at
+  // most log2(M) + 1 blocks and one pending leaf.
+  const double copies = 5 + std::log2(std::max(1, c.micro_shards)) + 2 + optimizer;
+  return parameters * 4 * copies;
+}
+
+Status check_synthetic_sizes(const TrainConfig& c) {
+  if (c.data.kind != DataKind::kSynthetic) return Status::OK();
+  const std::vector<std::int64_t> shape = synthetic_shape(c);
+  const double data = synthetic_data_bytes(c);
+  const std::string shape_given =
+      c.sample_shape.empty() ? "of shape " + shape_str(shape) : "of --sample-shape " + shape_str(c.sample_shape);
+  CULPRIT_RETURN_IF_ERROR(
+      check_fits_memory("synthetic data (--samples " + std::to_string(c.samples) + " " + shape_given + ")", data));
+  if (c.model.kind == ModelKind::kTorchScript) return Status::OK();
+  const double params = builtin_parameters(c.model.kind, shape, synthetic_classes(c), c.hidden);
+  double bytes = data + state_bytes(c, params);
+  if (c.model.kind == ModelKind::kGpt) bytes += gpt_activation_bytes(c, product(shape));
+  std::string dims;
+  if (c.model.kind == ModelKind::kMlp) dims = ", --hidden " + std::to_string(c.hidden);
+  if (c.model.kind == ModelKind::kGpt) dims = ", attention over sequences of " + count_text(product(shape)) + " tokens";
+  return check_fits_memory("model " + c.model.text() + " (about " + count_text(params) + " parameters" + dims +
+                               ") with its training state and data",
+                           bytes);
+}
+
+Status check_model_size(const TrainConfig& c, const std::vector<std::int64_t>& x_shape, std::int64_t out) {
+  if (c.model.kind == ModelKind::kTorchScript) return Status::OK();
+  const double params = builtin_parameters(c.model.kind, x_shape, static_cast<double>(out), c.hidden);
+  double bytes = state_bytes(c, params);
+  if (c.model.kind == ModelKind::kGpt) bytes += gpt_activation_bytes(c, product(x_shape));
+  return check_fits_memory("model " + c.model.text() + " for data " + c.data.text() + " (about " +
+                               count_text(params) + " parameters, " + std::to_string(out) +
+                               " outputs) with its training state",
+                           bytes);
+}
+
+}  // namespace culprit::harness
