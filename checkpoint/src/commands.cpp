@@ -188,9 +188,9 @@ const opts::Table<LogArgs>& log_options() {
                         return Status::OK();
                       },
                       [](const L& l) { return std::string(l.decision ? name_of(*l.decision) : ""); }, opts::kRequired),
-      opts::number<L>("step", &L::step, "the faulty step the decision is about (-1: none)", opts::Range<std::int64_t>::at_least(-1)),
+      opts::number<L>("step", &L::step, "the faulty step the decision is about (-1: none)", opts::Range<std::int64_t>{-1, 1'000'000'000}),
       opts::number<L>("exit-code", &L::exit_code, "culprit's exit code the decision is about", opts::Range<int>{0, 255}),
-      opts::number<L>("restart", &L::restart, "how many follow-up jobs came before this one", opts::Range<int>::at_least(0)),
+      opts::number<L>("restart", &L::restart, "how many follow-up jobs came before this one", opts::Range<int>{0, 1000}),
       opts::text<L>("host", &L::host, "the host blamed (and excluded)"),
       opts::text<L>("exclude", &L::exclude, "requeue: the follow-up job's exclude list"),
       opts::text<L>("resume-from", &L::resume_from, "requeue: the checkpoint the follow-up resumes from"),

@@ -1,4 +1,5 @@
 #include "culprit/h5.h"
+#include "culprit/system.h"
 
 #include <unistd.h>
 
@@ -103,10 +104,15 @@ Status read_array(const Handle& file, const std::string& path, const std::string
     return Status::Damaged(where + " must hold floating-point or integer numbers");
   }
   const int rank = H5Sget_simple_extent_ndims(space.id());
-  if (rank < 0) return Status::Damaged("cannot read the shape of " + where + ": " + error_stack());
+  if (rank < 0 || rank > 16) return Status::Damaged("cannot read the shape of " + where + ": " + error_stack());
   std::vector<hsize_t> dims(rank);
-  H5Sget_simple_extent_dims(space.id(), dims.data(), nullptr);
+  if (rank) H5Sget_simple_extent_dims(space.id(), dims.data(), nullptr);
   out->shape.assign(dims.begin(), dims.end());
+  // The whole array is read at once: its size (a compressed dataset can claim far more than the
+  // file holds) is checked against the machine's memory before anything is allocated.
+  double bytes = static_cast<double>(dtype_size(out->dtype));
+  for (hsize_t d : dims) bytes *= static_cast<double>(d);
+  CULPRIT_RETURN_IF_ERROR(check_fits_memory("data " + where, bytes));
   out->bytes.assign(static_cast<std::size_t>(out->numel()) * dtype_size(out->dtype), 0);
   if (!out->bytes.empty() &&
       H5Dread(ds.id(), mem_type, H5S_ALL, H5S_ALL, H5P_DEFAULT, out->bytes.data()) < 0)

@@ -211,6 +211,16 @@ class Errors(TempDirTest):
         self.expect_bad_input(self.rd() + ["--model", "gpt", "--classes", "40"] + data("tokens.h5"),
                               "x holds token id 50 at sample 3 (position 2)", "valid token ids are [0, 40) with --classes 40")
 
+    def test_a_data_file_claiming_more_than_memory(self):
+        # A chunked, compressed dataset claims 4 TiB in a file of a few KiB: refused before any
+        # allocation, with the estimate and the machine's memory (was an abort in allocation).
+        with h5py.File(self.path("claims.h5"), "w") as f:
+            f.create_dataset("x", shape=(1 << 20, 1 << 20), dtype=np.float32, chunks=(64, 64), compression="gzip")
+            f.create_dataset("y", shape=(1 << 20,), dtype=np.int64, chunks=(4096,), compression="gzip")
+        self.assertLess(os.path.getsize(self.path("claims.h5")), 1 << 20)
+        self.expect_bad_input(self.rd() + ["--data", "hdf5:" + self.path("claims.h5")], "dataset 'x'",
+                              "more than the")
+
     def test_single_process_without_mpirun(self):
         res = run(["train", "--micro-shards", "3"], run_dir=self.path("single"))
         self.assertEqual(res.code, 2)
