@@ -416,22 +416,20 @@ Status Trainer::run(std::int64_t start_step, const std::string& resumed_from) {
   return st;
 }
 
-Status train(const TrainConfig& given, const Comm& world) {
-  CULPRIT_RETURN_IF_ERROR(agree(world, validate(given, world.size)));
-  TrainConfig cfg = given;
-  // From here on, every collective of the main thread is bounded by --collective-timeout.
-  Watchdog watchdog(world, cfg.detect.collective_timeout);
-  Comm comm = world;
-  comm.watchdog = &watchdog;
+namespace {
+
+// What the watchdog says goes to the run: a silent rank becomes a collective-timeout incident; a
+// writer stuck on a full disk is an I/O failure, not a silent rank.
+void report_to_the_run(Watchdog* w, const TrainConfig& cfg) {
   // A writer stuck past the deadline on a full disk is an I/O failure, not a silent rank: MPI-IO
-  // can hang in a collective once a write failed for lack of space (docs/detection.md).
-  watchdog.on_stuck([&cfg] {
+  // can hang in a collective once a write failed for lack of space (docs/checkpoint-format.md).
+  w->on_stuck([&cfg] {
     std::uint64_t free = 0;
     if (!files::free_bytes(cfg.run_dir, &free).ok() || free >= (1u << 20)) return Status::OK();
     return Status::IoError("the filesystem of run directory '" + cfg.run_dir + "' is full (" + std::to_string(free) +
                            " bytes free): " + std::strerror(ENOSPC));
   });
-  watchdog.on_silence([&cfg](const SilentReport& rep) {
+  w->on_silence([&cfg](const SilentReport& rep) {
     if (!rep.cause.ok()) return;  // not a hardware incident
     records::Incident inc;
     inc.step = rep.step;
@@ -447,6 +445,18 @@ Status train(const TrainConfig& given, const Comm& world) {
     Status st = records::append_incident(cfg.run_dir, inc);
     if (!st.ok()) std::fprintf(stderr, "culprit: warning: %s\n", st.message().c_str());
   });
+}
+
+}  // namespace
+
+Status train(const TrainConfig& given, const Comm& world) {
+  CULPRIT_RETURN_IF_ERROR(agree(world, validate(given, world.size)));
+  TrainConfig cfg = given;
+  // From here on, every collective of the main thread is bounded by --collective-timeout.
+  Watchdog watchdog(world, cfg.detect.collective_timeout);
+  Comm comm = world;
+  comm.watchdog = &watchdog;
+  report_to_the_run(&watchdog, cfg);
   setup_determinism(cfg.threads);
   CULPRIT_RETURN_IF_ERROR(agree(comm, comm.rank == 0 ? prepare_run_dir(cfg) : Status::OK()));
   CULPRIT_RETURN_IF_ERROR(establish_run_id(cfg, comm, &cfg.run_id));
