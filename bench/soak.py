@@ -57,7 +57,8 @@ def soak(model, steps, world, work, csv_dir):
     wall = time.time() - t0
     if proc.returncode != 0:
         sys.exit("%s: culprit train failed (exit %d):\n%s" % (model, proc.returncode, err[-2000:]))
-    warnings = sum(1 for l in err.splitlines() if " spike (numerical)" in l)
+    spikes = [l for l in err.splitlines() if " spike (numerical)" in l]
+    warnings = len(spikes)
     trace_bytes = sum(os.path.getsize(os.path.join(run_dir, "trace", n)) for n in os.listdir(os.path.join(run_dir, "trace")))
     half = [c for c in curve if c[0] >= steps // 2]
     slope = (half[-1][1] - half[0][1]) * 1048576 / max(1, half[-1][0] - half[0][0]) if len(half) > 1 else float("nan")
@@ -70,6 +71,8 @@ def soak(model, steps, world, work, csv_dir):
           "trace %.0f B/step/rank  %.0f s" % (model, steps, world, warnings,
                                              " ".join("%d@%d" % (m, s) for s, m in points), slope,
                                              trace_bytes / steps / world, wall))
+    for l in spikes[:3]:
+        print("     " + l)
     sys.stdout.flush()
 
 

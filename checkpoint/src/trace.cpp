@@ -24,6 +24,26 @@ std::string path_for(const std::string& run_dir, int rank) {
   return (fs::path(run_dir) / kTraceDir / name).string();
 }
 
+namespace {
+
+// A trace is appended to for the whole run: every append extends its datasets, and HDF5's adaptive
+// metadata cache grows with their chunk indexes (up to 32 MiB a file by default: ~420 bytes a step
+// a rank, bench/soak.py). Rows are written once and never read back by the writer, so a small cache
+// costs nothing (docs/performance.md, "Soak").
+Status bound_metadata_cache(hid_t file, const std::string& where) {
+  H5AC_cache_config_t c;
+  c.version = H5AC__CURR_CACHE_CONFIG_VERSION;
+  if (H5Fget_mdc_config(file, &c) < 0) return Status::Internal(where + ": H5Fget_mdc_config: " + h5::error_stack());
+  c.set_initial_size = true;
+  c.initial_size = 512 * 1024;
+  c.min_size = 256 * 1024;
+  c.max_size = 1024 * 1024;
+  if (H5Fset_mdc_config(file, &c) < 0) return Status::Internal(where + ": H5Fset_mdc_config: " + h5::error_stack());
+  return Status::OK();
+}
+
+}  // namespace
+
 Status Writer::open(const std::string& path, const Header& h, std::int64_t keep_through_step, std::string* warning) {
   header_ = h;
   const std::string where = "trace '" + path + "'";
@@ -46,6 +66,7 @@ Status Writer::open(const std::string& path, const Header& h, std::int64_t keep_
       file_.reset();
       st = truncate(path, keep_through_step);
       if (st.ok()) st = h5::open_rw(path, &file_);
+      if (st.ok()) st = bound_metadata_cache(file_.id(), where);
       if (st.ok()) st = h5::read_attr(file_.id(), kAttrStepsCommitted, &steps_);
       if (st.ok()) st = h5::read_attr(file_.id(), kAttrShardsCommitted, &shards_);
       // The file's rank and world describe its latest writer; its faults are every writer's.
@@ -71,6 +92,7 @@ Status Writer::open(const std::string& path, const Header& h, std::int64_t keep_
   hid_t id = H5Fcreate(path.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT);
   if (id < 0) return Status::IoError("cannot create " + where + ": " + h5::error_stack());
   file_ = h5::Handle(id, H5Fclose);
+  CULPRIT_RETURN_IF_ERROR(bound_metadata_cache(file_.id(), where));
   CULPRIT_RETURN_IF_ERROR(write_header(file_.id(), h));
   h5::Handle steps, shards;
   CULPRIT_RETURN_IF_ERROR(h5::create_group(file_.id(), "steps", &steps));
