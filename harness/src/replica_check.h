@@ -32,7 +32,7 @@ ReplicaCheck compare_replicas(int world, const std::vector<Fingerprint>& all, st
 // values are the nonfinite detector's and are not added; nor is a spike.
 class SpikeDetector {
  public:
-  static constexpr int kLongWindows = 50;
+  static constexpr int kLongWindows = 250;
   void configure(int window, double z, double ratio) { window_ = window, z_ = z, ratio_ = ratio; }
   bool observe(double v, std::string* why);
 
