@@ -18,6 +18,8 @@
 #include <cstring>
 #include <ctime>
 #include <filesystem>
+#include <fstream>
+#include <iterator>
 #include <map>
 #include <mutex>
 
@@ -135,6 +137,16 @@ Status write_atomic(const std::string& path, const std::string& text) {
     return st;
   }
   return sync_dir(path);
+}
+
+Status cut_torn_tail(const std::string& path) {
+  CULPRIT_RETURN_IF_ERROR(refuse_link(path));
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return Status::OK();
+  const std::string all((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  if (all.empty() || all.back() == '\n') return Status::OK();
+  const std::size_t keep = all.rfind('\n');
+  return write_atomic(path, keep == std::string::npos ? std::string() : all.substr(0, keep + 1));
 }
 
 Status remove(const std::string& path) {

@@ -63,6 +63,9 @@ Status prepare_run_dir(const TrainConfig& cfg) {
   }
   for (const char* sub : {"checkpoints", "trace", "audit"})
     CULPRIT_RETURN_IF_ERROR(files::refuse_link((dir / sub).string()));
+  // What a crash or a full disk left of the records' last lines goes (metrics.jsonl: truncate_metrics).
+  for (const char* log : {"incidents.jsonl", "incidents.log", "checkpoints.jsonl"})
+    if (resuming(cfg)) CULPRIT_RETURN_IF_ERROR(files::cut_torn_tail((dir / log).string()));
   return Status::OK();
 }
 

@@ -297,6 +297,29 @@ class VerifyRun(TempDirTest):
                 self.assertIn(needle, v.out)
 
 
+class TornTails(TempDirTest):
+    def test_resume_cuts_the_torn_tails_of_the_records(self):
+        # What a crash or a full disk leaves mid-append: the records' last lines without newline.
+        self.train("run", ["--steps", "4", "--checkpoint-every", "2"] + ARGS[:-1], world=2)
+        d = self.path("run")
+        r = run(["log", d, "--decision", "stop", "--message", "before"])
+        self.assertEqual(r.code, 0, r.err)
+        for name, torn in (("incidents.jsonl", '{"record": "incident", "ver'), ("incidents.log", "2026-12-02 step"),
+                           ("checkpoints.jsonl", '{"step": 4, "by')):
+            with open(os.path.join(d, name), "a") as f:
+                f.write(torn)
+        r = run(["train", "--resume", "--steps", "6", "--checkpoint-every", "2"] + ARGS, world=2, run_dir=d)
+        self.assertEqual(r.code, 0, r.err)
+        r = run(["log", d, "--decision", "stop", "--message", "after"])
+        self.assertEqual(r.code, 0, r.err)
+        for name in ("incidents.jsonl", "checkpoints.jsonl"):
+            with open(os.path.join(d, name)) as f:
+                [json.loads(l) for l in f]  # every line a record again
+        r = run(["report", d, "--field", "incident.message", "--which", "last"])
+        self.assertEqual(r.code, 0, r.err)
+        self.assertIn("after", r.out)
+
+
 def can_mount():
     return os.geteuid() == 0 and shutil.which("mount") is not None
 

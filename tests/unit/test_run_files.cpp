@@ -84,6 +84,18 @@ TEST_F(RunFiles, EnsureDirRefusesALinkedDirectory) {
   EXPECT_EQ(files::ensure_dir(in_run("audit")).code(), StatusCode::kBadInput);
 }
 
+TEST_F(RunFiles, ATornLastLineIsCutAndWholeFilesStay) {
+  std::ofstream(in_run("incidents.jsonl")) << "{\"a\": 1}\n{\"b\": ";
+  ASSERT_TRUE(files::cut_torn_tail(in_run("incidents.jsonl")).ok());
+  EXPECT_EQ(read(in_run("incidents.jsonl")), "{\"a\": 1}\n");
+  ASSERT_TRUE(files::cut_torn_tail(in_run("incidents.jsonl")).ok());  // whole: unchanged
+  EXPECT_EQ(read(in_run("incidents.jsonl")), "{\"a\": 1}\n");
+  std::ofstream(in_run("one.jsonl")) << "{\"torn";
+  ASSERT_TRUE(files::cut_torn_tail(in_run("one.jsonl")).ok());
+  EXPECT_EQ(read(in_run("one.jsonl")), "");
+  EXPECT_TRUE(files::cut_torn_tail(in_run("absent.jsonl")).ok());
+}
+
 TEST_F(RunFiles, RemoveDeletesALinkNotItsTarget) {
   fs::create_symlink(victim_, in_run("step-1.h5"));
   ASSERT_TRUE(files::remove(in_run("step-1.h5")).ok());

@@ -42,6 +42,11 @@ Status create_fresh(const std::string& path);
 // failure `path` is as it was and the temporary is removed.
 Status write_atomic(const std::string& path, const std::string& text);
 
+// A line-per-record file (incidents.jsonl, checkpoints.jsonl, ...) whose last line lacks its
+// newline (an append a crash or a full disk cut short) loses that torn line, atomically, so the
+// next append starts a line of its own. Absent, empty or whole files are left as they are.
+Status cut_torn_tail(const std::string& path);
+
 // Deletes the file `path` (a link is removed itself, its target untouched). Absent is fine.
 Status remove(const std::string& path);
 
