@@ -218,6 +218,7 @@ Status write(const Comm& comm, const std::string& final_path, const Checkpoint& 
   // for lack of it, so a full disk must be found before the first byte (docs/checkpoint-format.md).
   Status st = comm.rank == 0 ? prepare_file(tmp, c) : Status::OK();
   CULPRIT_RETURN_IF_ERROR(agree(comm, st));
+  Status failed;
   {
     h5::Handle file;
     // One rank needs no MPI-IO: the POSIX driver is faster for it.
@@ -257,13 +258,12 @@ Status write(const Comm& comm, const std::string& final_path, const Checkpoint& 
       if (st.ok()) st = write_tensor(writer, W, data.id(), &groups, u, index++);
     }
     if (stats) stats->bytes = bytes;
-    st = agree(comm, st);
-    if (!st.ok()) {
-      file.reset();  // collective close, then the partial file goes
-      if (comm.rank == 0) files::remove(tmp);
-      return st.prefixed("writing checkpoint '" + tmp + "'");
-    }
-  }  // collective close
+    failed = agree(comm, st);
+  }  // collective close: its groups and datasets first, then the file (also after a failure)
+  if (!failed.ok()) {
+    if (comm.rank == 0) files::remove(tmp);  // the partial file goes
+    return failed.prefixed("writing checkpoint '" + tmp + "'");
+  }
   CULPRIT_MPI_CHECK(MPI_Barrier(comm.comm));
   if (comm.rank == 0) {
     st = fsync_path(tmp, false);

@@ -89,6 +89,15 @@ Status Writer::open(const std::string& path, const Header& h, std::int64_t keep_
   // written through).
   CULPRIT_RETURN_IF_ERROR(files::ensure_dir(fs::path(path).parent_path().string()));
   CULPRIT_RETURN_IF_ERROR(files::create_fresh(path));
+  const Status created = create(path, h, where);
+  if (!created.ok()) {
+    file_.reset();
+    files::remove(path);  // no empty or half-made trace is left behind (a full disk at the start)
+  }
+  return created;
+}
+
+Status Writer::create(const std::string& path, const Header& h, const std::string& where) {
   hid_t id = H5Fcreate(path.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT);
   if (id < 0) return Status::IoError("cannot create " + where + ": " + h5::error_stack());
   file_ = h5::Handle(id, H5Fclose);
@@ -213,12 +222,15 @@ Status Writer::append(const StepRow& s, const std::vector<ShardRow>& rows) {
   return Status::OK();
 }
 
-Status truncate(const std::string& path, std::int64_t keep) {
+Status truncate(const std::string& path, std::int64_t keep, const std::string& run_id) {
   const std::string where = "trace '" + path + "'";
   CULPRIT_RETURN_IF_ERROR(files::refuse_link(path));
   h5::Handle f;
   Status st = h5::open_rw(path, &f);
   if (!st.ok()) return st.prefixed(where);
+  std::string theirs;
+  if (h5::has_attr(f.id(), kAttrRunId)) CULPRIT_RETURN_IF_ERROR(h5::read_attr(f.id(), kAttrRunId, &theirs));
+  CULPRIT_RETURN_IF_ERROR(files::same_run(path, theirs, run_id));
   std::int64_t steps = 0, shards = 0, ns = 0, nsh = 0;
   CULPRIT_RETURN_IF_ERROR(h5::read_attr(f.id(), kAttrStepsCommitted, &steps));
   CULPRIT_RETURN_IF_ERROR(h5::read_attr(f.id(), kAttrShardsCommitted, &shards));

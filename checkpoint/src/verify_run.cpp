@@ -38,7 +38,7 @@ void fail(std::ostringstream& os, bool* clean, const std::string& line) {
   *clean = false;
 }
 
-// metrics.jsonl: one line per step, in order, each step once; losses as rank 0's trace recorded.
+// metrics.jsonl: one line per step, in order, each step once; losses as the lowest rank's trace recorded.
 void check_metrics(const std::string& run_dir, const std::map<int, trace::TraceFile>& traces,
                    std::int64_t newest_checkpoint, std::ostringstream& os, bool* clean) {
   const std::string path = (fs::path(run_dir) / "metrics.jsonl").string();
@@ -64,7 +64,7 @@ void check_metrics(const std::string& run_dir, const std::map<int, trace::TraceF
     if (t != trace_loss.end() && j.contains("loss") && j["loss"].is_number() &&
         static_cast<float>(j["loss"].get<double>()) != t->second && !(std::isnan(t->second)))
       return fail(os, clean, "'" + path + "' step " + std::to_string(step) + ": loss " + j["loss"].dump() +
-                                 ", rank 0's trace records " + std::to_string(t->second) + " (not the same run?)");
+                                 ", the lowest rank's trace records " + std::to_string(t->second) + " (not the same run?)");
   }
   if (newest_checkpoint > 0 && last < newest_checkpoint)
     fail(os, clean, "'" + path + "' ends at step " + std::to_string(last) + ", before the newest checkpoint (step " +

@@ -25,7 +25,7 @@ Status read_run_facts(const std::string& run_dir, RunFacts* out);
 
 // Appends "FAIL ..." lines to `os` (and clears *clean) for: a checkpoint or trace of another run, a
 // run without a checkpoint, a rank's trace missing, metrics.jsonl steps out of order or repeated,
-// its losses disagreeing with rank 0's trace, a checkpoint newer than the metrics.
+// its losses disagreeing with the lowest rank's trace, a checkpoint newer than the metrics.
 void verify_run_whole(const std::string& run_dir, const RunFacts& facts,
                       const std::map<std::string, std::string>& checkpoint_run_ids,
                       const std::map<int, trace::TraceFile>& traces, std::ostringstream& os, bool* clean);

@@ -108,12 +108,21 @@ Status ensure_dir(const std::string& path) {
 }
 
 Status open_append(const std::string& path, int* fd) {
-  return open_nofollow(path, O_WRONLY | O_APPEND | O_CREAT, fd);
+  return open_nofollow(path, O_RDWR | O_APPEND | O_CREAT, fd);  // read: append() looks at the last byte
 }
 
 Status append(const std::string& path, const std::string& text) {
   int fd = -1;
   CULPRIT_RETURN_IF_ERROR(open_append(path, &fd));
+  // A torn last line (a crash or a full disk mid-append) is cut first: a record glued onto it
+  // would make both unreadable (culprit log may append before any --resume).
+  struct stat s{};
+  char last = '\n';
+  if (::fstat(fd, &s) == 0 && s.st_size > 0 && ::pread(fd, &last, 1, s.st_size - 1) == 1 && last != '\n') {
+    ::close(fd);
+    CULPRIT_RETURN_IF_ERROR(cut_torn_tail(path));
+    CULPRIT_RETURN_IF_ERROR(open_append(path, &fd));
+  }
   return finish(fd, text, path);
 }
 
@@ -188,11 +197,21 @@ Status lock_run_dir(const std::string& run_dir, const std::string& command, Lock
   // Held for the life of the process: the descriptors are never closed (the kernel releases the
   // locks at exit). Keyed by the directory's identity, not its spelling.
   static std::mutex mu;
-  static std::map<std::pair<dev_t, ino_t>, int> held;
+  static std::map<std::pair<dev_t, ino_t>, std::pair<int, Lock>> held;  // descriptor, mode
   struct stat d{};
   if (::stat(run_dir.c_str(), &d) != 0) return os_error("open the run directory", run_dir, errno);
   std::lock_guard<std::mutex> guard(mu);
-  if (held.count({d.st_dev, d.st_ino})) return Status::OK();
+  const auto it = held.find({d.st_dev, d.st_ino});
+  if (it != held.end() && (it->second.second == Lock::kExclusive || mode == Lock::kShared)) return Status::OK();
+  if (it != held.end()) {  // held shared, wanted exclusive: convert
+    if (::flock(it->second.first, LOCK_EX | LOCK_NB) == 0) {
+      it->second.second = Lock::kExclusive;
+      return Status::OK();
+    }
+    // A failed conversion may have dropped the shared lock (flock(2): not atomic): take it back
+    // (another shared holder is why it failed, so nobody can hold it exclusively), then say who.
+    ::flock(it->second.first, LOCK_SH | LOCK_NB);
+  }
   const std::string path = (fs::path(run_dir) / ".lock").string();
   int fd = -1;
   CULPRIT_RETURN_IF_ERROR(open_nofollow(path, O_RDWR | O_CREAT, &fd));
@@ -201,6 +220,13 @@ Status lock_run_dir(const std::string& run_dir, const std::string& command, Lock
     char buf[512] = {0};
     const ssize_t n = ::pread(fd, buf, sizeof buf - 1, 0);
     ::close(fd);
+    if (err == ENOSYS || err == EOPNOTSUPP || err == ENOLCK) {
+      // A filesystem without flock (Lustre mounted without -o flock, some NFS setups): the run
+      // goes on unguarded, and says so once.
+      std::fprintf(stderr, "culprit: warning: the filesystem of '%s' does not support flock (%s): running without "
+                   "the run-directory lock (docs/architecture.md)\n", run_dir.c_str(), std::strerror(err));
+      return Status::OK();
+    }
     if (err != EWOULDBLOCK) return os_error("lock", path, err);
     std::string who = n > 0 ? std::string(buf, static_cast<std::size_t>(n)) : std::string("another process");
     while (!who.empty() && (who.back() == '\n' || who.back() == ' ')) who.pop_back();
@@ -215,7 +241,7 @@ Status lock_run_dir(const std::string& run_dir, const std::string& command, Lock
     ::close(fd);
     return os_error("write", path, err);
   }
-  held[{d.st_dev, d.st_ino}] = fd;
+  held[{d.st_dev, d.st_ino}] = {fd, mode};
   return Status::OK();
 }
 

@@ -55,7 +55,7 @@ Status CheckpointPipeline::open_trace(std::int64_t start_step, const trace::Head
       bool in_world = false;
       for (int r = 0; r < comm_.size; ++r) in_world = in_world || path == trace::path_for(cfg_.run_dir, r);
       if (in_world) continue;
-      Status t = trace::truncate(path, start_step);
+      Status t = trace::truncate(path, start_step, h.run_id);  // another run's file: said, untouched
       if (!t.ok()) std::fprintf(stderr, "culprit: warning: %s\n", printable(t.message()).c_str());
     }
   }

@@ -28,7 +28,7 @@ ReplicaCheck compare_replicas(int world, const std::vector<Fingerprint>& all, st
 // long clean runs quiet: a converged model's per-batch loss and gradient norm jump by 10x from one
 // batch to the next (a hard batch after easy ones) without ever exceeding what the run saw a few
 // hundred steps before; a fault's spike (an exponent bit, a scaled gradient) exceeds it by orders
-// of magnitude (docs/detection.md, bench/soak.sh). Needs half a window of history. Non-finite
+// of magnitude (docs/detection.md, bench/soak.py). Needs half a window of history. Non-finite
 // values are the nonfinite detector's and are not added; nor is a spike.
 class SpikeDetector {
  public:

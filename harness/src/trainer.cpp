@@ -319,7 +319,9 @@ void Trainer::write_metrics(double lr, Fingerprint fp, double secs) {
                static_cast<long long>(f.step), json_float(loss).c_str(), format_json_number(f.grad_norm).c_str(),
                format_json_number(lr).c_str(), fingerprint_hex(fp).c_str(), secs, f.seconds,
                f.shards_exchanged ? ", \"spot_checked\": true" : "");
-  std::fflush(metrics_);
+  if ((std::fflush(metrics_) != 0 || std::ferror(metrics_)) && metrics_status_.ok())
+    metrics_status_ = Status::IoError("cannot append to '" + (fs::path(cfg_.run_dir) / "metrics.jsonl").string() +
+                                      "': " + std::strerror(errno));
   if (!cfg_.quiet)
     std::printf("step %6lld  loss %-12.9g  grad_norm %-12.6g  lr %-10.4g  fingerprint %s\n",
                 static_cast<long long>(f.step), static_cast<double>(loss), f.grad_norm, lr,
@@ -348,6 +350,10 @@ Status Trainer::start_run(std::int64_t start_step, const std::string& resumed_fr
   gather_hosts(comm_, &info_);
   info_.devices = gather_strings(comm_, device_name_);
   detectors_.set_placement(info_.hosts, info_.devices);
+  // The traces first: a resume that refuses one (another run's, a link) has changed nothing else.
+  pipeline_ = std::make_unique<CheckpointPipeline>(cfg_, comm_);
+  const trace::Header header = trace_header();
+  CULPRIT_RETURN_IF_ERROR(pipeline_->open(start_step, cfg_.tracing() ? &header : nullptr, info_.hosts, info_.mpi_thread_level));
   Status st;
   if (comm_.rank == 0) {
     const std::string path = (fs::path(cfg_.run_dir) / "metrics.jsonl").string();
@@ -361,10 +367,7 @@ Status Trainer::start_run(std::int64_t start_step, const std::string& resumed_fr
     }
     if (st.ok()) st = files::ensure_dir((fs::path(cfg_.run_dir) / format::kCheckpointDir).string());
   }
-  CULPRIT_RETURN_IF_ERROR(agree(comm_, st));
-  pipeline_ = std::make_unique<CheckpointPipeline>(cfg_, comm_);
-  const trace::Header header = trace_header();
-  return pipeline_->open(start_step, cfg_.tracing() ? &header : nullptr, info_.hosts, info_.mpi_thread_level);
+  return agree(comm_, st);
 }
 
 Status Trainer::run(std::int64_t start_step, const std::string& resumed_from) {
@@ -395,7 +398,10 @@ Status Trainer::run(std::int64_t start_step, const std::string& resumed_from) {
       break;
     }
     const bool due = (cfg_.checkpoint.every > 0 && s % cfg_.checkpoint.every == 0) || s == cfg_.steps;
-    if (due) st = save_checkpoint(s);
+    // A lost metrics line (a full disk) ends the job at the next checkpoint, before it is written:
+    // every rank is there, so the decision is agreed without a collective of its own each step.
+    if (due) st = agree(comm_, metrics_status_);
+    if (due && st.ok()) st = save_checkpoint(s);
   }
   Status io_status = pipeline_->close();
   if (st.ok()) st = io_status;

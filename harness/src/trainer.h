@@ -144,6 +144,7 @@ class Trainer {
   RunInfo info_;
   std::unique_ptr<CheckpointPipeline> pipeline_;  // null in a replay
   FILE* metrics_ = nullptr;       // rank 0: RUN/metrics.jsonl
+  Status metrics_status_;          // rank 0: the first failed append (agreed at the next checkpoint)
   int device_rank_ = -1;          // begin_replay's; see self()
   int replay_round_ = 0;          // replay_step's draw of intermittent faults
   std::int64_t done_ = 0;         // replay: steps completed

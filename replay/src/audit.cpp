@@ -188,6 +188,9 @@ Status merge_audit(const std::string& run_dir) {
   std::error_code ec;
   if (!fs::is_directory(dir, ec))
     return Status::BadInput("'" + dir.string() + "' does not exist: no audit share has written its part");
+  // Like a share: no writer of the run while the parts become RUN/audit.json.
+  if (fs::exists(fs::path(run_dir) / "run.json", ec))
+    CULPRIT_RETURN_IF_ERROR(files::lock_run_dir(run_dir, "audit --merge", files::Lock::kShared));
   // The parts, by their N; exactly one N may be present.
   std::map<int, std::map<int, std::string>> parts;
   for (const auto& e : fs::directory_iterator(dir, ec)) {

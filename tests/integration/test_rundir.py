@@ -57,10 +57,14 @@ def tree_digest(root):
 
 
 class Lock(TempDirTest):
+    def newest_checkpoint(self, d):
+        names = [n for n in os.listdir(os.path.join(d, "checkpoints")) if n.endswith(".h5")]
+        return max(int(n[5:13]) for n in names)
+
     def test_a_second_writer_is_refused_while_the_first_runs(self):
         d = self.path("run")
-        steps = 4000  # long enough to outlast the three refused jobs on a loaded machine
-        first = start(["train", "--steps", str(steps), "--checkpoint-every", "500"] + ARGS, 2, d)
+        # Far longer than the test: it is killed once the refused jobs have run.
+        first = start(["train", "--steps", "200000", "--checkpoint-every", "100"] + ARGS, 2, d)
         try:
             wait_for_steps(d, 5, first)
             with open(os.path.join(d, ".lock")) as f:
@@ -78,18 +82,23 @@ class Lock(TempDirTest):
             v = run(["verify", os.path.join(d, "checkpoints", "step-00000000.h5")])
             self.assertEqual(v.code, 0, v.out + v.err)
             self.assertNotIn("in use", v.out + v.err)
+            self.assertIsNone(first.poll())
         finally:
-            out, err = first.communicate(timeout=300)
-        self.assertEqual(first.returncode, 0, err)
-        # The refused jobs changed nothing: every step once, in order; no trace moved aside.
-        self.assertEqual(metric_steps(d), list(range(1, steps + 1)))
+            subprocess.run(["pkill", "-9", "-s", str(first.pid)])
+            first.communicate(timeout=60)
+        # The refused jobs changed nothing: resumed, every step is there once, in order; no trace
+        # was moved aside; the run verifies.
+        target = self.newest_checkpoint(d) + 10
+        r = run(["train", "--resume", "--steps", str(target)] + ARGS, world=2, run_dir=d)
+        self.assertEqual(r.code, 0, r.err)
+        self.assertEqual(metric_steps(d), list(range(1, target + 1)))
         self.assertEqual(sorted(os.listdir(os.path.join(d, "trace"))), ["rank-00000.h5", "rank-00001.h5"])
         v = run(["verify", d])
         self.assertEqual(v.code, 0, v.out + v.err)
 
     def test_the_lock_of_a_killed_job_is_free_again(self):
         d = self.path("run")
-        first = start(["train", "--steps", "1500", "--checkpoint-every", "20"] + ARGS, 2, d)
+        first = start(["train", "--steps", "200000", "--checkpoint-every", "20"] + ARGS, 2, d)
         wait_for_steps(d, 45, first)
         subprocess.run(["pkill", "-9", "-s", str(first.pid)])
         first.wait()
@@ -97,11 +106,32 @@ class Lock(TempDirTest):
         with open(os.path.join(d, ".lock")) as f:
             stale = f.read()
         self.assertIn("culprit train", stale)  # the file stays; the kernel dropped the lock
-        r = run(["train", "--resume", "--steps", "60"] + ARGS, world=2, run_dir=d)
+        target = self.newest_checkpoint(d) + 10
+        r = run(["train", "--resume", "--steps", str(target)] + ARGS, world=2, run_dir=d)
         self.assertEqual(r.code, 0, r.err)
         with open(os.path.join(d, ".lock")) as f:
             self.assertNotEqual(f.read(), stale)  # taken by the resumed job
-        self.assertEqual(metric_steps(d), list(range(1, 61)))
+        self.assertEqual(metric_steps(d), list(range(1, target + 1)))
+
+    def test_audit_takes_a_shared_lock(self):
+        # The lock held from here (another process's open file): shared, an audit runs and a
+        # writer is refused; exclusive, the audit is refused too.
+        import fcntl
+        self.train("run", ["--steps", "4", "--checkpoint-every", "2"] + ARGS[:-1])
+        d = self.path("run")
+        with open(os.path.join(d, ".lock"), "r+") as f:
+            f.write("a test (shared)\n")
+            f.flush()
+            fcntl.flock(f, fcntl.LOCK_SH)
+            a = run(["audit"], run_dir=d)
+            self.assertEqual(a.code, 0, a.err)
+            t = run(["train", "--resume", "--steps", "6"] + ARGS, run_dir=d)
+            self.assertEqual(t.code, EXIT_USAGE, t.err)
+            self.assertIn("is in use by", t.err)
+            fcntl.flock(f, fcntl.LOCK_EX)
+            a = run(["audit"], run_dir=d)
+            self.assertEqual(a.code, EXIT_USAGE, a.err)
+            self.assertIn("is in use by", a.err)
 
     def test_audit_shares_run_side_by_side(self):
         d = self.path("run")
@@ -145,13 +175,23 @@ class Links(TempDirTest):
         appended = ["checkpoints.jsonl", "incidents.log", "incidents.jsonl"]
         for name in replaced + appended[:2]:
             self.link(os.path.join(d, name))
-        r = run(["train", "--resume", "--steps", "6", "--checkpoint-every", "2"] + ARGS, world=2, run_dir=d)
+        resume = ["train", "--resume", "--steps", "6", "--checkpoint-every", "2"] + ARGS
+        # The records culprit appends to are refused as links when the job starts, before any write.
+        r = run(resume, world=2, run_dir=d)
+        self.assertEqual(r.code, EXIT_USAGE, r.err)
+        self.assertIn("incidents.jsonl' is a symbolic link: culprit does not follow links inside a run directory",
+                      r.err)
+        self.assertEqual(tree_digest(self.path("outside")), outside_before)
+        for name in appended:
+            os.remove(os.path.join(d, name))
+        r = run(resume, world=2, run_dir=d)
         self.assertEqual(r.code, 0, r.err)
-        self.assertIn("checkpoints.jsonl' is a symbolic link", r.err)  # a cost log: said, not fatal
         self.assertEqual(metric_steps(d), list(range(1, 7)))
         for args in (["bisect"], ["audit"]):
             r = run(args, world=2, run_dir=d)
             self.assertEqual(r.code, 0, args[0] + ": " + r.err)
+        for name in appended:  # planted while no job runs: an append refuses them too
+            self.link(os.path.join(d, name))
         r = run(["log", d, "--decision", "stop", "--message", "test"])
         self.assertEqual(r.code, EXIT_USAGE, r.err)
         self.assertIn("is a symbolic link: culprit does not follow links inside a run directory", r.err)
@@ -383,9 +423,11 @@ class FullDisk(TempDirTest):
         r = run(["train", "--steps", "4"] + ARGS, world=2, run_dir=d)
         self.assertEqual(r.code, EXIT_IO, r.err)
         self.assertIn("No space left on device", r.err)
-        self.assertIn("run.json", r.err)
         self.assertFalse(os.path.lexists(os.path.join(d, "run.json")))
         self.assertFalse(os.path.lexists(os.path.join(d, "run.json.tmp")))
+        # Nothing empty or half-made is left (the traces are created first; the lock file stays).
+        left = {os.path.relpath(os.path.join(b, n), d) for b, _, ns in os.walk(d) for n in ns}
+        self.assertEqual(left - {".lock"}, set(), left)
 
     def test_a_read_only_filesystem_is_an_io_error(self):
         d = os.path.join(self.disk, "run")

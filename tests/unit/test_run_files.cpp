@@ -96,6 +96,26 @@ TEST_F(RunFiles, ATornLastLineIsCutAndWholeFilesStay) {
   EXPECT_TRUE(files::cut_torn_tail(in_run("absent.jsonl")).ok());
 }
 
+TEST_F(RunFiles, AnAppendAfterATornLineCutsItFirst) {
+  std::ofstream(in_run("incidents.jsonl")) << "{\"a\": 1}\n{\"torn";
+  ASSERT_TRUE(files::append(in_run("incidents.jsonl"), "{\"b\": 2}\n").ok());
+  EXPECT_EQ(read(in_run("incidents.jsonl")), "{\"a\": 1}\n{\"b\": 2}\n");
+}
+
+TEST_F(RunFiles, ASharedLockBecomesExclusiveWhenNobodyElseHoldsIt) {
+  fs::create_directory(dir_ / "shared");
+  const std::string run = (dir_ / "shared").string();
+  ASSERT_TRUE(files::lock_run_dir(run, "audit", files::Lock::kShared).ok());
+  // Another holder (a second open file description, shared): the upgrade is refused...
+  const int fd = ::open((dir_ / "shared" / ".lock").c_str(), O_RDONLY);
+  ASSERT_GE(fd, 0);
+  ASSERT_EQ(::flock(fd, LOCK_SH | LOCK_NB), 0);
+  EXPECT_EQ(files::lock_run_dir(run, "train").code(), StatusCode::kBadInput);
+  ::close(fd);
+  // ...and granted once it is gone.
+  EXPECT_TRUE(files::lock_run_dir(run, "train").ok());
+}
+
 TEST_F(RunFiles, RemoveDeletesALinkNotItsTarget) {
   fs::create_symlink(victim_, in_run("step-1.h5"));
   ASSERT_TRUE(files::remove(in_run("step-1.h5")).ok());

@@ -90,6 +90,8 @@ class Writer {
   bool is_open() const { return file_.valid(); }
 
  private:
+  // The new file's header, groups and columns (open() removes the file when this fails).
+  Status create(const std::string& path, const Header& h, const std::string& where);
   h5::Handle file_;
   Header header_;
   std::int64_t steps_ = 0, shards_ = 0;
@@ -125,7 +127,8 @@ struct RunTrace {
 // to another run than `run_id` (files::same_run; "" checks nothing).
 Status read_run(const std::string& run_dir, RunTrace* out, const std::string& run_id = "");
 
-// Sets the committed counts of an existing file to the rows with step <= keep_through_step.
-Status truncate(const std::string& path, std::int64_t keep_through_step);
+// Sets the committed counts of an existing file to the rows with step <= keep_through_step. A file
+// of another run than `run_id` (files::same_run; "" checks nothing) is refused, untouched.
+Status truncate(const std::string& path, std::int64_t keep_through_step, const std::string& run_id = "");
 
 }  // namespace culprit::trace
