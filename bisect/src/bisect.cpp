@@ -52,6 +52,20 @@ void Context::placement(int r, std::string* host, std::string* device) const {
     }
 }
 
+namespace {
+
+// The engine from a checkpoint after which every step has a record when there is one (a
+// --trace-keep run has retired older rows: replaying them would examine nothing), else from any.
+Status open_from(Context* ctx, std::int64_t before, ckpt::Pick pick, std::string* path) {
+  const std::int64_t from = replay::first_replayable(ctx->run.trace);
+  Status st = replay::open_engine_before(ctx->run, ctx->comm, before, pick, ctx->layer, /*rotate=*/1, &ctx->engine,
+                                         path, from);
+  if (st.ok() || from == 0) return st;
+  return replay::open_engine_before(ctx->run, ctx->comm, before, pick, ctx->layer, 1, &ctx->engine, path);
+}
+
+}  // namespace
+
 Status open_segment(Context* ctx, bool* none) {
   const auto* first = ctx->first;
   *none = false;
@@ -60,17 +74,15 @@ Status open_segment(Context* ctx, bool* none) {
     // The newest valid checkpoint before the first incident; without one, the oldest. Rotated by
     // one rank: run_step itself recomputes every micro-shard on the rank after the one that
     // recorded it (same world size), so a replayed step costs one step-time.
-    CULPRIT_RETURN_IF_ERROR(replay::open_engine_before(ctx->run, ctx->comm, first ? first->step : ckpt::kAnyStep,
-                                                       first ? ckpt::Pick::kNewest : ckpt::Pick::kOldest, ctx->layer,
-                                                       /*rotate=*/1, &ctx->engine, &ctx->checkpoint));
+    CULPRIT_RETURN_IF_ERROR(open_from(ctx, first ? first->step : ckpt::kAnyStep,
+                                      first ? ckpt::Pick::kNewest : ckpt::Pick::kOldest, &ctx->checkpoint));
     ctx->start = ctx->engine->step();
     ctx->reached_oldest = !first;
   } else if (ctx->segment == 1 && first) {
     // Nothing after the incident's checkpoint: the steps before it, from the oldest checkpoint (a
     // silent fault there can have caused what the incident saw).
     std::string path;
-    CULPRIT_RETURN_IF_ERROR(replay::open_engine_before(ctx->run, ctx->comm, ckpt::kAnyStep, ckpt::Pick::kOldest,
-                                                       ctx->layer, 1, &ctx->engine, &path));
+    CULPRIT_RETURN_IF_ERROR(open_from(ctx, ckpt::kAnyStep, ckpt::Pick::kOldest, &path));
     ctx->reached_oldest = true;
     if (ctx->engine->step() >= ctx->start) {
       ctx->engine.reset();

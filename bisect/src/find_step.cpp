@@ -213,6 +213,13 @@ Status find_step(Context& ctx, Finding* f, Evidence* ev) {
         ctx.stopped_at = t;
         break;
       }
+      if (!ctx.run.trace.step(t)) {
+        // No record of the step (retired, or not traced): replayed only to reach the next one; it
+        // stays unexamined.
+        StepResult sr;
+        CULPRIT_RETURN_IF_ERROR(agree(ctx.comm, ctx.engine->run_step(&sr, ctx.round)));
+        continue;
+      }
       bool differs = false;
       CULPRIT_RETURN_IF_ERROR(check_step(ctx, t, f, &differs));
       if (differs) {

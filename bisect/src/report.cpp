@@ -180,7 +180,8 @@ Status write_page(const std::string& run_dir, const Diagnosis& d, const trace::R
 
 records::Coverage coverage(const Context& ctx, std::int64_t found) {
   records::Coverage c;
-  c.first_step = ctx.run.trace.first_step;
+  // The run's steps, from its first: a trace whose older rows were retired covers only its tail.
+  c.first_step = std::min<std::int64_t>(1, ctx.run.trace.first_step);
   c.last_step = ctx.run.trace.last_step;
   auto ex = ctx.examined;
   std::sort(ex.begin(), ex.end(), [](const auto& a, const auto& b) { return a.from < b.from; });
@@ -190,6 +191,11 @@ records::Coverage coverage(const Context& ctx, std::int64_t found) {
   }
   // The gaps, each with its reason.
   auto why = [&](std::int64_t from) -> std::string {
+    if (!ctx.run.trace.step(from))
+      return ctx.run.cfg.trace_keep > 0 && from < ctx.run.trace.first_step
+                 ? "no trace rows: retired by --trace-keep " + std::to_string(ctx.run.cfg.trace_keep) +
+                       " (the trace keeps the newest steps until the run has an incident)"
+                 : "no trace rows for these steps (not traced then)";
     if (found >= 0 && from > found) return "after the faulty step " + std::to_string(found) + ": the search stops at the first";
     if (ctx.stopped_at >= 0 && from >= ctx.stopped_at) return "the bisection's own replays of step " + std::to_string(ctx.stopped_at) + " kept disagreeing";
     if (ctx.oldest >= 0 && from <= ctx.oldest)
@@ -198,12 +204,21 @@ records::Coverage coverage(const Context& ctx, std::int64_t found) {
                                       "): not searched, the fault was found after it";
     return "not replayed";
   };
+  // A gap across the trace's first step is two: the steps with no rows, and the others.
+  const std::int64_t F = ctx.run.trace.first_step;
+  auto gap = [&](std::int64_t from, std::int64_t to) {
+    if (from < F && to >= F) {
+      c.not_examined.push_back({from, F - 1, why(from)});
+      from = F;
+    }
+    c.not_examined.push_back({from, to, why(from)});
+  };
   std::int64_t next = c.first_step;
   for (const auto& r : c.examined) {
-    if (r.from > next) c.not_examined.push_back({next, r.from - 1, why(next)});
+    if (r.from > next) gap(next, r.from - 1);
     next = std::max(next, r.to + 1);
   }
-  if (next <= c.last_step) c.not_examined.push_back({next, c.last_step, why(next)});
+  if (next <= c.last_step) gap(next, c.last_step);
   // Steps after the faulty one are not needed for the verdict; they stay listed, but only the others
   // make a search without a finding inconclusive.
   return c;

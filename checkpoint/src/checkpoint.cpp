@@ -168,13 +168,14 @@ Status first_valid(const Comm& comm, const std::vector<std::string>& candidates,
 }
 
 Status find_valid(const Comm& comm, const std::string& run_dir, std::int64_t before, Pick pick, Checkpoint* out,
-                  std::string* path) {
+                  std::string* path, std::int64_t at_least) {
   std::vector<std::string> candidates;
   for (const auto& [step, p] : list(run_dir))
-    if (step < before) candidates.push_back(p);
+    if (step < before && step >= at_least) candidates.push_back(p);
   if (pick == Pick::kNewest) std::reverse(candidates.begin(), candidates.end());
   const std::string where = "no valid checkpoint of '" + run_dir + "'" +
-                            (before == kAnyStep ? std::string() : " precedes step " + std::to_string(before));
+                            (before == kAnyStep ? std::string() : " precedes step " + std::to_string(before)) +
+                            (at_least > 0 ? " from step " + std::to_string(at_least) + " on" : std::string());
   if (candidates.empty()) return Status::BadInput(where + " (none is there)");
   Status st = first_valid(comm, candidates, out, path);
   return st.ok() ? st : Status::Damaged(where + " (" + st.message() + ")");

@@ -157,7 +157,7 @@ Status verify(const std::string& path, std::string* report, bool* clean) {
   std::ostringstream os;
   std::vector<std::string> ckpts, traces;
   RunFacts facts;
-  std::map<std::string, std::string> checkpoint_run_ids;
+  std::map<std::string, std::string> checkpoint_run_ids;  // and trace files'
   std::map<int, trace::TraceFile> trace_files;
   if (fs::is_directory(path, ec)) {
     CULPRIT_RETURN_IF_ERROR(read_run_facts(path, &facts));
@@ -194,7 +194,24 @@ Status verify(const std::string& path, std::string* report, bool* clean) {
       os << "ok    " << p << " (" << tf.steps.size() << " steps";
       if (tf.torn_steps || tf.torn_shards) os << ", torn tail of " << tf.torn_steps << " step row(s) ignored";
       os << (tf.verified ? ", every row's checksum verified" : ", format 2: its rows carry no checksums") << ")\n";
-      if (p == trace::path_for(path, tf.header.rank)) trace_files[tf.header.rank] = std::move(tf);
+      checkpoint_run_ids[p] = tf.header.run_id;
+      trace::FileName name;
+      const bool named = trace::parse_file_name(fs::path(p).filename().string(), &name);
+      const std::int64_t newest = tf.steps.empty() ? 0 : tf.steps.back().step;
+      if (named && name.through >= 0 && newest > name.through) {
+        *clean = false;
+        os << "FAIL  " << p << " holds step " << newest << ", after step " << name.through
+           << " its name says it runs through (renamed?)\n";
+      }
+      // A rank's files in order (sealed oldest first, live last): its rows merged.
+      if (named && p == trace::sealed_path_for(path, tf.header.rank, name.through) && name.through >= 0) {
+        auto& merged = trace_files[tf.header.rank];
+        merged.steps.insert(merged.steps.end(), tf.steps.begin(), tf.steps.end());
+      } else if (p == trace::path_for(path, tf.header.rank)) {
+        auto& merged = trace_files[tf.header.rank];
+        tf.steps.insert(tf.steps.begin(), merged.steps.begin(), merged.steps.end());
+        merged = std::move(tf);
+      }
     } else {
       *clean = false;
       os << "FAIL  " << st.message() << "\n";

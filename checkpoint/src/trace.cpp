@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <regex>
 
 #include "culprit/checkpoint_format.h"
 #include "culprit/run_files.h"
@@ -22,6 +23,22 @@ std::string path_for(const std::string& run_dir, int rank) {
   char name[64];
   std::snprintf(name, sizeof name, "%s%0*d.h5", kTracePrefix, kRankDigits, rank);
   return (fs::path(run_dir) / kTraceDir / name).string();
+}
+
+std::string sealed_path_for(const std::string& run_dir, int rank, std::int64_t through) {
+  char name[96];
+  std::snprintf(name, sizeof name, "%s%0*d%s%0*lld.h5", kTracePrefix, kRankDigits, rank, kTraceSealedInfix, kStepDigits,
+                static_cast<long long>(through));
+  return (fs::path(run_dir) / kTraceDir / name).string();
+}
+
+bool parse_file_name(const std::string& filename, FileName* out) {
+  static const std::regex re("rank-([0-9]{5})(\\.to-([0-9]{8,12}))?\\.h5");
+  std::smatch m;
+  if (!std::regex_match(filename, m, re)) return false;
+  out->rank = std::stoi(m[1].str());
+  out->through = m[3].matched ? std::stoll(m[3].str()) : -1;
+  return true;
 }
 
 namespace {
@@ -42,26 +59,55 @@ Status bound_metadata_cache(hid_t file, const std::string& where) {
   return Status::OK();
 }
 
+// A job may append to a file of this run, this format, this model and trace level only.
+Status compatible(const std::string& path, const Header& old, const Header& h) {
+  const std::string where = "trace '" + path + "'";
+  CULPRIT_RETURN_IF_ERROR(files::same_run(path, old.run_id, h.run_id));  // foreign: never moved aside
+  if (old.format_version != kTraceVersion)
+    return Status::BadInput(where + " has format " + std::to_string(old.format_version) + ", not " +
+                            std::to_string(kTraceVersion) + ": continue the run with the culprit that started it");
+  if (old.params != h.params || old.level != h.level || old.layers != h.layers ||
+      old.samples_per_shard != h.samples_per_shard)
+    return Status::BadInput(where + " was written for another model or trace level (" + name_of(old.level) + ")");
+  return Status::OK();
+}
+
+// Before anything is changed (a refused resume changes nothing): the rank's newest file, when it
+// can be read (one that cannot is open()'s to move aside), must be compatible.
+Status check_newest(const std::string& run_dir, const Header& h) {
+  const auto all = list_rank(run_dir, h.rank);
+  if (all.empty()) return Status::OK();
+  h5::Handle f;
+  Header old;
+  if (!h5::open_read(all.back(), &f).ok() || !read_header(f.id(), &old).ok()) {
+    H5Eclear2(H5E_DEFAULT);
+    return Status::OK();
+  }
+  return compatible(all.back(), old, h);
+}
+
 }  // namespace
 
 Status Writer::open(const std::string& path, const Header& h, std::int64_t keep_through_step, std::string* warning) {
   header_ = h;
+  path_ = path;
   const std::string where = "trace '" + path + "'";
+  const std::string run_dir = fs::path(path).parent_path().parent_path().string();
   CULPRIT_RETURN_IF_ERROR(files::refuse_link(fs::path(path).parent_path().string()));
   CULPRIT_RETURN_IF_ERROR(files::refuse_link(path));  // opened for writing below: never through a link
+  CULPRIT_RETURN_IF_ERROR(check_newest(run_dir, h));
+  CULPRIT_RETURN_IF_ERROR(rewind(run_dir, h.rank, keep_through_step, h.run_id));
+  sealed_through_ = 0;
+  for (const auto& p : list_rank(run_dir, h.rank)) {
+    FileName n;
+    if (parse_file_name(fs::path(p).filename().string(), &n)) sealed_through_ = std::max(sealed_through_, n.through);
+  }
   std::error_code ec;
   if (fs::exists(path, ec)) {
     Header old;
     Status st = h5::open_rw(path, &file_);
     if (st.ok()) st = read_header(file_.id(), &old);
-    if (st.ok()) CULPRIT_RETURN_IF_ERROR(files::same_run(path, old.run_id, h.run_id));  // foreign: never moved aside
-    if (st.ok() && old.format_version != kTraceVersion)
-      return Status::BadInput(where + " has format " + std::to_string(old.format_version) + ", not " +
-                              std::to_string(kTraceVersion) + ": continue the run with the culprit that started it");
-    if (st.ok() && (old.params != h.params || old.level != h.level || old.layers != h.layers ||
-                    old.samples_per_shard != h.samples_per_shard))
-      return Status::BadInput(where + " was written for another model or trace level (" +
-                              name_of(old.level) + ")");
+    if (st.ok()) CULPRIT_RETURN_IF_ERROR(compatible(path, old, h));
     if (st.ok()) {
       file_.reset();
       st = truncate(path, keep_through_step);
@@ -73,6 +119,7 @@ Status Writer::open(const std::string& path, const Header& h, std::int64_t keep_
       Header merged = h;
       for (const auto& f : old.faults)
         if (std::find(merged.faults.begin(), merged.faults.end(), f) == merged.faults.end()) merged.faults.push_back(f);
+      header_ = merged;  // a file sealed from here on carries every writer's faults too
       if (st.ok()) return write_header(file_.id(), merged);
     }
     file_.reset();
@@ -222,7 +269,72 @@ Status Writer::append(const StepRow& s, const std::vector<ShardRow>& rows) {
   return Status::OK();
 }
 
-Status truncate(const std::string& path, std::int64_t keep, const std::string& run_id) {
+// Rename, then create: a crash between the two leaves no live file, and the next open starts one.
+Status Writer::seal(std::int64_t through) {
+  const std::string run_dir = fs::path(path_).parent_path().parent_path().string();
+  const std::string to = sealed_path_for(run_dir, header_.rank, through);
+  std::error_code ec;
+  if (fs::exists(fs::symlink_status(to, ec)))
+    return Status::Internal("trace '" + to + "' exists already: the live trace cannot be sealed under its name");
+  file_.reset();
+  CULPRIT_RETURN_IF_ERROR(files::move(path_, to));
+  sealed_through_ = through;
+  CULPRIT_RETURN_IF_ERROR(files::create_fresh(path_));
+  const Status created = create(path_, header_, "trace '" + path_ + "'");
+  if (!created.ok()) {
+    file_.reset();
+    files::remove(path_);
+  }
+  return created;
+}
+
+Status Writer::retire(std::int64_t first_kept) {
+  const std::string run_dir = fs::path(path_).parent_path().parent_path().string();
+  for (const auto& p : list_rank(run_dir, header_.rank)) {
+    FileName n;
+    if (parse_file_name(fs::path(p).filename().string(), &n) && n.through >= 0 && n.through < first_kept)
+      CULPRIT_RETURN_IF_ERROR(files::remove(p).prefixed("trace retention"));
+  }
+  return Status::OK();
+}
+
+namespace {
+
+// The run a trace file says it belongs to ("" when it predates identities).
+Status run_id_of(const std::string& path, std::string* out) {
+  h5::Handle f;
+  CULPRIT_RETURN_IF_ERROR(h5::open_read(path, &f).prefixed("trace '" + path + "'"));
+  out->clear();
+  if (h5::has_attr(f.id(), kAttrRunId)) CULPRIT_RETURN_IF_ERROR(h5::read_attr(f.id(), kAttrRunId, out));
+  return Status::OK();
+}
+
+}  // namespace
+
+Status rewind(const std::string& run_dir, int rank, std::int64_t keep, const std::string& run_id) {
+  std::vector<std::string> after;  // sealed files running past `keep`, oldest first
+  for (const auto& p : list_rank(run_dir, rank)) {
+    FileName n;
+    if (parse_file_name(fs::path(p).filename().string(), &n) && n.through > keep) after.push_back(p);
+  }
+  if (after.empty()) return Status::OK();
+  for (const auto& p : after) {
+    CULPRIT_RETURN_IF_ERROR(files::refuse_link(p));
+    std::string theirs;
+    CULPRIT_RETURN_IF_ERROR(run_id_of(p, &theirs));
+    CULPRIT_RETURN_IF_ERROR(files::same_run(p, theirs, run_id));  // another run's: refused, untouched
+  }
+  // Only the oldest can hold rows through `keep`; the rest hold later steps only. Newest first, so
+  // that a crash part-way leaves what a repeat needs.
+  std::int64_t kept = 0;
+  CULPRIT_RETURN_IF_ERROR(truncate(after[0], keep, run_id, &kept));
+  for (std::size_t i = after.size(); i-- > (kept > 0 ? 1 : 0);)
+    CULPRIT_RETURN_IF_ERROR(files::remove(after[i]).prefixed("trace rewind"));
+  if (kept > 0) CULPRIT_RETURN_IF_ERROR(files::move(after[0], path_for(run_dir, rank)));
+  return Status::OK();
+}
+
+Status truncate(const std::string& path, std::int64_t keep, const std::string& run_id, std::int64_t* kept) {
   const std::string where = "trace '" + path + "'";
   CULPRIT_RETURN_IF_ERROR(files::refuse_link(path));
   h5::Handle f;
@@ -241,6 +353,7 @@ Status truncate(const std::string& path, std::int64_t keep, const std::string& r
   CULPRIT_RETURN_IF_ERROR(h5::write_attr(f.id(), kAttrStepsCommitted, ns));
   CULPRIT_RETURN_IF_ERROR(h5::write_attr(f.id(), kAttrShardsCommitted, nsh));
   if (H5Fflush(f.id(), H5F_SCOPE_LOCAL) < 0) return Status::IoError(where + ": flush failed: " + h5::error_stack());
+  if (kept) *kept = ns;
   return Status::OK();
 }
 

@@ -16,17 +16,29 @@ namespace fs = std::filesystem;
 using namespace culprit::format;
 using namespace detail;
 
-std::vector<std::string> list(const std::string& run_dir) {
-  std::vector<std::string> out;
+namespace {
+
+// Every trace file of `run_dir` (rank < 0: of every rank) in reading order.
+std::vector<std::string> list_files(const std::string& run_dir, int rank) {
+  std::vector<std::pair<std::pair<int, std::int64_t>, std::string>> found;
   std::error_code ec;
   const fs::path dir = fs::path(run_dir) / kTraceDir;
-  if (!fs::is_directory(dir, ec)) return out;
-  static const std::regex re("rank-[0-9]{5}\\.h5");
-  for (const auto& e : fs::directory_iterator(dir, ec))
-    if (std::regex_match(e.path().filename().string(), re)) out.push_back(e.path().string());
-  std::sort(out.begin(), out.end());
+  if (!fs::is_directory(dir, ec)) return {};
+  for (const auto& e : fs::directory_iterator(dir, ec)) {
+    FileName n;
+    if (!parse_file_name(e.path().filename().string(), &n) || (rank >= 0 && n.rank != rank)) continue;
+    found.push_back({{n.rank, n.through < 0 ? INT64_MAX : n.through}, e.path().string()});  // live last
+  }
+  std::sort(found.begin(), found.end());
+  std::vector<std::string> out;
+  for (auto& f : found) out.push_back(std::move(f.second));
   return out;
 }
+
+}  // namespace
+
+std::vector<std::string> list(const std::string& run_dir) { return list_files(run_dir, -1); }
+std::vector<std::string> list_rank(const std::string& run_dir, int rank) { return list_files(run_dir, rank); }
 
 const StepRow* RunTrace::step(std::int64_t s) const {
   for (int r : ranks) {
@@ -45,9 +57,17 @@ Status read_run(const std::string& run_dir, RunTrace* out, const std::string& ru
     TraceFile tf;
     CULPRIT_RETURN_IF_ERROR(read(paths[i], &tf));
     CULPRIT_RETURN_IF_ERROR(files::same_run(paths[i], tf.header.run_id, run_id));
-    if (i == 0) out->header = tf.header;
+    // The lowest rank's header, from its newest file; the faults of every file of that rank.
+    const bool lowest = out->ranks.empty() || out->ranks.front() == tf.header.rank;
+    if (lowest) {
+      std::vector<std::string> faults = out->header.faults;
+      for (const auto& f : tf.header.faults)
+        if (std::find(faults.begin(), faults.end(), f) == faults.end()) faults.push_back(f);
+      out->header = tf.header;
+      out->header.faults = faults;
+    }
     out->verified = out->verified && tf.verified;
-    out->ranks.push_back(tf.header.rank);
+    if (out->ranks.empty() || out->ranks.back() != tf.header.rank) out->ranks.push_back(tf.header.rank);
     for (const auto& s : tf.steps) {
       out->steps[{tf.header.rank, s.step}] = s;
       out->first_step = out->first_step ? std::min(out->first_step, s.step) : s.step;

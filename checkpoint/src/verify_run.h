@@ -27,7 +27,7 @@ Status read_run_facts(const std::string& run_dir, RunFacts* out);
 // run without a checkpoint, a rank's trace missing, metrics.jsonl steps out of order or repeated,
 // its losses disagreeing with the lowest rank's trace, a checkpoint newer than the metrics.
 void verify_run_whole(const std::string& run_dir, const RunFacts& facts,
-                      const std::map<std::string, std::string>& checkpoint_run_ids,
+                      const std::map<std::string, std::string>& file_run_ids,  // checkpoints' and traces'
                       const std::map<int, trace::TraceFile>& traces, std::ostringstream& os, bool* clean);
 
 }  // namespace culprit::ckpt

@@ -163,6 +163,11 @@ Status remove(const std::string& path) {
   return os_error("delete", path, errno);
 }
 
+Status move(const std::string& from, const std::string& to) {
+  if (std::rename(from.c_str(), to.c_str()) != 0) return os_error("rename '" + from + "' to", to, errno);
+  return sync_dir(to);
+}
+
 Status free_bytes(const std::string& path, std::uint64_t* out) {
   struct statvfs v{};
   if (::statvfs(path.c_str(), &v) != 0) return os_error("inspect the filesystem of", path, errno);

@@ -6,8 +6,11 @@
 #include <filesystem>
 #include <sstream>
 #include <map>
+#include <set>
 #include <thread>
 
+#include "culprit/checkpoint_format.h"
+#include "culprit/records.h"
 #include "culprit/run_files.h"
 #include "culprit/watchdog.h"
 
@@ -51,13 +54,30 @@ Status CheckpointPipeline::open_trace(std::int64_t start_step, const trace::Head
   }
   // Files of ranks beyond this world keep only what precedes the resume point.
   if (st.ok() && comm_.rank == 0) {
+    std::set<int> beyond;
     for (const auto& path : trace::list(cfg_.run_dir)) {
-      bool in_world = false;
-      for (int r = 0; r < comm_.size; ++r) in_world = in_world || path == trace::path_for(cfg_.run_dir, r);
-      if (in_world) continue;
-      Status t = trace::truncate(path, start_step, h.run_id);  // another run's file: said, untouched
+      trace::FileName n;
+      if (trace::parse_file_name(fs::path(path).filename().string(), &n) && n.rank >= comm_.size) beyond.insert(n.rank);
+    }
+    for (int r : beyond) {
+      // Another run's file: said, untouched.
+      Status t = trace::rewind(cfg_.run_dir, r, start_step, h.run_id);
+      const std::string live = trace::path_for(cfg_.run_dir, r);
+      std::error_code ec;
+      if (t.ok() && fs::exists(fs::symlink_status(live, ec))) t = trace::truncate(live, start_step, h.run_id);
       if (!t.ok()) std::fprintf(stderr, "culprit: warning: %s\n", printable(t.message()).c_str());
     }
+  }
+  // A run that has had an incident keeps every trace file from now on (--trace-keep).
+  if (st.ok() && cfg_.trace_keep > 0) {
+    int pinned = 0;
+    if (comm_.rank == 0) {
+      std::vector<records::Incident> incidents;
+      const Status r = records::read_incidents(cfg_.run_dir, &incidents);
+      pinned = !r.ok() || records::first_fault(incidents) != nullptr;  // unreadable: keep everything
+    }
+    CULPRIT_MPI_CHECK(MPI_Bcast(&pinned, 1, MPI_INT, 0, comm_.comm));
+    trace_pinned_ = pinned != 0;
   }
   return agree(comm_, st);
 }
@@ -85,7 +105,8 @@ Status CheckpointPipeline::save(std::int64_t step, std::function<void(ckpt::Chec
   cost_.wait = std::chrono::duration<double>(t1 - t0).count();
   copied_ = false;
   const std::string path = ckpt::path_for(cfg_.run_dir, step);
-  io_->submit([this, c, copy = std::move(copy), path, step] {
+  const bool pinned = trace_pinned_;
+  io_->submit([this, c, copy = std::move(copy), path, step, pinned] {
     const auto w0 = Clock::now();
     // A test seam: a slow copy, so that the next optimizer step must wait for it (tests/integration).
     static const int delay_ms = [] {
@@ -101,6 +122,7 @@ Status CheckpointPipeline::save(std::int64_t step, std::function<void(ckpt::Chec
     ckpt::WriteStats stats;
     Status st = ckpt::write(io, path, *c, &stats, writers_);
     if (st.ok() && comm_.rank == 0) st = ckpt::apply_retention(cfg_.run_dir, step, cfg_.checkpoint.keep_last, cfg_.checkpoint.keep_every);
+    if (st.ok()) st = roll_trace(step, pinned);
     cost_.bytes = stats.bytes;
     cost_.write = stats.seconds;
     cost_.total_io = std::chrono::duration<double>(Clock::now() - w0).count();
@@ -131,6 +153,19 @@ void CheckpointPipeline::fence() {
     while (!copied_) std::this_thread::sleep_for(std::chrono::milliseconds(1));
   cost_.fence += waited();
   cost_.stall += waited();
+}
+
+// Every trace row through `step` is written (appended before this checkpoint was queued). The live
+// file is sealed once it holds a quarter of the kept steps N, and at least one HDF5 chunk of step
+// rows (a file costs a chunk per column however few rows it holds: smaller files would make the
+// trace bigger, not smaller). The trace then holds from N to about N + max(N/4, 64) + one
+// checkpoint interval steps; files older than the newest N steps are deleted.
+Status CheckpointPipeline::roll_trace(std::int64_t step, bool pinned) {
+  if (!tracing_ || cfg_.trace_keep <= 0) return Status::OK();
+  const std::int64_t every = std::max<std::int64_t>(format::kTraceChunkRows, cfg_.trace_keep / 4);
+  if (step - trace_.sealed_through() >= every) CULPRIT_RETURN_IF_ERROR(trace_.seal(step));
+  if (pinned) return Status::OK();
+  return trace_.retire(step - cfg_.trace_keep + 1);
 }
 
 void CheckpointPipeline::append_trace(trace::StepRow row, std::vector<trace::ShardRow> shards) {

@@ -40,6 +40,8 @@ class CheckpointPipeline {
   void fence();
   // Queues one step's trace rows.
   void append_trace(trace::StepRow row, std::vector<trace::ShardRow> shards);
+  // The run has had an incident: from now on no trace file is deleted (its diagnosis needs them).
+  void pin_trace() { trace_pinned_ = true; }
   // Collective: waits for every write and closes the trace; the first error of any rank.
   Status close();
 
@@ -47,6 +49,8 @@ class CheckpointPipeline {
   Status drain();       // waits for the I/O thread (bounded by the watchdog); its first error
   void log_checkpoint();  // rank 0: the drained checkpoint's line in RUN/checkpoints.jsonl
   Status open_trace(std::int64_t start_step, const trace::Header& header);
+  // I/O thread, after checkpoint `step` is written: --trace-keep's roll and retention.
+  Status roll_trace(std::int64_t step, bool pinned);
 
   const TrainConfig& cfg_;
   const Comm& comm_;
@@ -67,6 +71,7 @@ class CheckpointPipeline {
   } cost_;
   trace::Writer trace_;
   bool tracing_ = false;
+  bool trace_pinned_ = false;  // set on the main thread; each checkpoint's job takes a copy
 };
 
 }  // namespace culprit::harness

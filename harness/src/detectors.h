@@ -88,6 +88,8 @@ class StepDetectors {
   void vote(StepFacts& f);
   // Set once a detection halts the run (--on-detect halt or diagnose).
   const Status& halt() const { return halt_; }
+  // Whether this job has recorded an incident where a fault shows (records::first_fault's kind).
+  bool saw_fault() const { return saw_fault_; }
 
  private:
   static Incident make_incident(std::int64_t step, Detector d, IncidentClass c, int rank, std::string message);
@@ -110,6 +112,7 @@ class StepDetectors {
   std::vector<Fingerprint> prev_rng_;        // the last step's dropout generator states
   std::vector<Fingerprint> prev_param_fps_;  // parameter fingerprints before this step's update
   Status halt_;
+  bool saw_fault_ = false;
 };
 
 }  // namespace culprit::harness

@@ -134,6 +134,7 @@ opts::Table<C> make_table() {
     // Below a second a busy but healthy rank would be named silent; a week outlasts any collective.
     number<C>("collective-timeout", det(&DetectorOptions::collective_timeout), "seconds a rank waits in a collective (or for its checkpoint writer) before it names the silent rank(s) and ends the job (0: wait forever)", Range<double>{1, 604800}.or_zero("wait forever")),
     choice<C>("trace", &C::trace, "off | step | layer: per-step fingerprint trace in RUN/trace/ (layer: also every layer's forward output and backward gradient)", kCritical),
+    number<C>("trace-keep", &C::trace_keep, "keep at least the newest N steps of the trace: its files roll at checkpoints (each of N/4 steps, at least 64) and older files are deleted, except once the run has had an incident (0: keep the whole trace)", steps_or_off),
     number<C>("steps", &C::steps, "optimizer steps to run", Range<std::int64_t>{1, kMaxSteps}),
     number<C>("global-batch", &C::global_batch, "samples per step (B)", Range<std::int64_t>{1, 1 << 30}, kCritical),
     number<C>("micro-shards", &C::micro_shards, "micro-shards per step (M: a power of two, B divisible by M, world size <= M)", Range<int>{1, 1 << 20}, kCritical),

@@ -192,6 +192,7 @@ void Trainer::step(std::int64_t s, StepMode mode, trace::StepRow* replayed) {
     Stopwatch sw(&step_.facts.seconds);
     detectors_.vote(step_.facts);
   }
+  if (pipeline_ && detectors_.saw_fault()) pipeline_->pin_trace();  // its diagnosis needs the trace
   write_metrics(lr, fp, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
 }
 

@@ -179,10 +179,15 @@ Status load_run(const std::string& run_dir, const Comm& comm, RunRecord* out) {
 }
 
 Status open_engine_before(const RunRecord& run, const Comm& comm, std::int64_t before, ckpt::Pick pick,
-                          bool layer_trace, int rotate, std::unique_ptr<harness::Engine>* engine, std::string* path) {
+                          bool layer_trace, int rotate, std::unique_ptr<harness::Engine>* engine, std::string* path,
+                          std::int64_t at_least) {
   ckpt::Checkpoint start;
-  CULPRIT_RETURN_IF_ERROR(ckpt::find_valid(comm, run.cfg.run_dir, before, pick, &start, path));
+  CULPRIT_RETURN_IF_ERROR(ckpt::find_valid(comm, run.cfg.run_dir, before, pick, &start, path, at_least));
   return harness::Engine::open(run.cfg, comm, start, *path, layer_trace, engine, rotate);
+}
+
+std::int64_t first_replayable(const trace::RunTrace& rec) {
+  return rec.first_step > 1 ? rec.first_step - 1 : 0;
 }
 
 }  // namespace culprit::replay

@@ -39,6 +39,7 @@ Status replay_prior_step(harness::Engine& engine, const RunRecord& run, const Sc
   std::vector<std::string> mine;
   for (const auto& m : cmp.shards) mine.push_back(encode(to_json(PriorStep::Shard{comm.rank, m})));
   out->step = sr.step;
+  out->recorded = run.trace.step(sr.step) != nullptr;
   out->update = cmp.update;  // the same on every rank
   for (const auto& line : gather_lines(comm, mine)) out->shards.push_back(prior_shard_from(decode(line)));
   return Status::OK();

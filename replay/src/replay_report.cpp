@@ -146,7 +146,7 @@ std::string to_json(const ReplayReport& r) {
             {"checkpoint", r.checkpoint}, {"world_size", r.world_size}, {"layers_compared", r.layers_compared}};
   j["before"] = json::array();
   for (const auto& p : r.before) {
-    json pj = {{"step", p.step}, {"shards", json::array()}};
+    json pj = {{"step", p.step}, {"recorded", p.recorded}, {"shards", json::array()}};
     for (const auto& s : p.shards) pj["shards"].push_back(to_json(s));
     pj["update"] = to_json(p.update);
     j["before"].push_back(pj);
@@ -178,7 +178,8 @@ std::string text_prior(const PriorStep& p) {
            ": MISMATCH " + s.mismatch.diff.describe() + " (recorded by rank " + std::to_string(s.mismatch.recorded_by) +
            " on " + s.mismatch.host + ")\n";
   if (p.update) out += "step " + T + " update: MISMATCH " + p.update.describe() + "\n";
-  if (p.shards.empty() && !p.update) out += "step " + T + ": every micro-shard and the update match\n";
+  if (!p.recorded) out += "step " + T + ": no trace rows (retired by --trace-keep, or not traced): replayed, not compared\n";
+  else if (p.shards.empty() && !p.update) out += "step " + T + ": every micro-shard and the update match\n";
   return out;
 }
 

@@ -62,11 +62,12 @@ std::vector<std::pair<std::int64_t, std::string>> list(const std::string& run_di
 // Collective: the newest (or oldest) checkpoint of `run_dir` before step `before` whose fingerprints
 // verify, read and verified once on every rank into *out (replay, bisect and --resume hand it on
 // as it is). Damaged ones are named on rank 0's stderr and skipped. None: bad input when there is
-// no candidate, damaged when every candidate is. The same result on every rank.
+// no candidate, damaged when every candidate is. The same result on every rank. Only checkpoints
+// of step >= `at_least` are candidates.
 enum class Pick { kNewest, kOldest };
 constexpr std::int64_t kAnyStep = INT64_MAX;
 Status find_valid(const Comm& comm, const std::string& run_dir, std::int64_t before, Pick pick, Checkpoint* out,
-                  std::string* path);
+                  std::string* path, std::int64_t at_least = 0);
 // The same for the files `candidates`, tried in order.
 Status first_valid(const Comm& comm, const std::vector<std::string>& candidates, Checkpoint* out, std::string* path);
 

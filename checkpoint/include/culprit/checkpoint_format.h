@@ -43,6 +43,7 @@ constexpr std::int64_t kTraceVersion = 4;
 constexpr std::int64_t kTraceOldestReadable = 2;  // read without row checksums (TraceFile::verified)
 constexpr const char* kTraceDir = "trace";
 constexpr const char* kTracePrefix = "rank-";
+constexpr const char* kTraceSealedInfix = ".to-";  // rank-RRRRR.to-SSSSSSSS.h5: sealed, rows through step S
 constexpr int kRankDigits = 5;
 constexpr const char* kAttrStepsCommitted = "steps_committed";    // rows of /steps valid
 constexpr const char* kAttrShardsCommitted = "shards_committed";  // rows of /shards valid

@@ -1,5 +1,8 @@
-// The per-step fingerprint trace: RUN/trace/rank-RRRRR.h5, one file per rank, appended every step.
-// Rows are written first and the committed counts last, so a reader can tell a torn tail.
+// The per-step fingerprint trace: RUN/trace/rank-RRRRR.h5, one live file per rank, appended every
+// step. Rows are written first and the committed counts last, so a reader can tell a torn tail.
+// With --trace-keep the live file rolls at checkpoints: it is renamed to a sealed file
+// rank-RRRRR.to-SSSSSSSS.h5 (its rows run through step S) and a new live file starts; sealed files
+// older than the kept steps are deleted (docs/checkpoint-format.md, "Rolled traces").
 #pragma once
 #include <cstdint>
 #include <iterator>
@@ -77,7 +80,16 @@ struct ShardRow {
 Fingerprint row_check(const StepRow& r, int rank, std::int64_t index);
 Fingerprint row_check(const ShardRow& r, int rank, std::int64_t index);
 
+// The live file of `rank`.
 std::string path_for(const std::string& run_dir, int rank);
+// The sealed file of `rank` whose rows run through step `through`.
+std::string sealed_path_for(const std::string& run_dir, int rank, std::int64_t through);
+// What a trace file's name says: its rank, and the step its rows run through (sealed) or -1 (live).
+struct FileName {
+  int rank = -1;
+  std::int64_t through = -1;
+};
+bool parse_file_name(const std::string& filename, FileName* out);
 
 class Writer {
  public:
@@ -86,6 +98,13 @@ class Writer {
   // PATH.damaged-N and a new one started; *warning then says so.
   Status open(const std::string& path, const Header& h, std::int64_t keep_through_step, std::string* warning);
   Status append(const StepRow& step, const std::vector<ShardRow>& shards);
+  // Seals the live file as the one running through `through` (every row appended so far) and
+  // starts a new live file with the same header.
+  Status seal(std::int64_t through);
+  // Deletes this rank's sealed files whose rows all precede step `first_kept`.
+  Status retire(std::int64_t first_kept);
+  // The step the newest sealed file runs through (0: none): where the live file's rows begin.
+  std::int64_t sealed_through() const { return sealed_through_; }
   void close() { file_.reset(); }
   bool is_open() const { return file_.valid(); }
 
@@ -93,8 +112,10 @@ class Writer {
   // The new file's header, groups and columns (open() removes the file when this fails).
   Status create(const std::string& path, const Header& h, const std::string& where);
   h5::Handle file_;
+  std::string path_;
   Header header_;
   std::int64_t steps_ = 0, shards_ = 0;
+  std::int64_t sealed_through_ = 0;
 };
 
 struct TraceFile {
@@ -110,8 +131,11 @@ struct TraceFile {
 Status read(const std::string& path, TraceFile* out);
 // The same from an open file (`name` for messages): the fuzz target's entry point.
 Status read_open(const h5::Handle& file, const std::string& name, TraceFile* out);
-// Every rank-*.h5 of a run, sorted by rank.
+// Every trace file of a run (live and sealed), by rank, each rank's sealed files oldest first and
+// its live file last.
 std::vector<std::string> list(const std::string& run_dir);
+// The same for one rank.
+std::vector<std::string> list_rank(const std::string& run_dir, int rank);
 // Every rank's trace of a run, merged: what culprit replay, bisect and audit compare against.
 struct RunTrace {
   Header header;  // the lowest rank's
@@ -129,6 +153,14 @@ Status read_run(const std::string& run_dir, RunTrace* out, const std::string& ru
 
 // Sets the committed counts of an existing file to the rows with step <= keep_through_step. A file
 // of another run than `run_id` (files::same_run; "" checks nothing) is refused, untouched.
-Status truncate(const std::string& path, std::int64_t keep_through_step, const std::string& run_id = "");
+// *kept (optional): the rows of /steps left.
+Status truncate(const std::string& path, std::int64_t keep_through_step, const std::string& run_id = "",
+                std::int64_t* kept = nullptr);
+
+// Resuming at `keep_through_step`: the sealed files of `rank` whose rows all follow it are
+// deleted, and the one that holds it (if any) becomes the live file again (replacing the live
+// one, whose rows all follow it). The live file is truncated by Writer::open. Safe to repeat after
+// a crash part-way.
+Status rewind(const std::string& run_dir, int rank, std::int64_t keep_through_step, const std::string& run_id = "");
 
 }  // namespace culprit::trace

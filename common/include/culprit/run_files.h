@@ -50,6 +50,10 @@ Status cut_torn_tail(const std::string& path);
 // Deletes the file `path` (a link is removed itself, its target untouched). Absent is fine.
 Status remove(const std::string& path);
 
+// Renames `from` to `to` in one directory, replacing `to` (a link at either is moved or replaced
+// itself, never followed), then fsyncs the directory so the new name survives a crash.
+Status move(const std::string& from, const std::string& to);
+
 // Bytes available to this user on the filesystem holding `path` (statvfs).
 Status free_bytes(const std::string& path, std::uint64_t* out);
 

@@ -121,6 +121,9 @@ struct TrainConfig {
   std::string resume_from;         // continue from this checkpoint file
   CheckpointOptions checkpoint;
   TraceLevel trace = TraceLevel::kLayer;  // layer: a silent fault is localised to its layer by default
+  // Keep at least the newest N steps of the trace (files roll at checkpoints, older ones are
+  // deleted unless the run has had an incident); 0: the whole trace.
+  std::int64_t trace_keep = 0;
   std::vector<std::string> inject;  // fault specs (culprit/fault_spec.h)
   DetectorOptions detect;
   std::int64_t steps = 20;

@@ -105,7 +105,12 @@ Status load_run(const std::string& run_dir, const Comm& comm, RunRecord* out);
 
 // Collective: the engine opened from the newest (or oldest) valid checkpoint before step `before`,
 // read and verified once (ckpt::find_valid) and handed to Engine::open as it is. *path names it.
+// Only checkpoints of step >= `at_least` are candidates.
 Status open_engine_before(const RunRecord& run, const Comm& comm, std::int64_t before, ckpt::Pick pick,
-                          bool layer_trace, int rotate, std::unique_ptr<harness::Engine>* engine, std::string* path);
+                          bool layer_trace, int rotate, std::unique_ptr<harness::Engine>* engine, std::string* path,
+                          std::int64_t at_least = 0);
+// The oldest step a replay can start from and find a record of every step it replays: the step
+// before the trace's first (a --trace-keep run has retired older rows), or 0.
+std::int64_t first_replayable(const trace::RunTrace& rec);
 
 }  // namespace culprit::replay

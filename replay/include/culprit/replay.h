@@ -29,6 +29,7 @@ struct Options {
 // A step before the examined one, replayed as the run computed it.
 struct PriorStep {
   std::int64_t step = 0;
+  bool recorded = true;  // the trace holds the step (false: retired or not traced; nothing compared)
   struct Shard {
     int rank = 0;  // the replaying rank
     ShardMismatch mismatch;
