@@ -113,6 +113,9 @@ records::Coverage coverage(const Context& ctx, std::int64_t found);
 
 // kFindStep (find_step.cpp): replays forward, each micro-shard on another rank than recorded it.
 Status find_step(Context& ctx, Finding* f, Evidence* ev);
+// Whether the trace holds step t whole: a step row and a row of every micro-shard (a --trace-keep
+// run has retired older rows; a crash can leave some ranks' rows of a step and not others').
+bool recorded(const Context& ctx, std::int64_t t);
 // kLocalize (localize.cpp): the differing micro-shard on every rank, or the update's fault.
 Status localize(Context& ctx, Finding* f, Evidence* ev);
 // kRerun (localize.cpp): the blamed rank recomputes the micro-shard --reruns times.

@@ -60,7 +60,7 @@ Status open_from(Context* ctx, std::int64_t before, ckpt::Pick pick, std::string
   const std::int64_t from = replay::first_replayable(ctx->run.trace);
   Status st = replay::open_engine_before(ctx->run, ctx->comm, before, pick, ctx->layer, /*rotate=*/1, &ctx->engine,
                                          path, from);
-  if (st.ok() || from == 0) return st;
+  if (st.ok() || from == 0 || st.code() != StatusCode::kBadInput) return st;  // bad input: no candidate
   return replay::open_engine_before(ctx->run, ctx->comm, before, pick, ctx->layer, 1, &ctx->engine, path);
 }
 

@@ -200,6 +200,13 @@ int redos(const Context& ctx, std::int64_t t) {
 
 }  // namespace
 
+bool recorded(const Context& ctx, std::int64_t t) {
+  if (!ctx.run.trace.step(t)) return false;
+  for (int k = 0; k < ctx.M; ++k)
+    if (!ctx.run.trace.shards.count({t, k})) return false;
+  return true;
+}
+
 Status find_step(Context& ctx, Finding* f, Evidence* ev) {
   const std::int64_t last = ctx.run.trace.last_step;
   for (;;) {
@@ -213,9 +220,9 @@ Status find_step(Context& ctx, Finding* f, Evidence* ev) {
         ctx.stopped_at = t;
         break;
       }
-      if (!ctx.run.trace.step(t)) {
-        // No record of the step (retired, or not traced): replayed only to reach the next one; it
-        // stays unexamined.
+      if (!recorded(ctx, t)) {
+        // No whole record of the step (retired, or not traced): replayed only to reach the next
+        // one; it stays unexamined.
         StepResult sr;
         CULPRIT_RETURN_IF_ERROR(agree(ctx.comm, ctx.engine->run_step(&sr, ctx.round)));
         continue;

@@ -191,11 +191,11 @@ records::Coverage coverage(const Context& ctx, std::int64_t found) {
   }
   // The gaps, each with its reason.
   auto why = [&](std::int64_t from) -> std::string {
-    if (!ctx.run.trace.step(from))
+    if (!recorded(ctx, from))
       return ctx.run.cfg.trace_keep > 0 && from < ctx.run.trace.first_step
                  ? "no trace rows: retired by --trace-keep " + std::to_string(ctx.run.cfg.trace_keep) +
                        " (the trace keeps the newest steps until the run has an incident)"
-                 : "no trace rows for these steps (not traced then)";
+                 : "no whole trace record of these steps (retired by --trace-keep, or not traced then)";
     if (found >= 0 && from > found) return "after the faulty step " + std::to_string(found) + ": the search stops at the first";
     if (ctx.stopped_at >= 0 && from >= ctx.stopped_at) return "the bisection's own replays of step " + std::to_string(ctx.stopped_at) + " kept disagreeing";
     if (ctx.oldest >= 0 && from <= ctx.oldest)
@@ -204,12 +204,14 @@ records::Coverage coverage(const Context& ctx, std::int64_t found) {
                                       "): not searched, the fault was found after it";
     return "not replayed";
   };
-  // A gap across the trace's first step is two: the steps with no rows, and the others.
-  const std::int64_t F = ctx.run.trace.first_step;
+  // A gap is cut where the trace's record of its steps starts or stops: each part has its reason.
   auto gap = [&](std::int64_t from, std::int64_t to) {
-    if (from < F && to >= F) {
-      c.not_examined.push_back({from, F - 1, why(from)});
-      from = F;
+    bool rec = recorded(ctx, from);
+    for (std::int64_t t = from + 1; t <= to; ++t) {
+      if (recorded(ctx, t) == rec) continue;
+      c.not_examined.push_back({from, t - 1, why(from)});
+      from = t;
+      rec = !rec;
     }
     c.not_examined.push_back({from, to, why(from)});
   };

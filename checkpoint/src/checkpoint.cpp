@@ -259,8 +259,14 @@ Status write(const Comm& comm, const std::string& final_path, const Checkpoint& 
       if (st.ok()) st = write_tensor(writer, W, data.id(), &groups, u, index++);
     }
     if (stats) stats->bytes = bytes;
-    failed = agree(comm, st);
-  }  // collective close: its groups and datasets first, then the file (also after a failure)
+    // Collective close: its groups and datasets first, then the file (also after a failure), whose
+    // close writes what HDF5 still holds: its failure is the write's.
+    data.reset();
+    groups.clear();
+    meta.reset();
+    const Status closed = file.close("checkpoint '" + tmp + "'");
+    failed = agree(comm, st.ok() ? closed : st);
+  }
   if (!failed.ok()) {
     if (comm.rank == 0) files::remove(tmp);  // the partial file goes
     return failed.prefixed("writing checkpoint '" + tmp + "'");

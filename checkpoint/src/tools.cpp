@@ -202,6 +202,12 @@ Status verify(const std::string& path, std::string* report, bool* clean) {
         *clean = false;
         os << "FAIL  " << p << " holds step " << newest << ", after step " << name.through
            << " its name says it runs through (renamed?)\n";
+      } else if (named && name.through >= 0 && !tf.steps.empty() && newest < name.through) {
+        // Sealed at a checkpoint after that step's row: one ending earlier was cut back by a resume
+        // that did not finish (its rows up to the name's step are lost).
+        *clean = false;
+        os << "FAIL  " << p << " ends at step " << newest << ", before step " << name.through
+           << " its name says it runs through (a resume was interrupted while it rewound the trace: resume from the same checkpoint again)\n";
       }
       // A rank's files in order (sealed oldest first, live last): its rows merged.
       if (named && p == trace::sealed_path_for(path, tf.header.rank, name.through) && name.through >= 0) {

@@ -59,6 +59,24 @@ Status bound_metadata_cache(hid_t file, const std::string& where) {
   return Status::OK();
 }
 
+void merge_faults(const std::vector<std::string>& from, std::vector<std::string>* into) {
+  for (const auto& f : from)
+    if (std::find(into->begin(), into->end(), f) == into->end()) into->push_back(f);
+}
+
+// Where the live file's rows begin (its first row's step - 1): where it was last sealed, when every
+// sealed file has been retired.
+Status first_step_minus_one(hid_t file, const std::string& where, std::int64_t* out) {
+  h5::Handle sg(H5Gopen2(file, "steps", H5P_DEFAULT), H5Gclose);
+  if (!sg.valid()) return Status::Damaged(where + " lacks /steps");
+  std::vector<unsigned char> buf;
+  std::int64_t extent = 0, step = 0;
+  CULPRIT_RETURN_IF_ERROR(get(sg.id(), where, "step", H5T_NATIVE_INT64, 8, 0, 1, &buf, &extent));
+  std::memcpy(&step, buf.data(), 8);
+  *out = std::max<std::int64_t>(0, step - 1);
+  return Status::OK();
+}
+
 // A job may append to a file of this run, this format, this model and trace level only.
 Status compatible(const std::string& path, const Header& old, const Header& h) {
   const std::string where = "trace '" + path + "'";
@@ -88,14 +106,19 @@ Status check_newest(const std::string& run_dir, const Header& h) {
 
 }  // namespace
 
+Status Writer::check(const std::string& path, const Header& h) {
+  CULPRIT_RETURN_IF_ERROR(files::refuse_link(fs::path(path).parent_path().string()));
+  CULPRIT_RETURN_IF_ERROR(files::refuse_link(path));  // opened for writing: never through a link
+  return check_newest(fs::path(path).parent_path().parent_path().string(), h);
+}
+
 Status Writer::open(const std::string& path, const Header& h, std::int64_t keep_through_step, std::string* warning) {
   header_ = h;
   path_ = path;
+  failed_ = Status::OK();
   const std::string where = "trace '" + path + "'";
   const std::string run_dir = fs::path(path).parent_path().parent_path().string();
-  CULPRIT_RETURN_IF_ERROR(files::refuse_link(fs::path(path).parent_path().string()));
-  CULPRIT_RETURN_IF_ERROR(files::refuse_link(path));  // opened for writing below: never through a link
-  CULPRIT_RETURN_IF_ERROR(check_newest(run_dir, h));
+  CULPRIT_RETURN_IF_ERROR(check(path, h));
   CULPRIT_RETURN_IF_ERROR(rewind(run_dir, h.rank, keep_through_step, h.run_id));
   sealed_through_ = 0;
   for (const auto& p : list_rank(run_dir, h.rank)) {
@@ -115,10 +138,10 @@ Status Writer::open(const std::string& path, const Header& h, std::int64_t keep_
       if (st.ok()) st = bound_metadata_cache(file_.id(), where);
       if (st.ok()) st = h5::read_attr(file_.id(), kAttrStepsCommitted, &steps_);
       if (st.ok()) st = h5::read_attr(file_.id(), kAttrShardsCommitted, &shards_);
+      if (st.ok() && sealed_through_ == 0 && steps_ > 0) st = first_step_minus_one(file_.id(), where, &sealed_through_);
       // The file's rank and world describe its latest writer; its faults are every writer's.
       Header merged = h;
-      for (const auto& f : old.faults)
-        if (std::find(merged.faults.begin(), merged.faults.end(), f) == merged.faults.end()) merged.faults.push_back(f);
+      merge_faults(old.faults, &merged.faults);
       header_ = merged;  // a file sealed from here on carries every writer's faults too
       if (st.ok()) return write_header(file_.id(), merged);
     }
@@ -136,7 +159,14 @@ Status Writer::open(const std::string& path, const Header& h, std::int64_t keep_
   // written through).
   CULPRIT_RETURN_IF_ERROR(files::ensure_dir(fs::path(path).parent_path().string()));
   CULPRIT_RETURN_IF_ERROR(files::create_fresh(path));
-  const Status created = create(path, h, where);
+  // After sealed files (a crash after a seal), the new live file carries their faults too.
+  for (const auto& p : list_rank(run_dir, h.rank)) {
+    h5::Handle f;
+    Header old;
+    if (p != path && h5::open_read(p, &f).ok() && read_header(f.id(), &old).ok()) merge_faults(old.faults, &header_.faults);
+    H5Eclear2(H5E_DEFAULT);
+  }
+  const Status created = create(path, header_, where);
   if (!created.ok()) {
     file_.reset();
     files::remove(path);  // no empty or half-made trace is left behind (a full disk at the start)
@@ -184,6 +214,14 @@ Status Writer::create(const std::string& path, const Header& h, const std::strin
 }
 
 Status Writer::append(const StepRow& s, const std::vector<ShardRow>& rows) {
+  if (!failed_.ok()) return failed_;
+  if (!file_.valid()) return failed_ = Status::Internal("trace '" + path_ + "' is not open");
+  const Status st = append_rows(s, rows);
+  if (!st.ok()) failed_ = st.prefixed("trace '" + path_ + "'");
+  return failed_;
+}
+
+Status Writer::append_rows(const StepRow& s, const std::vector<ShardRow>& rows) {
   const std::int64_t np = std::max<std::int64_t>(1, static_cast<std::int64_t>(header_.params.size()));
   const std::int64_t nl = std::max<std::int64_t>(1, static_cast<std::int64_t>(header_.layers.size()));
   h5::Handle steps(H5Gopen2(file_.id(), "steps", H5P_DEFAULT), H5Gclose);
@@ -271,6 +309,7 @@ Status Writer::append(const StepRow& s, const std::vector<ShardRow>& rows) {
 
 // Rename, then create: a crash between the two leaves no live file, and the next open starts one.
 Status Writer::seal(std::int64_t through) {
+  if (!failed_.ok()) return failed_;
   const std::string run_dir = fs::path(path_).parent_path().parent_path().string();
   const std::string to = sealed_path_for(run_dir, header_.rank, through);
   std::error_code ec;
@@ -284,18 +323,13 @@ Status Writer::seal(std::int64_t through) {
   if (!created.ok()) {
     file_.reset();
     files::remove(path_);
+    failed_ = created;  // the next job starts a live file (as after a crash here)
   }
   return created;
 }
 
 Status Writer::retire(std::int64_t first_kept) {
-  const std::string run_dir = fs::path(path_).parent_path().parent_path().string();
-  for (const auto& p : list_rank(run_dir, header_.rank)) {
-    FileName n;
-    if (parse_file_name(fs::path(p).filename().string(), &n) && n.through >= 0 && n.through < first_kept)
-      CULPRIT_RETURN_IF_ERROR(files::remove(p).prefixed("trace retention"));
-  }
-  return Status::OK();
+  return trace::retire(fs::path(path_).parent_path().parent_path().string(), header_.rank, first_kept, header_.run_id);
 }
 
 namespace {
@@ -309,7 +343,28 @@ Status run_id_of(const std::string& path, std::string* out) {
   return Status::OK();
 }
 
+// A file about to be deleted or replaced must be this run's (one that cannot be read is).
+Status ours(const std::string& path, const std::string& run_id) {
+  CULPRIT_RETURN_IF_ERROR(files::refuse_link(path));
+  std::string theirs;
+  if (!run_id_of(path, &theirs).ok()) {
+    H5Eclear2(H5E_DEFAULT);
+    return Status::OK();
+  }
+  return files::same_run(path, theirs, run_id);
+}
+
 }  // namespace
+
+Status retire(const std::string& run_dir, int rank, std::int64_t first_kept, const std::string& run_id) {
+  for (const auto& p : list_rank(run_dir, rank)) {
+    FileName n;
+    if (!parse_file_name(fs::path(p).filename().string(), &n) || n.through < 0 || n.through >= first_kept) continue;
+    CULPRIT_RETURN_IF_ERROR(ours(p, run_id));
+    CULPRIT_RETURN_IF_ERROR(files::remove(p).prefixed("trace retention"));
+  }
+  return Status::OK();
+}
 
 Status rewind(const std::string& run_dir, int rank, std::int64_t keep, const std::string& run_id) {
   std::vector<std::string> after;  // sealed files running past `keep`, oldest first
@@ -324,6 +379,9 @@ Status rewind(const std::string& run_dir, int rank, std::int64_t keep, const std
     CULPRIT_RETURN_IF_ERROR(run_id_of(p, &theirs));
     CULPRIT_RETURN_IF_ERROR(files::same_run(p, theirs, run_id));  // another run's: refused, untouched
   }
+  const std::string live = path_for(run_dir, rank);
+  std::error_code ec;
+  if (fs::exists(fs::symlink_status(live, ec))) CULPRIT_RETURN_IF_ERROR(ours(live, run_id));
   // Only the oldest can hold rows through `keep`; the rest hold later steps only. Newest first, so
   // that a crash part-way leaves what a repeat needs.
   std::int64_t kept = 0;

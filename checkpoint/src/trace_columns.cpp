@@ -116,7 +116,8 @@ Status put(hid_t group, const char* name, hid_t type, std::int64_t row0, std::in
   h5::Handle mspace(H5Screate_simple(static_cast<int>(count.size()), count.data(), nullptr), H5Sclose);
   if (H5Dwrite(ds.id(), type, mspace.id(), fspace.id(), H5P_DEFAULT, data) < 0)
     return Status::IoError(std::string("writing trace column '") + name + "': " + h5::error_stack());
-  return Status::OK();
+  // The write may sit in the chunk cache until the close writes it: a full disk shows there.
+  return ds.close(std::string("trace column '") + name + "'");
 }
 
 Status get(hid_t group, const std::string& where, const char* name, hid_t type, std::size_t elem, std::int64_t width,

@@ -24,6 +24,13 @@ void Handle::reset() {
   id_ = H5I_INVALID_HID;
 }
 
+Status Handle::close(const std::string& what) {
+  const herr_t rc = id_ >= 0 && closer_ ? closer_(id_) : 0;
+  id_ = H5I_INVALID_HID;
+  if (rc < 0) return Status::IoError("closing " + what + ": " + error_stack());
+  return Status::OK();
+}
+
 void init() { H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr); }
 
 namespace {

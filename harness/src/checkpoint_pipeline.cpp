@@ -47,6 +47,8 @@ Status CheckpointPipeline::open(std::int64_t start_step, const trace::Header* he
 Status CheckpointPipeline::open_trace(std::int64_t start_step, const trace::Header& h) {
   tracing_ = true;
   std::string warning;
+  // Every rank's refusal before any rank changes its files (a resume refused changes nothing).
+  CULPRIT_RETURN_IF_ERROR(agree(comm_, trace::Writer::check(trace::path_for(cfg_.run_dir, comm_.rank), h)));
   Status st = trace_.open(trace::path_for(cfg_.run_dir, comm_.rank), h, start_step, &warning);
   if (!warning.empty()) {
     std::fprintf(stderr, "culprit: warning: rank %d: %s\n", comm_.rank, printable(warning).c_str());
@@ -68,8 +70,20 @@ Status CheckpointPipeline::open_trace(std::int64_t start_step, const trace::Head
       if (!t.ok()) std::fprintf(stderr, "culprit: warning: %s\n", printable(t.message()).c_str());
     }
   }
+  CULPRIT_RETURN_IF_ERROR(agree(comm_, st));
+  // Every rank rolls at the same checkpoints: from the newest seal of any rank (a rank new to the
+  // run has none; a crash can have stopped some ranks' seal).
+  std::int64_t sealed = trace_.sealed_through();
+  CULPRIT_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &sealed, 1, MPI_INT64_T, MPI_MAX, comm_.comm));
+  sealed_through_ = sealed;
+  for (const auto& path : trace::list(cfg_.run_dir)) {
+    trace::FileName n;
+    if (trace::parse_file_name(fs::path(path).filename().string(), &n) && n.rank >= comm_.size &&
+        (beyond_.empty() || beyond_.back() != n.rank))
+      beyond_.push_back(n.rank);
+  }
   // A run that has had an incident keeps every trace file from now on (--trace-keep).
-  if (st.ok() && cfg_.trace_keep > 0) {
+  if (cfg_.trace_keep > 0) {
     int pinned = 0;
     if (comm_.rank == 0) {
       std::vector<records::Incident> incidents;
@@ -79,7 +93,7 @@ Status CheckpointPipeline::open_trace(std::int64_t start_step, const trace::Head
     CULPRIT_MPI_CHECK(MPI_Bcast(&pinned, 1, MPI_INT, 0, comm_.comm));
     trace_pinned_ = pinned != 0;
   }
-  return agree(comm_, st);
+  return Status::OK();
 }
 
 Status CheckpointPipeline::drain() {
@@ -163,9 +177,17 @@ void CheckpointPipeline::fence() {
 Status CheckpointPipeline::roll_trace(std::int64_t step, bool pinned) {
   if (!tracing_ || cfg_.trace_keep <= 0) return Status::OK();
   const std::int64_t every = std::max<std::int64_t>(format::kTraceChunkRows, cfg_.trace_keep / 4);
-  if (step - trace_.sealed_through() >= every) CULPRIT_RETURN_IF_ERROR(trace_.seal(step));
+  if (step - sealed_through_ >= every) {
+    CULPRIT_RETURN_IF_ERROR(trace_.seal(step));
+    sealed_through_ = step;
+  }
   if (pinned) return Status::OK();
-  return trace_.retire(step - cfg_.trace_keep + 1);
+  const std::int64_t first_kept = step - cfg_.trace_keep + 1;
+  CULPRIT_RETURN_IF_ERROR(trace_.retire(first_kept));
+  // The files of ranks beyond this world age like the others (rank 0 keeps them).
+  if (comm_.rank == 0)
+    for (int r : beyond_) CULPRIT_RETURN_IF_ERROR(trace::retire(cfg_.run_dir, r, first_kept, cfg_.run_id));
+  return Status::OK();
 }
 
 void CheckpointPipeline::append_trace(trace::StepRow row, std::vector<trace::ShardRow> shards) {

@@ -42,6 +42,8 @@ class CheckpointPipeline {
   void append_trace(trace::StepRow row, std::vector<trace::ShardRow> shards);
   // The run has had an incident: from now on no trace file is deleted (its diagnosis needs them).
   void pin_trace() { trace_pinned_ = true; }
+  // Local, without waiting: the first failed write so far (a trace append to a full disk).
+  Status io_error() { return !serial_error_.ok() ? serial_error_ : io_ ? io_->error() : Status::OK(); }
   // Collective: waits for every write and closes the trace; the first error of any rank.
   Status close();
 
@@ -72,6 +74,8 @@ class CheckpointPipeline {
   trace::Writer trace_;
   bool tracing_ = false;
   bool trace_pinned_ = false;  // set on the main thread; each checkpoint's job takes a copy
+  std::int64_t sealed_through_ = 0;  // the newest seal of any rank (agreed at open), then ours
+  std::vector<int> beyond_;          // ranks with trace files beyond this world
 };
 
 }  // namespace culprit::harness

@@ -39,6 +39,12 @@ class IoWorker {
     return jobs_.empty() && !busy_;
   }
 
+  // The first error since the last drain, without waiting.
+  Status error() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return error_;
+  }
+
   // Waits until every submitted job has run; returns the first error since the last drain.
   Status drain() {
     std::unique_lock<std::mutex> lock(mu_);

@@ -399,9 +399,9 @@ Status Trainer::run(std::int64_t start_step, const std::string& resumed_from) {
       break;
     }
     const bool due = (cfg_.checkpoint.every > 0 && s % cfg_.checkpoint.every == 0) || s == cfg_.steps;
-    // A lost metrics line (a full disk) ends the job at the next checkpoint, before it is written:
-    // every rank is there, so the decision is agreed without a collective of its own each step.
-    if (due) st = agree(comm_, metrics_status_);
+    // A lost metrics line or trace row (a full disk) ends the job at once on every rank, before a
+    // checkpoint of a run whose records have a hole (one int all-reduced a step).
+    st = agree(comm_, metrics_status_.ok() ? pipeline_->io_error() : metrics_status_);
     if (due && st.ok()) st = save_checkpoint(s);
   }
   Status io_status = pipeline_->close();

@@ -1,6 +1,7 @@
 // culprit audit --compare: where two runs meant to be identical part ways (one process; no replay).
 #include <algorithm>
 #include <cstdio>
+#include <filesystem>
 #include <map>
 
 #include "culprit/checkpoint.h"
@@ -16,10 +17,15 @@ namespace {
 Status step_rows(const std::string& run_dir, trace::Header* h, std::map<std::int64_t, trace::StepRow>* rows) {
   const auto files = trace::list(run_dir);
   if (files.empty()) return Status::OK();
-  trace::TraceFile tf;
-  CULPRIT_RETURN_IF_ERROR(trace::read(files[0], &tf));
-  *h = tf.header;
-  for (const auto& s : tf.steps) (*rows)[s.step] = s;
+  // The lowest rank's files, all of them (a --trace-keep run has several).
+  trace::FileName first;
+  if (!trace::parse_file_name(std::filesystem::path(files[0]).filename().string(), &first)) return Status::OK();
+  for (const auto& path : trace::list_rank(run_dir, first.rank)) {
+    trace::TraceFile tf;
+    CULPRIT_RETURN_IF_ERROR(trace::read(path, &tf));
+    *h = tf.header;
+    for (const auto& s : tf.steps) (*rows)[s.step] = s;
+  }
   return Status::OK();
 }
 

@@ -14,7 +14,7 @@ import time
 import unittest
 
 sys.path.insert(0, os.path.dirname(__file__))
-from culprit_testlib import CULPRIT, MPIRUN, TempDirTest, run  # noqa: E402
+from culprit_testlib import CULPRIT, MPIRUN, TempDirTest, run, run_each_rank_code  # noqa: E402
 
 ARGS = ["--model", "mlp", "--global-batch", "16", "--micro-shards", "4", "--quiet"]
 EXIT_USAGE, EXIT_IO = 2, 6
@@ -28,6 +28,18 @@ def start(args, world, run_dir):
 def metric_steps(run_dir):
     with open(os.path.join(run_dir, "metrics.jsonl")) as f:
         return [json.loads(l)["step"] for l in f]
+
+
+def metric_steps_until_torn(run_dir):
+    """The steps of metrics.jsonl's whole lines (a full disk can cut the last one)."""
+    out = []
+    with open(os.path.join(run_dir, "metrics.jsonl")) as f:
+        for line in f:
+            try:
+                out.append(json.loads(line)["step"])
+            except ValueError:
+                break
+    return out
 
 
 def wait_for_steps(run_dir, n, proc, limit=120):
@@ -416,6 +428,33 @@ class FullDisk(TempDirTest):
         self.assertEqual(r.code, 0, r.err)
         self.assertEqual(metric_steps(d), list(range(1, 61)))
         self.assertEqual(r.metrics()[-1]["fingerprint"], ref.final_fingerprint())
+
+    def test_a_disk_filling_between_checkpoints_ends_the_job_at_once(self):
+        # The trace and metrics.jsonl fill the disk long before the next checkpoint (step 1000): the
+        # job ends within a few steps of it on every rank with exit 6 (HDF5 took the last trace
+        # rows into its chunk cache and failed only when writing them out: that failure counts), no
+        # committed trace row is lost, and the run resumes from step 0 bitwise.
+        args = ["--checkpoint-every", "1000", "--collective-timeout", "30"] + ARGS
+        d = os.path.join(self.disk, "run")
+        codes, _, err = run_each_rank_code(["train", "--steps", "3000"] + args + ["--run-dir", d], 2, self.tmp)
+        self.assertEqual(codes, [EXIT_IO, EXIT_IO], err)
+        self.assertIn("No space left on device", err)
+        steps = metric_steps_until_torn(d)
+        for rank in range(2):  # the trace stopped where the metrics did, not at the checkpoint
+            trace_steps = subprocess.run(["/usr/bin/python3", "-c", "import h5py,sys; print(h5py.File(sys.argv[1], 'r')"
+                                          ".attrs['steps_committed'])", os.path.join(d, "trace", "rank-%05d.h5" % rank)],
+                                         capture_output=True, text=True, check=True).stdout
+            self.assertLess(int(trace_steps), steps[-1] + 10, "the job ran on with a broken trace")
+        v = run(["verify", d])
+        self.assertEqual(v.code, 0, v.out + v.err)  # every committed row passes its checksum
+        self.assertNotIn("FAIL", v.out)
+        self.mount("size=64m")
+        r = run(["train", "--resume", "--steps", "400"] + args, world=2, run_dir=d)
+        self.assertEqual(r.code, 0, r.err)
+        ref = run(["train", "--steps", "400"] + args, world=2, run_dir=self.path("ref"))
+        self.assertEqual(r.metrics()[-1]["fingerprint"], ref.final_fingerprint())
+        v = run(["verify", d])
+        self.assertEqual(v.code, 0, v.out + v.err)
 
     def test_a_failed_start_leaves_no_empty_run_json(self):
         os.remove(self.fill())  # one page left: the lock takes it, run.json finds none

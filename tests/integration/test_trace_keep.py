@@ -102,6 +102,32 @@ class TraceKeep(TempDirTest):
         res = run(["verify", d])
         self.assertEqual(res.code, 0, res.out + res.err)
 
+    def test_every_rank_rolls_at_the_same_steps_when_the_world_changes(self):
+        # Trained on 2 ranks (files sealed at 65 and 130), resumed on 3 (rank 2 is new: it must seal
+        # where the others do, not at once), then on 1 (ranks 1 and 2 are beyond the world: their
+        # files must still age).
+        d = self.path("worlds")
+        self.train("worlds", ARGS + ["--steps", "130", "--trace-keep", "40"], 2)
+        self.assertEqual(run(["train", "--resume", "--steps", "260", "--quiet"], world=3, run_dir=d).code, 0)
+        sealed = lambda r: sorted(os.path.basename(p).split(".to-")[1] for p in
+                                  glob.glob(os.path.join(d, "trace", "rank-%05d.to-*.h5" % r)))
+        self.assertEqual(sealed(2), sealed(0))
+        self.assertEqual(sealed(0), ["00000260.h5"])  # sealed at 195 and 260; 195 retired at 260
+        # Every kept step has a row of each of its 4 micro-shards, from whichever rank computed it.
+        shards = {}
+        for path in glob.glob(os.path.join(d, "trace", "*.h5")):
+            with h5py.File(path, "r") as f:
+                for i in range(int(f.attrs["shards_committed"])):
+                    shards.setdefault(int(f["shards/step"][i]), set()).add(int(f["shards/shard"][i]))
+        self.assertEqual({s: k for s, k in shards.items() if k != {0, 1, 2, 3}}, {})
+        self.assertEqual(min(shards), min(rows(d, 0)[0]))
+        self.assertEqual(run(["train", "--resume", "--steps", "400", "--quiet"], run_dir=d).code, 0)
+        for r in (1, 2):  # their rows all end at 260, long before the newest 40 steps
+            self.assertEqual(sealed(r), [])
+            self.assertEqual(rows(d, r)[0], {})
+        res = run(["verify", d])
+        self.assertEqual(res.code, 0, res.out + res.err)
+
     def test_a_bisection_names_the_steps_whose_rows_were_retired(self):
         # A silent fault at step 130 of 140, N = 20: files sealed at 65 and 130, the first deleted;
         # the fault's rows are kept. With ten checkpoints kept the search starts inside the kept

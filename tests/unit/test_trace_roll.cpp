@@ -144,8 +144,13 @@ TEST_F(TraceRoll, ACrashBetweenSealAndTheNewLiveFileLosesNothing) {
   write(0, 1, 20, 10);
   fs::remove(trace::path_for(dir_, 0));  // what a crash after the rename leaves
   EXPECT_EQ(steps(), range(1, 20));
+  header_.faults = {"step=21,kind=scale"};  // the next job's own
   write(20, 21, 22);
   EXPECT_EQ(steps(), range(1, 22));
+  // The new live file still names the earlier job's faults (its older files may be retired).
+  trace::TraceFile live;
+  ASSERT_TRUE(trace::read(trace::path_for(dir_, 0), &live).ok());
+  EXPECT_EQ(live.header.faults, (std::vector<std::string>{"step=21,kind=scale", "step=3,kind=nan"}));
 }
 
 }  // namespace

@@ -97,6 +97,12 @@ class Writer {
   // A file that cannot be reopened (a crash inside an HDF5 flush can leave one) is renamed to
   // PATH.damaged-N and a new one started; *warning then says so.
   Status open(const std::string& path, const Header& h, std::int64_t keep_through_step, std::string* warning);
+  // What open() refuses, found without changing anything (a link, another run's, format's or
+  // model's file), so that every rank can agree before any rank rewinds its files.
+  static Status check(const std::string& path, const Header& h);
+  // After a failed append the file's state past its committed rows is unknown (a full disk can
+  // leave a chunk allocated but never written): every later append and seal returns that error
+  // without touching the file, so no count is ever raised over rows that are not there.
   Status append(const StepRow& step, const std::vector<ShardRow>& shards);
   // Seals the live file as the one running through `through` (every row appended so far) and
   // starts a new live file with the same header.
@@ -111,11 +117,13 @@ class Writer {
  private:
   // The new file's header, groups and columns (open() removes the file when this fails).
   Status create(const std::string& path, const Header& h, const std::string& where);
+  Status append_rows(const StepRow& step, const std::vector<ShardRow>& shards);
   h5::Handle file_;
   std::string path_;
   Header header_;
   std::int64_t steps_ = 0, shards_ = 0;
   std::int64_t sealed_through_ = 0;
+  Status failed_;  // the first failed append or seal
 };
 
 struct TraceFile {
@@ -156,6 +164,10 @@ Status read_run(const std::string& run_dir, RunTrace* out, const std::string& ru
 // *kept (optional): the rows of /steps left.
 Status truncate(const std::string& path, std::int64_t keep_through_step, const std::string& run_id = "",
                 std::int64_t* kept = nullptr);
+
+// Deletes the sealed files of `rank` whose rows all precede step `first_kept` (each checked to be
+// this run's first).
+Status retire(const std::string& run_dir, int rank, std::int64_t first_kept, const std::string& run_id);
 
 // Resuming at `keep_through_step`: the sealed files of `rank` whose rows all follow it are
 // deleted, and the one that holds it (if any) becomes the live file again (replacing the live

@@ -27,6 +27,9 @@ class Handle {
   Handle& operator=(const Handle&) = delete;
   ~Handle() { reset(); }
   void reset();
+  // Closes now, and says whether that worked: closing a dataset flushes its chunk cache, the one
+  // place a full disk shows for writes the cache took (reset() cannot say).
+  Status close(const std::string& what);
   hid_t id() const { return id_; }
   bool valid() const { return id_ >= 0; }
 
