@@ -207,7 +207,7 @@ Status prepare_file(const std::string& tmp, const Checkpoint& c) {
 }  // namespace
 
 Status write(const Comm& comm, const std::string& final_path, const Checkpoint& c, WriteStats* stats,
-             const std::vector<int>& writers) {
+             const std::vector<int>& writers, const Status& local) {
   const auto t0 = std::chrono::steady_clock::now();
   const int W = writers.empty() ? comm.size : static_cast<int>(writers.size());
   int writer = writers.empty() ? comm.rank : -1;
@@ -217,8 +217,13 @@ Status write(const Comm& comm, const std::string& final_path, const Checkpoint& 
   // Rank 0 makes the file a fresh one (a leftover or a link there is replaced, never written
   // through) and checks the space: MPI-IO's collective close can hang once a rank's write failed
   // for lack of it, so a full disk must be found before the first byte (docs/checkpoint-format.md).
-  Status st = comm.rank == 0 ? prepare_file(tmp, c) : Status::OK();
-  CULPRIT_RETURN_IF_ERROR(agree(comm, st));
+  Status st = local;
+  if (st.ok() && comm.rank == 0) st = prepare_file(tmp, c);
+  st = agree(comm, st);
+  if (!st.ok()) {
+    if (comm.rank == 0) files::remove(tmp);
+    return st;
+  }
   Status failed;
   {
     h5::Handle file;

@@ -3,7 +3,10 @@
 // and the header both share: trace_columns.h. Format: docs/checkpoint-format.md.
 #include "culprit/trace.h"
 
+#include <unistd.h>
+
 #include <algorithm>
+#include <cerrno>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
@@ -62,6 +65,11 @@ Status bound_metadata_cache(hid_t file, const std::string& where) {
 void merge_faults(const std::vector<std::string>& from, std::vector<std::string>* into) {
   for (const auto& f : from)
     if (std::find(into->begin(), into->end(), f) == into->end()) into->push_back(f);
+}
+
+Status flush_failed(const std::string& where) {
+  h5::note_failed_write();
+  return Status::IoError(where + ": flush failed: " + h5::error_stack());
 }
 
 // Where the live file's rows begin (its first row's step - 1): where it was last sealed, when every
@@ -209,7 +217,7 @@ Status Writer::create(const std::string& path, const Header& h, const std::strin
   steps_ = shards_ = 0;
   CULPRIT_RETURN_IF_ERROR(h5::write_attr(file_.id(), kAttrStepsCommitted, steps_));
   CULPRIT_RETURN_IF_ERROR(h5::write_attr(file_.id(), kAttrShardsCommitted, shards_));
-  if (H5Fflush(file_.id(), H5F_SCOPE_LOCAL) < 0) return Status::IoError(where + ": flush failed: " + h5::error_stack());
+  if (H5Fflush(file_.id(), H5F_SCOPE_LOCAL) < 0) return flush_failed(where);
   return Status::OK();
 }
 
@@ -298,12 +306,25 @@ Status Writer::append_rows(const StepRow& s, const std::vector<ShardRow>& rows) 
     CULPRIT_RETURN_IF_ERROR(put(shards.id(), "bwd_fp", H5T_NATIVE_UINT64, shards_, n, nl, bwd.data()));
   }
   // Rows first, then the counts that make them visible.
-  if (H5Fflush(file_.id(), H5F_SCOPE_LOCAL) < 0) return Status::IoError("trace flush failed: " + h5::error_stack());
+  if (H5Fflush(file_.id(), H5F_SCOPE_LOCAL) < 0) return flush_failed("trace '" + path_ + "'");
   steps_ += 1;
   shards_ += n;
   CULPRIT_RETURN_IF_ERROR(h5::write_attr(file_.id(), kAttrStepsCommitted, steps_));
   CULPRIT_RETURN_IF_ERROR(h5::write_attr(file_.id(), kAttrShardsCommitted, shards_));
-  if (H5Fflush(file_.id(), H5F_SCOPE_LOCAL) < 0) return Status::IoError("trace flush failed: " + h5::error_stack());
+  if (H5Fflush(file_.id(), H5F_SCOPE_LOCAL) < 0) return flush_failed("trace '" + path_ + "'");
+  return Status::OK();
+}
+
+Status Writer::sync() {
+  if (!failed_.ok()) return failed_;
+  if (!file_.valid()) return Status::OK();
+  const std::string where = "trace '" + path_ + "'";
+  if (H5Fflush(file_.id(), H5F_SCOPE_LOCAL) < 0) return failed_ = flush_failed(where);
+  void* handle = nullptr;
+  if (H5Fget_vfd_handle(file_.id(), H5P_DEFAULT, &handle) < 0 || !handle)
+    return Status::Internal(where + ": H5Fget_vfd_handle: " + h5::error_stack());
+  if (::fsync(*static_cast<int*>(handle)) != 0)  // the POSIX driver's descriptor
+    return failed_ = Status::IoError("cannot sync " + where + ": " + std::strerror(errno));
   return Status::OK();
 }
 
@@ -410,7 +431,7 @@ Status truncate(const std::string& path, std::int64_t keep, const std::string& r
   CULPRIT_RETURN_IF_ERROR(count_through(hg.id(), where, shards, keep, &nsh));
   CULPRIT_RETURN_IF_ERROR(h5::write_attr(f.id(), kAttrStepsCommitted, ns));
   CULPRIT_RETURN_IF_ERROR(h5::write_attr(f.id(), kAttrShardsCommitted, nsh));
-  if (H5Fflush(f.id(), H5F_SCOPE_LOCAL) < 0) return Status::IoError(where + ": flush failed: " + h5::error_stack());
+  if (H5Fflush(f.id(), H5F_SCOPE_LOCAL) < 0) return flush_failed(where);
   if (kept) *kept = ns;
   return Status::OK();
 }

@@ -1,4 +1,6 @@
 #include "culprit/h5.h"
+
+#include <atomic>
 #include "culprit/system.h"
 
 #include <unistd.h>
@@ -19,14 +21,22 @@ Handle& Handle::operator=(Handle&& o) noexcept {
   return *this;
 }
 
+namespace {
+std::atomic<bool> g_failed_write{false};
+}  // namespace
+
+void note_failed_write() { g_failed_write = true; }
+bool writes_failed() { return g_failed_write; }
+
 void Handle::reset() {
-  if (id_ >= 0 && closer_) closer_(id_);
+  if (id_ >= 0 && closer_ && closer_(id_) < 0) note_failed_write();
   id_ = H5I_INVALID_HID;
 }
 
 Status Handle::close(const std::string& what) {
   const herr_t rc = id_ >= 0 && closer_ ? closer_(id_) : 0;
   id_ = H5I_INVALID_HID;
+  if (rc < 0) note_failed_write();
   if (rc < 0) return Status::IoError("closing " + what + ": " + error_stack());
   return Status::OK();
 }

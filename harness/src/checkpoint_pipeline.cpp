@@ -134,7 +134,10 @@ Status CheckpointPipeline::save(std::int64_t step, std::function<void(ckpt::Chec
     ckpt::compute_fingerprints(c.get());
     Comm io{io_comm_, comm_.rank, comm_.size, comm_.host};
     ckpt::WriteStats stats;
-    Status st = ckpt::write(io, path, *c, &stats, writers_);
+    // The trace through this step is durable before the checkpoint commits (its rows were queued
+    // before this job); a failure is agreed inside write's first agreement.
+    const Status synced = tracing_ ? trace_.sync() : Status::OK();
+    Status st = ckpt::write(io, path, *c, &stats, writers_, synced);
     if (st.ok() && comm_.rank == 0) st = ckpt::apply_retention(cfg_.run_dir, step, cfg_.checkpoint.keep_last, cfg_.checkpoint.keep_every);
     if (st.ok()) st = roll_trace(step, pinned);
     cost_.bytes = stats.bytes;

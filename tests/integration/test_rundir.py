@@ -377,6 +377,44 @@ def can_mount():
 
 
 @unittest.skipUnless(can_mount(), "a tmpfs for the full disk needs root (CI runs as root)")
+class FailingDisk(TempDirTest):
+    """A real EIO: ext4 on a loop device whose backing file lies on a small tmpfs. Once the tmpfs is
+    full the loop device's writes fail, ext4 sees I/O errors, aborts its journal and turns itself
+    read-only, while its free space still looks ample (no free-space check can see it coming)."""
+
+    def setUp(self):
+        super().setUp()
+        self.back, self.disk = self.path("back"), self.path("disk")
+        os.makedirs(self.back)
+        os.makedirs(self.disk)
+        subprocess.run(["mount", "-t", "tmpfs", "-o", "size=6m", "tmpfs", self.back], check=True)
+        image = os.path.join(self.back, "ext4.img")
+        subprocess.run(["truncate", "-s", "64M", image], check=True)
+        subprocess.run(["mkfs.ext4", "-q", "-F", image], check=True)
+        self.loop = subprocess.run(["losetup", "-f", "--show", image], capture_output=True, text=True,
+                                   check=True).stdout.strip()
+        subprocess.run(["mount", "-o", "errors=remount-ro", self.loop, self.disk], check=True)
+
+    def tearDown(self):
+        subprocess.run(["umount", self.disk], check=False)
+        subprocess.run(["losetup", "-d", self.loop], check=False)
+        subprocess.run(["umount", self.back], check=False)
+        super().tearDown()
+
+    def test_a_failing_disk_ends_the_job_with_exit_6_and_no_crash(self):
+        d = os.path.join(self.disk, "run")
+        args = ["train", "--steps", "20000", "--checkpoint-every", "50", "--collective-timeout", "30"] + ARGS
+        codes, out, err = run_each_rank_code(args + ["--run-dir", d], 2, self.tmp)
+        self.assertEqual(codes, [EXIT_IO, EXIT_IO], err)
+        self.assertTrue("Input/output error" in err or "Read-only file system" in err, err)
+        for crash in ("Segmentation fault", "Signal:", "stack trace", "terminate called"):
+            self.assertNotIn(crash, err)
+        errors = [l for l in err.splitlines() if l.startswith("culprit: error:")]
+        self.assertEqual(len(errors), 1, err)  # one line, naming the file
+        self.assertIn(d, errors[0])
+        self.assertLess(len(metric_steps_until_torn(d)), 20000)
+
+
 class FullDisk(TempDirTest):
     def setUp(self):
         super().setUp()

@@ -38,7 +38,9 @@ class TraceRoll : public ::testing::Test {
       trace::ShardRow shard;
       shard.step = s;
       ASSERT_TRUE(w.append(row, {shard}).ok());
-      if (seal_every && s % seal_every == 0) ASSERT_TRUE(w.seal(s).ok());
+      if (seal_every && s % seal_every == 0) {
+        ASSERT_TRUE(w.seal(s).ok());
+      }
     }
   }
   // The steps read back from every file of the run, in order.

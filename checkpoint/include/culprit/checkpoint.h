@@ -45,8 +45,9 @@ struct WriteStats {
 // Collective over comm: writes `c` to final_path atomically (temporary name, fsync, rename, fsync
 // of the directory). Every rank holds the whole state; the writers (ranks of comm, ascending; empty:
 // all) write disjoint slices of large tensors through MPI-IO and take the small ones in turn.
+// `local`: this rank's failure before the write (its trace's sync), agreed before the file exists.
 Status write(const Comm& comm, const std::string& final_path, const Checkpoint& c, WriteStats* stats = nullptr,
-             const std::vector<int>& writers = {});
+             const std::vector<int>& writers = {}, const Status& local = Status::OK());
 
 // Reads a checkpoint (one process, no MPI). With verify, every dataset's fingerprint and the state
 // fingerprint are recomputed; a mismatch names the file, the dataset and both fingerprints.

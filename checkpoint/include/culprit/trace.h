@@ -104,6 +104,9 @@ class Writer {
   // leave a chunk allocated but never written): every later append and seal returns that error
   // without touching the file, so no count is ever raised over rows that are not there.
   Status append(const StepRow& step, const std::vector<ShardRow>& shards);
+  // Makes every row appended so far durable (fsync): called before a checkpoint commits, so that a
+  // committed checkpoint's steps are in the trace after a crash of the node too.
+  Status sync();
   // Seals the live file as the one running through `through` (every row appended so far) and
   // starts a new live file with the same header.
   Status seal(std::int64_t through);

@@ -41,6 +41,12 @@ class Handle {
 // Call once per process before any other HDF5 call: silences HDF5's own error printing.
 void init();
 
+// Whether a close (or a flush, noted by its caller) of an HDF5 object failed in this process: a
+// full or failing disk. HDF5 1.10 leaves such a file half-closed and crashes closing it again at
+// MPI_Finalize; cli::finish_mpi then leaves without it (docs/architecture.md, "I/O failures").
+void note_failed_write();
+bool writes_failed();
+
 // HDF5's current error stack as one line ("H5Fopen: unable to open file: ...; ...").
 std::string error_stack();
 
