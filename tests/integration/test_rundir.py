@@ -1,9 +1,7 @@
 """The run directory is culprit's to guard (docs/architecture.md, "Security model"): one writer at a
 time (a lock that a crash releases), no link inside it followed, nothing outside it written or
-deleted, a new run only in a directory holding nothing culprit writes, and a full or read-only disk
-ends the job promptly with exit 6 naming the file and the reason, nothing already written damaged.
-Real things throughout: concurrent mpirun jobs, real symbolic links, a real tmpfs of a few hundred
-KiB for the full disk (mounting needs root, as in CI)."""
+deleted, a new run only in a directory holding nothing culprit writes (full, failing and read-only
+disks: test_disk.py). Real things throughout: concurrent mpirun jobs, real symbolic links."""
 import hashlib
 import json
 import os
@@ -14,7 +12,7 @@ import time
 import unittest
 
 sys.path.insert(0, os.path.dirname(__file__))
-from culprit_testlib import CULPRIT, MPIRUN, TempDirTest, run, run_each_rank_code  # noqa: E402
+from culprit_testlib import CULPRIT, MPIRUN, TempDirTest, run  # noqa: E402
 
 ARGS = ["--model", "mlp", "--global-batch", "16", "--micro-shards", "4", "--quiet"]
 EXIT_USAGE, EXIT_IO = 2, 6
@@ -370,155 +368,6 @@ class TornTails(TempDirTest):
         r = run(["report", d, "--field", "incident.message", "--which", "last"])
         self.assertEqual(r.code, 0, r.err)
         self.assertIn("after", r.out)
-
-
-def can_mount():
-    return os.geteuid() == 0 and shutil.which("mount") is not None
-
-
-@unittest.skipUnless(can_mount(), "a tmpfs for the full disk needs root (CI runs as root)")
-class FailingDisk(TempDirTest):
-    """A real EIO: ext4 on a loop device whose backing file lies on a small tmpfs. Once the tmpfs is
-    full the loop device's writes fail, ext4 sees I/O errors, aborts its journal and turns itself
-    read-only, while its free space still looks ample (no free-space check can see it coming)."""
-
-    def setUp(self):
-        super().setUp()
-        self.back, self.disk = self.path("back"), self.path("disk")
-        os.makedirs(self.back)
-        os.makedirs(self.disk)
-        subprocess.run(["mount", "-t", "tmpfs", "-o", "size=6m", "tmpfs", self.back], check=True)
-        image = os.path.join(self.back, "ext4.img")
-        subprocess.run(["truncate", "-s", "64M", image], check=True)
-        subprocess.run(["mkfs.ext4", "-q", "-F", image], check=True)
-        self.loop = subprocess.run(["losetup", "-f", "--show", image], capture_output=True, text=True,
-                                   check=True).stdout.strip()
-        subprocess.run(["mount", "-o", "errors=remount-ro", self.loop, self.disk], check=True)
-
-    def tearDown(self):
-        subprocess.run(["umount", self.disk], check=False)
-        subprocess.run(["losetup", "-d", self.loop], check=False)
-        subprocess.run(["umount", self.back], check=False)
-        super().tearDown()
-
-    def test_a_failing_disk_ends_the_job_with_exit_6_and_no_crash(self):
-        d = os.path.join(self.disk, "run")
-        args = ["train", "--steps", "20000", "--checkpoint-every", "50", "--collective-timeout", "30"] + ARGS
-        codes, out, err = run_each_rank_code(args + ["--run-dir", d], 2, self.tmp)
-        self.assertEqual(codes, [EXIT_IO, EXIT_IO], err)
-        self.assertTrue("Input/output error" in err or "Read-only file system" in err, err)
-        for crash in ("Segmentation fault", "Signal:", "stack trace", "terminate called"):
-            self.assertNotIn(crash, err)
-        errors = [l for l in err.splitlines() if l.startswith("culprit: error:")]
-        self.assertEqual(len(errors), 1, err)  # one line, naming the file
-        self.assertIn(d, errors[0])
-        self.assertLess(len(metric_steps_until_torn(d)), 20000)
-
-
-class FullDisk(TempDirTest):
-    def setUp(self):
-        super().setUp()
-        self.disk = self.path("disk")
-        os.makedirs(self.disk)
-        self.mount("size=700k")
-
-    def tearDown(self):
-        subprocess.run(["umount", self.disk], check=False)
-        super().tearDown()
-
-    def mount(self, opts):
-        if os.path.ismount(self.disk):
-            subprocess.run(["mount", "-o", "remount," + opts, self.disk], check=True)
-        else:
-            subprocess.run(["mount", "-t", "tmpfs", "-o", opts, "tmpfs", self.disk], check=True)
-
-    def fill(self):
-        """Fills the tmpfs; returns a 4 KiB file whose removal frees one page."""
-        spare = os.path.join(self.disk, "spare")
-        with open(spare, "wb") as f:
-            f.write(b"\0" * 4096)
-        fd = os.open(os.path.join(self.disk, "fill"), os.O_WRONLY | os.O_CREAT)
-        try:
-            while os.write(fd, b"\0" * 4096) > 0:
-                pass
-        except OSError:
-            pass
-        os.close(fd)
-        return spare
-
-    def test_a_full_disk_ends_the_job_with_exit_6_and_damages_nothing(self):
-        args = ["--steps", "60", "--checkpoint-every", "5", "--keep-last", "100", "--collective-timeout", "30"] + ARGS
-        ref = run(["train"] + args, world=2, run_dir=self.path("ref"))
-        self.assertEqual(ref.code, 0, ref.err)
-        d = os.path.join(self.disk, "run")
-        t0 = time.time()
-        r = run(["train"] + args, world=2, run_dir=d)
-        took = time.time() - t0
-        self.assertEqual(r.code, EXIT_IO, r.err)
-        self.assertIn("No space left on device", r.err)
-        self.assertIn(os.path.join(d, "checkpoints", "step-"), r.err)  # the file it could not write
-        self.assertLess(took, 30, "it waited for the collective timeout instead of ending promptly")
-        self.assertFalse([n for n in os.listdir(os.path.join(d, "checkpoints")) if n.endswith(".tmp")])
-        v = run(["verify", d])
-        self.assertEqual(v.code, 0, v.out + v.err)  # everything written before stays whole
-        self.mount("size=8m")
-        r = run(["train", "--resume"] + args, world=2, run_dir=d)
-        self.assertEqual(r.code, 0, r.err)
-        self.assertEqual(metric_steps(d), list(range(1, 61)))
-        self.assertEqual(r.metrics()[-1]["fingerprint"], ref.final_fingerprint())
-
-    def test_a_disk_filling_between_checkpoints_ends_the_job_at_once(self):
-        # The trace and metrics.jsonl fill the disk long before the next checkpoint (step 1000): the
-        # job ends within a few steps of it on every rank with exit 6 (HDF5 took the last trace
-        # rows into its chunk cache and failed only when writing them out: that failure counts), no
-        # committed trace row is lost, and the run resumes from step 0 bitwise.
-        args = ["--checkpoint-every", "1000", "--collective-timeout", "30"] + ARGS
-        d = os.path.join(self.disk, "run")
-        codes, _, err = run_each_rank_code(["train", "--steps", "3000"] + args + ["--run-dir", d], 2, self.tmp)
-        self.assertEqual(codes, [EXIT_IO, EXIT_IO], err)
-        self.assertIn("No space left on device", err)
-        steps = metric_steps_until_torn(d)
-        for rank in range(2):  # the trace stopped where the metrics did, not at the checkpoint
-            trace_steps = subprocess.run(["/usr/bin/python3", "-c", "import h5py,sys; print(h5py.File(sys.argv[1], 'r')"
-                                          ".attrs['steps_committed'])", os.path.join(d, "trace", "rank-%05d.h5" % rank)],
-                                         capture_output=True, text=True, check=True).stdout
-            self.assertLess(int(trace_steps), steps[-1] + 10, "the job ran on with a broken trace")
-        v = run(["verify", d])
-        self.assertEqual(v.code, 0, v.out + v.err)  # every committed row passes its checksum
-        self.assertNotIn("FAIL", v.out)
-        self.mount("size=64m")
-        r = run(["train", "--resume", "--steps", "400"] + args, world=2, run_dir=d)
-        self.assertEqual(r.code, 0, r.err)
-        ref = run(["train", "--steps", "400"] + args, world=2, run_dir=self.path("ref"))
-        self.assertEqual(r.metrics()[-1]["fingerprint"], ref.final_fingerprint())
-        v = run(["verify", d])
-        self.assertEqual(v.code, 0, v.out + v.err)
-
-    def test_a_failed_start_leaves_no_empty_run_json(self):
-        os.remove(self.fill())  # one page left: the lock takes it, run.json finds none
-        d = os.path.join(self.disk, "run")
-        r = run(["train", "--steps", "4"] + ARGS, world=2, run_dir=d)
-        self.assertEqual(r.code, EXIT_IO, r.err)
-        self.assertIn("No space left on device", r.err)
-        self.assertFalse(os.path.lexists(os.path.join(d, "run.json")))
-        self.assertFalse(os.path.lexists(os.path.join(d, "run.json.tmp")))
-        # Nothing empty or half-made is left (the traces are created first; the lock file stays).
-        left = {os.path.relpath(os.path.join(b, n), d) for b, _, ns in os.walk(d) for n in ns}
-        self.assertEqual(left - {".lock"}, set(), left)
-
-    def test_a_read_only_filesystem_is_an_io_error(self):
-        d = os.path.join(self.disk, "run")
-        r = run(["train", "--steps", "4", "--checkpoint-every", "2"] + ARGS, world=2, run_dir=d)
-        self.assertEqual(r.code, 0, r.err)
-        before = tree_digest(d)
-        self.mount("ro")
-        for args in (["train", "--resume", "--steps", "6"] + ARGS, ["bisect"]):
-            with self.subTest(args=args[0]):
-                r = run(args, world=2, run_dir=d)
-                self.assertEqual(r.code, EXIT_IO, r.err)
-                self.assertIn("Read-only file system", r.err)
-        self.mount("rw")
-        self.assertEqual(tree_digest(d), before)
 
 
 if __name__ == "__main__":
