@@ -36,6 +36,7 @@ import collections
 import json
 import os
 import random
+import re
 import shutil
 import statistics
 import subprocess
@@ -208,6 +209,21 @@ def score(t, d, truth_step):
     return "wrong"
 
 
+def parse_line(line):
+    """A trial as the campaign prints it ('14 mlp  W2->2 step=2,rank=1,...'), for --again."""
+    m = re.match(r"\s*(\d+)\s+(\w+)\s+W(\d)->(\d)\s+(\S+)", line)
+    if not m:
+        return None
+    t = {"trial": int(m.group(1)), "model": m.group(2), "w_train": int(m.group(3)), "w_bisect": int(m.group(4)),
+         "fault": None}
+    if m.group(5) != "(clean)":
+        kv = dict(item.split("=", 1) for item in m.group(5).split(","))
+        t["fault"] = {"phase": kv["phase"], "kind": kv["kind"], "mode": kv["mode"], "rank": int(kv["rank"]),
+                      "step": int(kv["step"]), "index": int(kv["index"]), "layer": kv.get("layer", ""),
+                      "spec": m.group(5)}
+    return t
+
+
 def trial(work, t):
     d_fault, d_twin = os.path.join(work, "t%d" % t["trial"]), os.path.join(work, "t%d-twin" % t["trial"])
     f = t["fault"]
@@ -285,6 +301,8 @@ def main():
     ap.add_argument("--out", default="")
     ap.add_argument("--min-correct", type=float, default=0, help="exit 1 below this fraction exact or ambiguous")
     ap.add_argument("--rescore", default="", help="score the trials of an earlier --out file again and summarise")
+    ap.add_argument("--again", default="", help="run the trials listed in FILE, one per line as this script prints "
+                    "them (e.g. the non-exact ones of docs/bisect.md), instead of drawing")
     a = ap.parse_args()
     if a.rescore:
         results = [json.loads(l) for l in open(a.rescore)]
@@ -303,8 +321,9 @@ def main():
     out = open(a.out, "w") if a.out else None
     t0 = time.time()
     try:
-        for i in range(a.trials):
-            t = trial(work, draw(rng, i))
+        again = [t for t in map(parse_line, open(a.again)) if t] if a.again else None
+        for i in range(len(again) if again else a.trials):
+            t = trial(work, again[i] if again else draw(rng, i))
             while "refused" in t:
                 print("     redrawn: %s" % t["refused"], flush=True)
                 t = trial(work, draw(rng, i))
@@ -314,7 +333,7 @@ def main():
                 out.flush()
             f = t["fault"]
             print("%4d %-4s W%d->%d %-70s truth %-4s -> %-22s %s" % (
-                i, t["model"], t["w_train"], t["w_bisect"], f["spec"] if f else "(clean)", t["truth_step"],
+                t["trial"], t["model"], t["w_train"], t["w_bisect"], f["spec"] if f else "(clean)", t["truth_step"],
                 "%s@%s/%s/%s/r%s" % (t["diagnosis"]["verdict"], t["diagnosis"]["step"], t["diagnosis"]["phase"],
                                      t["diagnosis"]["layer"], t["diagnosis"]["rank"]), t["score"]), flush=True)
             if t["score"] == "wrong":

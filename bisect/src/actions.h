@@ -118,6 +118,10 @@ Status find_step(Context& ctx, Finding* f, Evidence* ev);
 bool recorded(const Context& ctx, std::int64_t t);
 // kLocalize (localize.cpp): the differing micro-shard on every rank, or the update's fault.
 Status localize(Context& ctx, Finding* f, Evidence* ev);
+// kLocalize's update part (localize_update.cpp): the micro-shards reproduce, the update does not.
+Status localize_update(Context& ctx, Finding* f, Evidence* ev);
+// "0, 1, 3" (localize.cpp).
+std::string rank_list(const std::vector<int>& ranks);
 // kRerun (localize.cpp): the blamed rank recomputes the micro-shard --reruns times.
 Status rerun(Context& ctx, Finding* f, Evidence* ev);
 

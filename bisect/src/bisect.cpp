@@ -3,6 +3,7 @@
 // RUN/diagnosis.html.
 #include "culprit/bisect.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
@@ -65,6 +66,33 @@ Status open_from(Context* ctx, std::int64_t before, ckpt::Pick pick, std::string
 }
 
 }  // namespace
+
+// After a finding whose device fires again: the engine from the oldest valid checkpoint of the
+// steps [ctx->start - back, ctx->start), as the search's part 1 (find_step replays up to where
+// part 0 started). *none: no such checkpoint, nothing to search.
+Status open_earlier(Context* ctx, std::int64_t back, bool* none) {
+  *none = true;
+  const std::int64_t lo = std::max<std::int64_t>({0, ctx->start - back, replay::first_replayable(ctx->run.trace)});
+  int any = 0;  // rank 0's listing of the shared run directory decides, for every rank
+  if (ctx->comm.rank == 0)
+    for (const auto& [step, path] : ckpt::list(ctx->opt.run_dir)) any = any || (step >= lo && step < ctx->start);
+  CULPRIT_MPI_CHECK(MPI_Bcast(&any, 1, MPI_INT, 0, ctx->comm.comm));
+  if (!any) return Status::OK();
+  const Status st = replay::open_engine_before(ctx->run, ctx->comm, ctx->start, ckpt::Pick::kOldest, ctx->layer,
+                                               /*rotate=*/1, &ctx->engine, &ctx->checkpoint, lo);
+  if (st.code() == StatusCode::kBadInput || st.code() == StatusCode::kDamaged) return Status::OK();
+  CULPRIT_RETURN_IF_ERROR(st);
+  *none = ctx->engine->step() >= ctx->start;
+  if (*none) return Status::OK();
+  ctx->segment = 1;
+  int older = 0;
+  if (ctx->comm.rank == 0)
+    for (const auto& [step, path] : ckpt::list(ctx->opt.run_dir)) older = older || step < ctx->engine->step();
+  CULPRIT_MPI_CHECK(MPI_Bcast(&older, 1, MPI_INT, 0, ctx->comm.comm));
+  ctx->reached_oldest = !older;
+  ctx->oldest = std::min(ctx->oldest, ctx->engine->step());
+  return Status::OK();
+}
 
 Status open_segment(Context* ctx, bool* none) {
   const auto* first = ctx->first;
@@ -151,6 +179,55 @@ Status damaged_record(Context& ctx, const Status& why) {
   return why;
 }
 
+// The state machine from kFindStep to kDone, on the part of the run the engine stands in.
+Status search(Context& ctx, Finding* f, Verdict* verdict) {
+  State state = State::kFindStep;
+  while (state != State::kDone) {
+    Evidence ev;
+    CULPRIT_RETURN_IF_ERROR(act(state, ctx, f, &ev));
+    const Transition tr = next(state, ev);
+    state = tr.next;
+    *verdict = tr.verdict;
+  }
+  return Status::OK();
+}
+
+// A verdict that names a faulty step (not none, inconclusive or the model's own instability).
+bool names_a_step(Verdict v) {
+  return v != Verdict::kNone && v != Verdict::kInconclusive && v != Verdict::kNumericalInstability;
+}
+
+// A device that fires again and again, found after the checkpoint the search started from (the
+// newest before the first incident), may have fired silently before it: the finding names a later
+// firing. The steps before that checkpoint are searched too (--search-back), and a firing found
+// there is the finding; else the first one stands.
+Status search_back(Context& ctx, Finding* f, Verdict* verdict) {
+  const bool recurs = *verdict == Verdict::kHardwarePersistent || *verdict == Verdict::kHardwareUnconfirmed;
+  if (!recurs || ctx.segment != 0 || ctx.reached_oldest || ctx.opt.search_back == 0) return Status::OK();
+  const std::int64_t back = ctx.opt.search_back > 0 ? ctx.opt.search_back
+                                                    : 2 * std::max<std::int64_t>(1, ctx.run.cfg.checkpoint.every);
+  bool none = true;
+  CULPRIT_RETURN_IF_ERROR(open_earlier(&ctx, back, &none));
+  if (none) return Status::OK();
+  ctx.note("step " + std::to_string(f->step) + "'s device fires again: searching the steps before the checkpoint of step " +
+           std::to_string(ctx.start) + " for an earlier firing, from " + ctx.checkpoint);
+  const auto reruns = ctx.d->reruns, reproduced = ctx.d->reproduced;
+  Finding g;
+  Verdict v = Verdict::kNone;
+  CULPRIT_RETURN_IF_ERROR(search(ctx, &g, &v));
+  if (names_a_step(v) && g.step < f->step) {
+    ctx.note("an earlier firing: step " + std::to_string(g.step) + " (the one at step " + std::to_string(f->step) +
+             " came after it)");
+    *f = g;
+    *verdict = v;
+    return Status::OK();
+  }
+  ctx.d->reruns = reruns, ctx.d->reproduced = reproduced;
+  ctx.note("nothing differs before step " + std::to_string(ctx.start + 1) + ": step " + std::to_string(f->step) +
+           " is the first firing");
+  return Status::OK();
+}
+
 double since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
@@ -179,15 +256,9 @@ Status run(const Options& opt, const Comm& comm, records::Diagnosis* d) {
                                  : "no incident: searching the whole trace") +
            "; replaying from " + ctx.checkpoint + " on " + std::to_string(ctx.W) + " rank(s)");
   Finding f;
-  State state = State::kFindStep;
   Verdict verdict = Verdict::kNone;
-  while (state != State::kDone) {
-    Evidence ev;
-    CULPRIT_RETURN_IF_ERROR(act(state, ctx, &f, &ev));
-    const Transition tr = next(state, ev);
-    state = tr.next;
-    verdict = tr.verdict;
-  }
+  CULPRIT_RETURN_IF_ERROR(search(ctx, &f, &verdict));
+  CULPRIT_RETURN_IF_ERROR(search_back(ctx, &f, &verdict));
   conclude(ctx, f, verdict, d);
   d->seconds = since(t0);
   Status st;

@@ -13,6 +13,11 @@ const opts::Table<Options>& bisect_options() {
       opts::number<Options>("reruns", &Options::reruns,
                             "reruns of the faulty micro-shard on the blamed rank (persistent or transient)",
                             opts::Range<int>{1, 1000}),
+      opts::number<Options>("search-back", &Options::search_back,
+                            "after a finding whose device fires again, also search this many steps before the "
+                            "checkpoint the search started from, for an earlier silent firing (-1: two of the run's "
+                            "checkpoint intervals; 0: none)",
+                            opts::Range<std::int64_t>{-1, 1'000'000'000}),
   });
   return table;
 }

@@ -125,7 +125,7 @@ std::string Finding::Update::describe() const {
   std::string out = reduced ? "reduced gradient" : "";
   if (!param.empty())
     out += (out.empty() ? "" : ", ") + std::string(optimizer ? "the optimizer state of parameter " : "parameter ") + param +
-           (param_rank >= 0 ? " of rank " + std::to_string(param_rank) : "");
+           (param_rank >= 0 ? " in the record of rank " + std::to_string(param_rank) : "");
   return out;
 }
 

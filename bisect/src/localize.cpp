@@ -5,6 +5,7 @@
 #include <cstring>
 
 #include "actions.h"
+#include "arbiter.h"
 #include "opinions.h"
 
 namespace culprit::bisect {
@@ -61,12 +62,6 @@ void place(const Context& ctx, const ShardResult& got, const ShardResult& want, 
   ev->input_differs = f->phase == Phase::kData;
 }
 
-std::string rank_list(const std::vector<int>& ranks) {
-  std::string out;
-  for (int r : ranks) out += (out.empty() ? "" : ", ") + std::to_string(r);
-  return out;
-}
-
 // Every differing micro-shard's record was healthy: the search's own replay computed them wrongly,
 // on the ranks that replayed them then and on any rank whose recomputation differs now. Each is
 // noted as suspect; the step is redone.
@@ -87,6 +82,7 @@ struct ShardVote {
   std::vector<ShardResult> all;  // every rank's first recomputation (fingerprints)
   ShardResult mine;              // this rank's, whole
   const trace::ShardRow* row = nullptr;
+  Arbitration arbiter;           // tried on a tie of two
 };
 Status vote_shard(Context& ctx, std::int64_t step, int k, ShardVote* out) {
   out->row = &ctx.run.trace.shards.at({step, k});
@@ -109,6 +105,15 @@ Status vote_shard(Context& ctx, std::int64_t step, int k, ShardVote* out) {
     for (int r = 0; r < ctx.W; ++r) out->o.more.push_back({r, out->v.id(each[r])});
   }
   out->s = settle(out->o);
+  // Still a tie of two self-consistent devices: the float64 recomputation is the third opinion.
+  if (out->s.ambiguous && ctx.W == 2) {
+    CULPRIT_RETURN_IF_ERROR(arbitrate_shard(ctx, k, mine, &out->arbiter));
+    ctx.note("micro-shard " + std::to_string(k) + ": ranks 0 and 1 each reproduce their own result; " + out->arbiter.why);
+    if (out->arbiter.healthy >= 0) {
+      out->o.more.push_back({kArbiterDevice, out->o.replay[out->arbiter.healthy]});
+      out->s = settle(out->o);
+    }
+  }
   return Status::OK();
 }
 
@@ -158,8 +163,8 @@ void judge_shard(Context& ctx, const ShardVote& sv, Finding* f, Evidence* ev) {
       if (ev->input_differs) name_sample(ctx, sv, f);
       ctx.note(K + (s.ambiguous ? ": ranks " + rank_list(s.candidates) +
                                       " each reproduce their own result, rerun after rerun: one of them is persistently "
-                                      "faulty, and two opinions cannot tell which (bisect with 3 or more ranks, or screen "
-                                      "both)"
+                                      "faulty, and neither the reruns nor a float64 recomputation tell which (bisect with 3 "
+                                      "or more ranks, or screen both)"
                                 : ": the record and the replays on " + std::to_string(ctx.W) +
                                       " ranks give no result two devices agree on (ranks " + rank_list(s.candidates) + ")"));
       return;
@@ -183,11 +188,44 @@ void judge_shard(Context& ctx, const ShardVote& sv, Finding* f, Evidence* ev) {
 
 // The differing micro-shards in order: the first whose record is wrong is the fault; a differing
 // one whose record is healthy was the search's own replay's fault.
+// The float64 arbiter's decision on one micro-shard of the step names the healthy device for the
+// step's other ties too (a device is one device across the micro-shards of a step; on some the
+// recomputation has nothing to measure: a fault the ReLU after it erased shows in a forward
+// fingerprint only).
+struct Sibling {
+  int healthy = -1;  // the rank the arbiter sided with; -1: none yet
+  int shard = -1;    // on which micro-shard
+};
+void adopt(Context& ctx, const Sibling& by, int k, ShardVote* sv) {
+  sv->o.more.push_back({kArbiterDevice, sv->o.replay[by.healthy]});
+  sv->s = settle(sv->o);
+  ctx.note("micro-shard " + std::to_string(k) + ": the float64 recomputation of micro-shard " + std::to_string(by.shard) +
+           " sides with rank " + std::to_string(by.healthy) + ", taken as the healthy device here too");
+}
+
+// A tie the arbiter could not tell on the i-th differing micro-shard, with no decision on an earlier
+// one: the step's later differing micro-shards are arbitrated until one decides. Collective.
+Status arbitrate_later(Context& ctx, const Finding& f, std::size_t i, Sibling* by) {
+  for (std::size_t j = i + 1; j < f.bad_shards.size() && by->healthy < 0; ++j) {
+    ShardVote other;
+    CULPRIT_RETURN_IF_ERROR(vote_shard(ctx, f.step, f.bad_shards[j], &other));
+    if (other.arbiter.healthy >= 0) *by = {other.arbiter.healthy, f.bad_shards[j]};
+  }
+  return Status::OK();
+}
+
 Status localize_shard(Context& ctx, Finding* f, Evidence* ev) {
   std::vector<int> suspects;
-  for (int k : f->bad_shards) {
+  Sibling by;
+  for (std::size_t i = 0; i < f->bad_shards.size(); ++i) {
+    const int k = f->bad_shards[i];
     ShardVote sv;
     CULPRIT_RETURN_IF_ERROR(vote_shard(ctx, f->step, k, &sv));
+    if (sv.arbiter.healthy >= 0 && by.healthy < 0) by = {sv.arbiter.healthy, k};
+    if (sv.s.ambiguous && sv.arbiter.tried && sv.arbiter.healthy < 0) {
+      if (by.healthy < 0) CULPRIT_RETURN_IF_ERROR(arbitrate_later(ctx, *f, i, &by));
+      if (by.healthy >= 0) adopt(ctx, by, k, &sv);
+    }
     if (sv.s.healthy >= 0 && sv.s.wrong_records.empty()) {
       // Who recomputed it in the search: the rotated layout's rank, or the next one when that is
       // the recording rank (find_step.cpp: replay_returned_shards).
@@ -208,230 +246,13 @@ Status localize_shard(Context& ctx, Finding* f, Evidence* ev) {
   return Status::OK();
 }
 
-// Every rank's replayed update state (Context::update_state) after the step, on every rank.
-std::vector<std::vector<Fingerprint>> gather_updates(const Context& ctx, const StepResult& sr) {
-  const auto state = ctx.update_state(sr.param_fps, sr.opt_fps);
-  const std::size_t np = state.size();
-  std::vector<std::uint64_t> mine(state.begin(), state.end()), all(np * ctx.W);
-  CULPRIT_MPI_CHECK(MPI_Allgather(mine.data(), static_cast<int>(np), MPI_UINT64_T, all.data(), static_cast<int>(np),
-                                  MPI_UINT64_T, ctx.comm.comm));
-  std::vector<std::vector<Fingerprint>> out(ctx.W);
-  for (int r = 0; r < ctx.W; ++r) out[r].assign(all.begin() + r * np, all.begin() + (r + 1) * np);
+}  // namespace
+
+std::string rank_list(const std::vector<int>& ranks) {
+  std::string out;
+  for (int r : ranks) out += (out.empty() ? "" : ", ") + std::to_string(r);
   return out;
 }
-
-// The update's opinions: every rank's record of the parameters after step s and every rank's replay.
-struct UpdateVote {
-  std::vector<std::vector<Fingerprint>> distinct;
-  Opinions o;
-  Settlement s;
-  int id(const std::vector<Fingerprint>& v) {
-    for (std::size_t i = 0; i < distinct.size(); ++i)
-      if (distinct[i] == v) return static_cast<int>(i);
-    distinct.push_back(v);
-    return static_cast<int>(distinct.size()) - 1;
-  }
-};
-UpdateVote vote_update(const Context& ctx, std::int64_t s, const StepResult& sr) {
-  UpdateVote u;
-  for (const auto& p : gather_updates(ctx, sr)) u.o.replay.push_back(u.id(p));
-  for (int r : ctx.run.trace.ranks) {
-    auto it = ctx.run.trace.steps.find({r, s});
-    if (it != ctx.run.trace.steps.end())
-      u.o.records.push_back({r, u.id(ctx.update_state(it->second.param_fps, it->second.opt_fps))});
-  }
-  u.s = settle(u.o);
-  return u;
-}
-
-// The reduced gradient differs from the record. The replay's own comm check names a sender whose
-// link fault reappeared; else the online comm check's incident of this step names the sender;
-// else the one chunk that differs names the rank that reduced it (a fault in the part a rank keeps
-// for itself never crosses a link, and no comm check sees it).
-int reduction_fault(const Context& ctx, std::int64_t s, const StepResult& sr, bool* reproduced) {
-  *reproduced = !sr.comm_faults.empty();
-  if (*reproduced) return sr.comm_faults[0].first;
-  const auto* first = ctx.first;
-  if (first && first->step == s && first->detector == Detector::kComm && first->rank >= 0) return first->rank;
-  std::vector<int> odd;
-  for (int r : ctx.run.trace.ranks) {
-    auto it = ctx.run.trace.steps.find({r, s});
-    if (it == ctx.run.trace.steps.end() || it->second.world <= 0 || r >= it->second.world) continue;
-    if (ctx.engine->reduced_chunk_fps(it->second.world)[r] != it->second.chunk_fp) odd.push_back(r);
-  }
-  return odd.size() == 1 ? odd[0] : -1;
-}
-
-// A link that corrupts the same element the same way in every replay leaves the reduced gradient as
-// recorded: which parameter it hit comes from the step computed by each process alone (every
-// micro-shard, the tree summed with no message), against the replay's. The engine stands after the
-// step (localize_update's run_step); it is rewound and run again alone. Local.
-// Also whether the record's reduced gradient is the healthy one, the value the ranks' steps computed
-// alone agree on; *record_healthy: it is, so the differing reduction was the bisection's own
-// replay's (*alone_wrong: the ranks whose own step was wrong too).
-Status corrupted_param(Context& ctx, std::int64_t s, Finding* f, bool* record_healthy, std::vector<int>* alone_wrong) {
-  const auto linked = ctx.engine->reduced_param_fps();
-  CULPRIT_RETURN_IF_ERROR(agree(ctx.comm, ctx.engine->rewind()));
-  StepResult alone;
-  CULPRIT_RETURN_IF_ERROR(agree(ctx.comm, ctx.engine->run_step_alone(&alone, ctx.round)));
-  std::uint64_t mine = alone.grad_fp;
-  std::vector<std::uint64_t> every(ctx.W);
-  CULPRIT_MPI_CHECK(MPI_Allgather(&mine, 1, MPI_UINT64_T, every.data(), 1, MPI_UINT64_T, ctx.comm.comm));
-  // Every rank's record of the reduced gradient is one opinion, the run's (it is a collective
-  // result, the same on every rank unless a link corrupted what reached one); the steps computed
-  // alone are independent ones: the value most of them agree on (two or more; one rank: its own).
-  std::map<std::uint64_t, int> votes;
-  for (auto v : every) ++votes[v];
-  std::uint64_t healthy = 0;
-  int best = 0, holders = 0;
-  for (const auto& [v, n] : votes) {
-    if (n > best) best = n, holders = 0, healthy = v;
-    if (n == best) ++holders;
-  }
-  const bool known = holders == 1 && (best >= 2 || ctx.W == 1);
-  bool all_records = known;
-  for (int r : ctx.run.trace.ranks) {
-    auto it = ctx.run.trace.steps.find({r, s});
-    if (it != ctx.run.trace.steps.end() && it->second.grad_fp != healthy) all_records = false;
-  }
-  *record_healthy = all_records;
-  alone_wrong->clear();
-  for (int r = 0; known && r < ctx.W; ++r)
-    if (every[r] != healthy) alone_wrong->push_back(r);
-  if (!f->update.param.empty()) return Status::OK();
-  // The parameter whose slice of the reduced gradient a record holds unlike the healthy one (trace
-  // format 4): named from the record itself, also when the update absorbed the fault.
-  int at = INT32_MAX;  // the first any rank sees
-  const auto alone_fps = ctx.engine->reduced_param_fps();
-  for (int r : ctx.run.trace.ranks) {
-    auto it = ctx.run.trace.steps.find({r, s});
-    if (!known || mine != healthy || it == ctx.run.trace.steps.end() || it->second.reduced_fps.empty()) continue;
-    const int i = replay::first_differing_param(alone_fps, it->second.reduced_fps);
-    if (i >= 0) at = std::min(at, i);
-  }
-  CULPRIT_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &at, 1, MPI_INT, MPI_MIN, ctx.comm.comm));
-  if (at != INT32_MAX && static_cast<std::size_t>(at) < ctx.schema.params.size()) {
-    f->update.param = ctx.schema.params[at];
-    return Status::OK();
-  }
-  // Else the replay in the run's layout against the step computed alone.
-  const int i = replay::first_differing_param(alone_fps, linked);
-  at = i < 0 ? INT32_MAX : i;
-  CULPRIT_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &at, 1, MPI_INT, MPI_MIN, ctx.comm.comm));
-  if (at != INT32_MAX && static_cast<std::size_t>(at) < ctx.schema.params.size()) f->update.param = ctx.schema.params[at];
-  return Status::OK();
-}
-
-// Every record is healthy: the search's replay of this update was wrong. Noted; the step is redone.
-Status update_replay_faulted(Context& ctx, std::int64_t s, const Finding& f, const UpdateVote& u, Evidence* ev) {
-  std::vector<int> suspects = u.s.wrong_now;
-  const int then = f.update.replayed_by;
-  if (then >= 0 && std::find(suspects.begin(), suspects.end(), then) == suspects.end()) suspects.push_back(then);
-  for (int r : suspects) ctx.replay_fault(s, r, "replayed the update of step " + std::to_string(s) + " unlike the records");
-  ctx.redo(s);
-  ev->replay_fault = true;
-  if (suspects.empty())
-    ctx.note("every record of step " + std::to_string(s) +
-             " agrees with the steps computed alone: the run's comm incident there is not borne out; the step is redone");
-  else
-    ctx.note("the update of step " + std::to_string(s) + " agrees with every record when replayed again; rank(s) " +
-             rank_list(suspects) + " replayed it wrongly during this bisection (suspect); the step is redone");
-  CULPRIT_RETURN_IF_ERROR(agree(ctx.comm, ctx.engine->rewind()));
-  return agree(ctx.comm, ctx.engine->set_rotation(1));
-}
-
-// One rank's record of the update is wrong: its parameters, or its optimizer state (which shows in
-// the parameters only a step or more later; without optimizer fingerprints in the trace, the
-// replica check's incident says which differed first).
-void wrong_update_record(const Context& ctx, int r, const UpdateVote& u, Finding* f) {
-  const auto& params = ctx.schema.params;
-  const auto& row = ctx.run.trace.steps.at({r, f->step});
-  const int i = replay::first_differing_param(u.distinct[u.s.healthy], ctx.update_state(row.param_fps, row.opt_fps));
-  const std::size_t P = params.size();
-  bool opt_state = i >= 0 && static_cast<std::size_t>(i) >= P;
-  if (!ctx.opt_recorded) {
-    const auto* first = ctx.first;
-    const bool named = first && (first->rank == r || (first->rank < 0 && std::find(first->ranks.begin(), first->ranks.end(), r) != first->ranks.end()));
-    opt_state = named && first->what == Subject::kOptimizerState;
-    if (opt_state && first->step > 0) f->step = first->step;
-  }
-  f->phase = opt_state ? Phase::kOptimizer : Phase::kParam;
-  if (i >= 0 && P > 0) f->update.param = params[static_cast<std::size_t>(i) % P];
-}
-
-// The micro-shards reproduce; the update does not. Replayed in the original layout (a faulty link
-// is exercised as in the run, at the same world size), then settled as the micro-shards are.
-Status localize_update(Context& ctx, Finding* f, Evidence* ev) {
-  const std::int64_t s = f->step;
-  const auto& rec = ctx.run.trace;
-  StepResult sr;
-  CULPRIT_RETURN_IF_ERROR(agree(ctx.comm, ctx.engine->set_rotation(0)));
-  CULPRIT_RETURN_IF_ERROR(agree(ctx.comm, ctx.engine->mark()));
-  CULPRIT_RETURN_IF_ERROR(ctx.engine->run_step(&sr, ctx.round));
-  const UpdateVote u = vote_update(ctx, s, sr);
-  // Any rank's recorded reduced gradient unlike this replay's (a link can corrupt what reaches one
-  // rank only), agreed before the branches below, which differ in their collectives.
-  int reduced_here = !sr.comm_faults.empty();
-  for (int r : rec.ranks) {
-    auto it = rec.steps.find({r, s});
-    if (it != rec.steps.end() && it->second.grad_fp != sr.grad_fp) reduced_here = 1;
-  }
-  CULPRIT_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &reduced_here, 1, MPI_INT, MPI_MAX, ctx.comm.comm));
-  // Or the search saw it differ: a persistent fault in a rank's own chunk comes back in this replay
-  // exactly as recorded, and only the step computed alone tells.
-  const bool reduced = reduced_here != 0 || f->update.reduced;
-  int odd_rank = -1;
-  bool reproduced = false;
-  if (reduced) {
-    f->phase = Phase::kComm;
-    bool record_healthy = false;
-    std::vector<int> alone_wrong;
-    CULPRIT_RETURN_IF_ERROR(corrupted_param(ctx, s, f, &record_healthy, &alone_wrong));
-    if (record_healthy) {
-      // The run reduced this step correctly: the replay's reduction (a link, or a micro-shard of a
-      // rank whose device fired during the search) was wrong. Noted; the step is redone. A difference
-      // only the comm incident claimed is not claimed again.
-      if (f->update.from_incident) ctx.incident_refuted = s;
-      UpdateVote none;
-      none.s.wrong_now = alone_wrong;
-      for (const auto& [from, to] : sr.comm_faults)
-        if (std::find(none.s.wrong_now.begin(), none.s.wrong_now.end(), from) == none.s.wrong_now.end())
-          none.s.wrong_now.push_back(from);
-      return update_replay_faulted(ctx, s, *f, none, ev);
-    }
-    odd_rank = reduction_fault(ctx, s, sr, &reproduced);
-    // The replay in the run's layout came out unlike the healthy reduction again: it reproduces.
-    const auto& row0 = rec.steps.find({rec.ranks[0], s});
-    reproduced = reproduced || (row0 != rec.steps.end() && sr.grad_fp == row0->second.grad_fp);
-  } else if (u.s.healthy >= 0 && u.s.wrong_records.empty()) {
-    return update_replay_faulted(ctx, s, *f, u, ev);
-  } else if (u.s.healthy >= 0 && u.s.wrong_records.size() == 1) {
-    odd_rank = u.s.wrong_records[0];
-    wrong_update_record(ctx, odd_rank, u, f);
-    reproduced = odd_rank < ctx.W && u.o.replay[odd_rank] != u.s.healthy;
-  } else {
-    f->phase = Phase::kParam;
-    f->candidates = u.s.healthy >= 0 ? u.s.wrong_records : u.s.candidates;
-    ev->ambiguous_pair = u.s.ambiguous;
-    ev->healthy_disagree = !u.s.ambiguous;
-  }
-  const std::string& param = f->update.param;
-  f->layer = param.substr(0, param.rfind('.') == std::string::npos ? param.size() : param.rfind('.'));
-  ev->update_reproduced = reproduced;
-  ctx.d->reruns = odd_rank >= ctx.W ? 0 : 1;  // the update's replay on its rank, when it has one here
-  ctx.d->reproduced = reproduced;
-  ctx.note("step " + std::to_string(f->step) + ": the micro-shards reproduce, the update does not (" +
-           f->update.describe() + "): phase " + (f->phase ? name_of(*f->phase) : "") +
-           (odd_rank >= 0 ? ", rank " + std::to_string(odd_rank) : "") +
-           (!f->candidates.empty() ? ", one of ranks " + rank_list(f->candidates) : ""));
-  f->blamed = odd_rank;
-  ev->blamed = odd_rank >= 0;
-  ev->outside = odd_rank >= ctx.W;
-  if (ev->outside) ctx.note_outside(odd_rank);
-  return Status::OK();
-}
-
-}  // namespace
 
 Status localize(Context& ctx, Finding* f, Evidence* ev) {
   return f->bad_shard >= 0 ? localize_shard(ctx, f, ev) : localize_update(ctx, f, ev);

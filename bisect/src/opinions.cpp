@@ -1,6 +1,7 @@
 #include "opinions.h"
 
 #include <algorithm>
+#include <cmath>
 #include <map>
 #include <set>
 
@@ -50,6 +51,14 @@ Settlement settle(const Opinions& o) {
   for (int r = 0; r < static_cast<int>(o.replay.size()); ++r)
     if (o.replay[r] != s.healthy) s.wrong_now.push_back(r);
   return s;
+}
+
+int arbitrate(double d0, double d1) {
+  if (std::isnan(d0) || std::isnan(d1)) return -1;
+  const int lo = d1 < d0 ? 1 : 0;
+  const double near = lo ? d1 : d0, far = lo ? d0 : d1;
+  if (!std::isfinite(near)) return -1;
+  return far >= kFaultFloor && far >= kArbiterGap * near ? lo : -1;
 }
 
 }  // namespace culprit::bisect

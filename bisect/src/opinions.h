@@ -13,7 +13,9 @@
 //    contradicting ones holds it;
 //  - otherwise nobody is blamed: two self-consistent devices disagreeing is an ambiguous pair (one
 //    of them is persistently faulty), more is a disagreement among healthy devices.
-// Never rank order.
+// Never rank order. An ambiguous pair over a micro-shard may get one more opinion, the float64
+// arbiter's (arbitrate below; bisect/src/arbiter.cpp): it counts as a device of its own
+// (kArbiterDevice) holding the value it sides with.
 #pragma once
 #include <vector>
 
@@ -40,5 +42,23 @@ struct Settlement {
 };
 
 Settlement settle(const Opinions& o);
+
+// The float64 recomputation as an opinion: a device of its own in Opinions::more.
+constexpr int kArbiterDevice = -2;
+// The arbiter measures each device's float32 gradient against the float64 one over the elements
+// where the two devices' results differ (relative: ||g32 - g64|| / ||g64|| there). It sides with
+// one device when the other's distance is at least kArbiterGap times larger and at least
+// kFaultFloor: 2^-16, 256 units in the last place of float32, a deviation that a rounding
+// coincidence cannot produce (a flip of a low bit can move a result to within a fraction of an ulp
+// of the float64 value: distances of a few ulps decide nothing).
+constexpr double kArbiterGap = 64;
+constexpr double kFaultFloor = 1.0 / 65536;
+// Which of two devices' results is healthy from the two distances (infinite: not finite; NaN: no
+// distance): 0 or 1, or -1 when they do not tell (as close as each other, both far, or the far one
+// within rounding). The two float32 computations are the same operations on the same inputs, so
+// the healthy one's distance is the computation's own rounding error; a fault's effect cannot make
+// the faulty result that much closer than that: it would have to cancel the rounding error of
+// every differing element.
+int arbitrate(double d0, double d1);
 
 }  // namespace culprit::bisect

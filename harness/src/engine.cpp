@@ -154,6 +154,21 @@ class EngineImpl : public Engine {
       return Status::OK();
     });
   }
+  Status compute_shard_f64(int k, int round, std::vector<double>* out) override {
+    if (k < 0 || k >= cfg_.micro_shards)
+      return Status::BadInput("micro-shard " + std::to_string(k) + " does not exist (--micro-shards " +
+                           std::to_string(cfg_.micro_shards) + ")");
+    return guarded(StatusCode::kInternal, "recomputing micro-shard " + std::to_string(k) + " in float64", [&] {
+      trainer_->shard_grad_f64(k, round, out);
+      return Status::OK();
+    });
+  }
+  Status update_f64(std::vector<float>* now, std::vector<double>* wide) override {
+    return guarded(StatusCode::kInternal, "recomputing the update in float64", [&] {
+      trainer_->update_f64(marked_, now, wide);
+      return Status::OK();
+    });
+  }
   std::vector<Fingerprint> reduced_chunk_fps(int world) const override {
     std::vector<Fingerprint> out;
     for (int c = 0; c < world; ++c) out.push_back(trainer_->reduced_fp(world, c));

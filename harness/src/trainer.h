@@ -78,6 +78,13 @@ class Trainer {
   std::vector<Fingerprint> reduced_param_fps() const;  // per parameter, of the last reduced gradient
   at::Tensor shard_indices(std::int64_t s, int k);  // the sample indices of micro-shard k of step s
   void replay_shard(int k, int round, ShardResult* out);
+  // Micro-shard k of the next step recomputed in float64 from its input as loaded, without layer
+  // hooks or compute faults (wide_shard.cpp): P gradient values, then the loss.
+  void shard_grad_f64(int k, int round, std::vector<double>* out);
+  // The last step's update recomputed in float64 from `start` (the state before it) with the step's
+  // reduced gradient and learning rate, without faults (float64.cpp). *now: this rank's state after
+  // the step; *wide: the float64 one; each P parameter values, then P optimizer state values.
+  void update_f64(const ckpt::Checkpoint& start, std::vector<float>* now, std::vector<double>* wide);
   std::int64_t replayed() const { return done_; }
   void mark(ckpt::Checkpoint* c) const { snapshot(done_, c); }
   Status rewind(const ckpt::Checkpoint& c);

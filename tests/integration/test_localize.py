@@ -26,6 +26,17 @@ def diagnosis(run_dir):
         return json.load(f)
 
 
+def first_differing_step(run_dir, twin_dir):
+    """The first step whose rank-0 trace row (loss, gradient, parameters) differs between two runs."""
+    rows = []
+    for d in (run_dir, twin_dir):
+        with h5py.File(os.path.join(d, "trace", "rank-00000.h5"), "r") as f:
+            st, n = f["steps"], int(f.attrs["steps_committed"])
+            rows.append({int(st["step"][i]): (st["loss"][i].tobytes(), int(st["grad_fp"][i]), st["param_fp"][i].tobytes())
+                         for i in range(n)})
+    return min(s for s in rows[0] if rows[0][s] != rows[1].get(s))
+
+
 class Localize(TempDirTest):
     def train(self, name, world, extra, code=0):
         res = run(["train"] + MLP + extra, world=world, run_dir=self.path(name))
@@ -66,6 +77,63 @@ class Localize(TempDirTest):
         got = self.bisect(d, 3, "hardware-persistent")
         self.assertEqual((got["step"], got["phase"], got["layer"], got["rank"]), (4, "forward", "fc2", 1), got)
         self.assertEqual((got["reruns"], got["reproduced"]), (8, 8), got)
+
+    def test_a_two_rank_tie_over_a_micro_shard_is_settled_in_float64(self):
+        # Trained on one rank, bisected on two: rank 0 repeats its faulty result, rank 1 its healthy
+        # one, rerun after rerun. The float64 recomputation is the third opinion. Micro-shards 0 and
+        # 1 differ only in fc1's forward fingerprint (the ReLU erases the flip): the decision on a
+        # later micro-shard of the step names the device.
+        spec = "step=7,rank=0,index=7,phase=forward,kind=bitflip,mode=persistent,layer=fc1,bit=14"
+        d = self.train("tie-shard", 1, ["--steps", "9", "--inject", spec])
+        got = self.bisect(d, 2, "hardware-persistent")
+        self.assertEqual((got["step"], got["phase"], got["layer"], got["rank"], got["candidates"]),
+                         (7, "forward", "fc1", 0, []), got)
+        self.assertEqual((got["reruns"], got["reproduced"]), (8, 8), got)
+        # The negative control: the clean twin, bisected the same way, is none.
+        clean = self.train("tie-shard-clean", 1, ["--steps", "9"])
+        self.assertEqual(self.bisect(clean, 2, "none")["rank"], -1)
+
+    def test_a_two_replica_update_tie_is_settled_in_float64(self):
+        # A parameter of rank 0 scaled at rest after every update from step 4, with two replicas:
+        # each rank repeats its own update in every redo of the step; float64 sides with rank 1.
+        spec = "step=4,rank=0,index=2,phase=param,kind=scale,factor=3,mode=persistent,layer=fc2"
+        d = self.train("tie-update", 2, ["--steps", "6", "--on-detect", "warn", "--inject", spec])
+        got = self.bisect(d, 2, "hardware-persistent")
+        self.assertEqual((got["step"], got["phase"], got["layer"], got["rank"], got["candidates"]),
+                         (4, "param", "fc2", 0, []), got)
+        self.assertEqual(got["reruns"], 9, got)  # the replay and 8 redos, each device repeating itself
+
+    def test_an_intermittent_fault_at_rest_firing_again_in_the_replay(self):
+        # Trained on one rank, bisected on two: the fault at rest fires in the first replay too, so the
+        # update is a 1-vs-1 tie; redoing the step draws anew until rank 0 contradicts itself.
+        spec = "step=14,rank=0,index=2,phase=param,kind=bitflip,mode=intermittent,layer=fc2,bit=22,p=0.5"
+        d = self.train("intermittent-rest", 1, ["--steps", "16", "--inject", spec])
+        got = self.bisect(d, 2, "hardware-persistent")
+        self.assertEqual((got["step"], got["phase"], got["layer"], got["rank"], got["candidates"]),
+                         (14, "param", "fc2", 0, []), got)
+        self.assertTrue(2 <= got["reruns"] < 9, got)  # stopped redoing once a device contradicted itself
+        self.assertGreaterEqual(got["reproduced"], 1, got)
+
+    def test_a_recurring_fault_is_searched_back_to_its_first_silent_firing(self):
+        # An intermittent device from step 3 on, silent until the loss spikes at step 11: the search
+        # starts from the checkpoint of step 10 and finds a later firing; the device fires again, so
+        # the steps before that checkpoint are searched too, and the first firing is the finding.
+        spec = "step=3,rank=0,index=6,phase=backward,kind=scale,mode=intermittent,layer=fc3,factor=1000,p=0.5"
+        d = self.train("recurring", 1, ["--steps", "16", "--inject", spec])
+        twin = self.train("recurring-twin", 1, ["--steps", "16"])
+        truth = first_differing_step(d, twin)  # the injected truth, read from both traces with h5py
+        self.assertGreater(11, truth)
+        self.assertEqual([i["step"] for i in incidents(d)][:1], [11])
+        got = self.bisect(d, 2, "hardware-persistent")
+        self.assertEqual((got["step"], got["phase"], got["layer"], got["rank"]), (truth, "backward", "fc3", 0), got)
+        self.assertFalse([r for r in got["coverage"]["not_examined"] if r["from"] <= truth], got["coverage"])
+        # The negative control: with --search-back 0 the search stays after step 10 and names a
+        # later firing, listing the steps before as not searched.
+        res = run(["bisect", "--run-dir", d, "--search-back", "0"], world=2, use_mpirun=True)
+        self.assertEqual(res.code, CODES["hardware-persistent"], res.err)
+        later = diagnosis(d)
+        self.assertGreater(later["step"], 10, later)
+        self.assertEqual(later["coverage"]["not_examined"][0]["from"], 1, later["coverage"])
 
     def test_a_silent_fault_is_found_with_default_retention(self):
         # A flipped exponent bit in one micro-shard's output is reduced into every replica: nothing

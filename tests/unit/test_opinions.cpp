@@ -1,5 +1,7 @@
 // Settling a disagreement (bisect/src/opinions.cpp): every case the bisection meets, by devices,
 // never by rank order.
+#include <limits>
+
 #include <gtest/gtest.h>
 
 #include "opinions.h"
@@ -121,4 +123,37 @@ TEST(Opinions, AnUpdateWithARecordPerRank) {
   const auto u = b::settle(o);
   EXPECT_EQ(u.wrong_records, std::vector<int>{0});
   EXPECT_EQ(u.wrong_now, std::vector<int>{0});
+}
+
+TEST(Opinions, TheFloat64ArbiterSettlesATie) {
+  // Rank 0 holds 9 (record and replay), rank 1 holds 1: a tie, until the float64 recomputation
+  // sides with rank 1 as one more device.
+  b::Opinions o;
+  o.records = {{0, 9}};
+  o.replay = {9, 1};
+  EXPECT_TRUE(b::settle(o).ambiguous);
+  o.more.push_back({b::kArbiterDevice, 1});
+  const auto s = b::settle(o);
+  EXPECT_EQ(s.healthy, 1);
+  EXPECT_EQ(s.wrong_records, std::vector<int>{0});
+  EXPECT_EQ(s.wrong_now, std::vector<int>{0});
+}
+
+TEST(Opinions, TheArbiterSidesOnlyWithAClearMargin) {
+  const double inf = std::numeric_limits<double>::infinity(), nan = std::numeric_limits<double>::quiet_NaN();
+  // Rounding against a fault's effect, either way round.
+  EXPECT_EQ(b::arbitrate(1e-7, 0.5), 0);
+  EXPECT_EQ(b::arbitrate(0.02, 4e-8), 1);
+  EXPECT_EQ(b::arbitrate(1e-7, inf), 0);  // a NaN or Inf in one result
+  EXPECT_EQ(b::arbitrate(0.0, inf), 0);   // exact zeros against a flipped zero
+  // A few ulps apart: a low bit's flip can land either side of the float64 value.
+  EXPECT_EQ(b::arbitrate(1e-9, 3e-6), -1);
+  // As close as each other, both far, both non-finite, or nothing to measure.
+  EXPECT_EQ(b::arbitrate(1e-7, 1.4e-7), -1);
+  EXPECT_EQ(b::arbitrate(0.3, 0.5), -1);
+  EXPECT_EQ(b::arbitrate(inf, inf), -1);
+  EXPECT_EQ(b::arbitrate(nan, 0.5), -1);
+  // The gap is a ratio: just under it decides nothing, at it decides.
+  EXPECT_EQ(b::arbitrate(1e-4, 1e-4 * b::kArbiterGap * 0.99), -1);
+  EXPECT_EQ(b::arbitrate(1e-4, 1e-4 * b::kArbiterGap), 0);
 }

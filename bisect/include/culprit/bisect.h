@@ -14,6 +14,10 @@ namespace culprit::bisect {
 struct Options {
   std::string run_dir;
   int reruns = 8;  // reruns of the faulty micro-shard on the blamed rank (transient or persistent)
+  // After a finding whose device fires again (hardware-persistent, or -unconfirmed: never rerun)
+  // after the checkpoint the search started from, the steps before that checkpoint searched too, up
+  // to this many (-1: two of the run's checkpoint intervals; 0: none). docs/bisect.md, "Cost".
+  std::int64_t search_back = -1;
 };
 
 // Collective (any world size). Writes RUN/diagnosis.json and RUN/diagnosis.html on rank 0 and prints

@@ -72,6 +72,15 @@ class Engine {
   // Local: micro-shard k of the next step computed on this rank; nothing is updated. `round` makes
   // an intermittent fault draw anew on each rerun.
   virtual Status compute_shard(int k, int round, ShardResult* out) = 0;
+  // Local. Micro-shard k of the next step once more in float64 (parameters, buffers and the input
+  // as loaded widened; no layer hooks, no faults but the input's): the gradient (P values, then the
+  // loss). The bisection's arbiter between two devices that each repeat their own result.
+  virtual Status compute_shard_f64(int k, int round, std::vector<double>* out) = 0;
+  // Local. The last run_step's update recomputed in float64 from the marked state (mark()), with
+  // that step's reduced gradient and learning rate and no faults. *now: this rank's state after the
+  // step; *wide: the float64 one; each the P parameter values, then P values of each parameter's
+  // primary optimizer state (SGD's momentum, AdamW's first moment; 0 where there is none yet).
+  virtual Status update_f64(std::vector<float>* now, std::vector<double>* wide) = 0;
   // Collective: the layout of the following run_steps (see open's `rotate`). With rotate 0 every rank
   // sends the reduction's messages the original run's rank of that number sent (same world size): a
   // faulty link reappears there.

@@ -1,0 +1,135 @@
+// The float64 recomputations the bisection's arbiter uses (harness/src/float64.cpp), on a real
+// trained run under real mpirun: they leave the replay engine's state bitwise as it was, they agree
+// with float32 to within rounding, and the measure tells one micro-shard's gradient from another's.
+#include <gtest/gtest.h>
+#include <mpi.h>
+
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "culprit/checkpoint.h"
+#include "culprit/engine.h"
+#include "culprit/harness.h"
+
+using namespace culprit;
+
+namespace {
+
+// ||a - b|| / ||b|| over the first n elements.
+template <class A>
+double rel(const std::vector<A>& a, const std::vector<double>& b, std::size_t n) {
+  double num = 0, den = 0;
+  for (std::size_t i = 0; i < n; ++i) num += (a[i] - b[i]) * (a[i] - b[i]), den += b[i] * b[i];
+  return std::sqrt(num / den);
+}
+
+bool bitwise(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+}
+
+class Float64 : public ::testing::TestWithParam<const char*> {
+ protected:
+  void SetUp() override {
+    comm_ = Comm::world();
+    char buf[64] = "/tmp/culprit-float64-XXXXXX";
+    if (comm_.rank == 0 && !mkdtemp(buf)) FAIL() << "mkdtemp";
+    MPI_Bcast(buf, sizeof buf, MPI_CHAR, 0, MPI_COMM_WORLD);
+    dir_ = buf;
+    harness::TrainConfig cfg;
+    bool help = false;
+    // AdamW: the update's float64 recomputation loads a state with a step counter and two moments.
+    ASSERT_TRUE(harness::parse_train_options({"--run-dir", dir_ + "/run", "--model", GetParam(), "--steps", "3",
+                                              "--checkpoint-every", "1", "--samples", "64", "--global-batch", "16",
+                                              "--micro-shards", "4", "--optimizer", "adamw", "--quiet"},
+                                             &cfg, &help)
+                    .ok());
+    ASSERT_TRUE(harness::train(cfg, comm_).ok());
+    ASSERT_TRUE(harness::load_run_config(dir_ + "/run", &cfg_).ok());
+    std::string path;
+    ASSERT_TRUE(ckpt::find_valid(comm_, dir_ + "/run", 2, ckpt::Pick::kNewest, &start_, &path).ok());  // step 1
+    ASSERT_TRUE(harness::Engine::open(cfg_, comm_, start_, path, /*layer_trace=*/true, &engine_).ok());
+  }
+  void TearDown() override {
+    engine_.reset();
+    MPI_Barrier(MPI_COMM_WORLD);
+    if (comm_.rank == 0 && !dir_.empty()) std::system(("rm -rf " + dir_).c_str());
+  }
+  Comm comm_;
+  std::string dir_;
+  harness::TrainConfig cfg_;
+  ckpt::Checkpoint start_;
+  std::unique_ptr<harness::Engine> engine_;
+};
+
+TEST_P(Float64, AMicroShardInFloat64LeavesTheStateAndAgreesWithinRounding) {
+  harness::ShardResult before, after, other;
+  ASSERT_TRUE(engine_->compute_shard(1, 0, &before).ok());
+  std::vector<double> wide;
+  ASSERT_TRUE(engine_->compute_shard_f64(1, 0, &wide).ok());
+  ASSERT_EQ(wide.size(), before.grad.size() + 1);  // the gradient, then the loss
+  ASSERT_TRUE(engine_->compute_shard(1, 0, &after).ok());
+  // The float32 computation after it is bitwise the one before: parameters, gradients and buffers
+  // came back as they were.
+  EXPECT_TRUE(bitwise(before.grad, after.grad));
+  EXPECT_EQ(before.fwd, after.fwd);
+  EXPECT_EQ(before.bwd, after.bwd);
+  // Within float32 rounding of float64, and not equal to it (a different computation).
+  const double d = rel(before.grad, wide, before.grad.size());
+  EXPECT_LT(d, 1e-5);
+  EXPECT_GT(d, 0.0);
+  EXPECT_NEAR(before.loss, wide.back(), 1e-5 * std::abs(wide.back()));
+  // The negative control: another micro-shard's gradient is far from this one's float64 result.
+  ASSERT_TRUE(engine_->compute_shard(2, 0, &other).ok());
+  EXPECT_GT(rel(other.grad, wide, other.grad.size()), 1e-2);
+}
+
+TEST_P(Float64, TheUpdateInFloat64AgreesWithinRoundingAndTouchesNothing) {
+  ASSERT_TRUE(engine_->mark().ok());
+  harness::StepResult first, again;
+  ASSERT_TRUE(engine_->run_step(&first).ok());
+  std::vector<float> now;
+  std::vector<double> wide;
+  ASSERT_TRUE(engine_->update_f64(&now, &wide).ok());
+  ASSERT_EQ(now.size(), wide.size());
+  const std::size_t P = now.size() / 2;
+  EXPECT_LT(rel(now, wide, P), 1e-5);  // the parameters
+  std::vector<float> moment(now.begin() + P, now.end());
+  std::vector<double> wide_moment(wide.begin() + P, wide.end());
+  EXPECT_LT(rel(moment, wide_moment, P), 1e-5);  // AdamW's first moment
+  // Rewound to the mark, the same recomputation gives the same float64 bits, and the float32 state
+  // before the step (the negative control) is far from it: the measure tells a step from none.
+  ASSERT_TRUE(engine_->rewind().ok());
+  std::vector<float> pre;
+  std::vector<double> wide_again;
+  ASSERT_TRUE(engine_->update_f64(&pre, &wide_again).ok());
+  EXPECT_EQ(std::memcmp(wide.data(), wide_again.data(), wide.size() * sizeof(double)), 0);
+  EXPECT_GT(rel(pre, wide, P), 100 * rel(now, wide, P));
+  // The step replayed again from the mark gives the same state: the live state was not touched.
+  ASSERT_TRUE(engine_->run_step(&again).ok());
+  EXPECT_EQ(first.param_fps, again.param_fps);
+  EXPECT_EQ(first.opt_fps, again.opt_fps);
+}
+
+// Every built-in model: the GPT's token inputs stay integers, its causal mask and positions are
+// made inside forward; the CNN has pooling between its layers.
+INSTANTIATE_TEST_SUITE_P(Models, Float64, ::testing::Values("mlp", "cnn", "gpt"));
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  MPI_Init(&argc, &argv);
+  ::testing::InitGoogleTest(&argc, argv);
+  int rank = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  if (rank != 0) {
+    auto& listeners = ::testing::UnitTest::GetInstance()->listeners();
+    delete listeners.Release(listeners.default_result_printer());
+  }
+  int failed = RUN_ALL_TESTS() != 0, any = 0;
+  MPI_Allreduce(&failed, &any, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+  MPI_Finalize();
+  return any;
+}
