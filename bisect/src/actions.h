@@ -50,6 +50,7 @@ struct Context {
   std::int64_t stopped_at = -1;   // a step the search gave up on (its replays kept disagreeing)
   std::map<std::int64_t, int> redone;  // steps redone after a fault in the bisection's own replay
   std::int64_t incident_refuted = -1;  // the comm incident's step, once the record there proved healthy
+  bool searching_back = false;    // the search before the start after a recurring finding (bisect.cpp)
 
   bool layer = false;    // the trace holds per-layer fingerprints
   bool opt_recorded = false;  // the trace holds the optimizer state's fingerprints (format 3)

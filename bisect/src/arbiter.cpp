@@ -20,7 +20,9 @@ double distance(const std::vector<float>& g, const std::vector<float>& g0, const
   double num = 0, den = 0;
   for (std::size_t i = 0; i < n; ++i) {
     if (std::memcmp(&g0[i], &g1[i], sizeof(float)) == 0) continue;
-    if (!std::isfinite(g[i])) return std::numeric_limits<double>::infinity();
+    if (!std::isfinite(g[i]))  // beyond float32's range in float64 too: float32 cannot be told wrong
+      return std::abs(g64[i]) > std::numeric_limits<float>::max() ? std::numeric_limits<double>::quiet_NaN()
+                                                                   : std::numeric_limits<double>::infinity();
     const double d = static_cast<double>(g[i]) - g64[i];
     num += d * d;
     den += g64[i] * g64[i];

@@ -199,32 +199,45 @@ bool names_a_step(Verdict v) {
 
 // A device that fires again and again, found after the checkpoint the search started from (the
 // newest before the first incident), may have fired silently before it: the finding names a later
-// firing. The steps before that checkpoint are searched too (--search-back), and a firing found
-// there is the finding; else the first one stands.
+// firing. The steps before that checkpoint are searched too (--search-back), and a firing of the
+// same device found there is the finding; else the first one stands (anything else found there is
+// evidence only: replaying those steps on a device now broken can make healthy records look odd).
+// Optional: an error in it is noted and the first finding stands.
 Status search_back(Context& ctx, Finding* f, Verdict* verdict) {
   const bool recurs = *verdict == Verdict::kHardwarePersistent || *verdict == Verdict::kHardwareUnconfirmed;
-  if (!recurs || ctx.segment != 0 || ctx.reached_oldest || ctx.opt.search_back == 0) return Status::OK();
+  if (!recurs || f->blamed < 0 || ctx.segment != 0 || ctx.reached_oldest || ctx.opt.search_back == 0) return Status::OK();
   const std::int64_t back = ctx.opt.search_back > 0 ? ctx.opt.search_back
                                                     : 2 * std::max<std::int64_t>(1, ctx.run.cfg.checkpoint.every);
   bool none = true;
-  CULPRIT_RETURN_IF_ERROR(open_earlier(&ctx, back, &none));
-  if (none) return Status::OK();
-  ctx.note("step " + std::to_string(f->step) + "'s device fires again: searching the steps before the checkpoint of step " +
-           std::to_string(ctx.start) + " for an earlier firing, from " + ctx.checkpoint);
   const auto reruns = ctx.d->reruns, reproduced = ctx.d->reproduced;
+  Status st = open_earlier(&ctx, back, &none);
+  if (st.ok() && none) return Status::OK();
   Finding g;
   Verdict v = Verdict::kNone;
-  CULPRIT_RETURN_IF_ERROR(search(ctx, &g, &v));
-  if (names_a_step(v) && g.step < f->step) {
-    ctx.note("an earlier firing: step " + std::to_string(g.step) + " (the one at step " + std::to_string(f->step) +
-             " came after it)");
+  if (st.ok()) {
+    ctx.note("rank " + std::to_string(f->blamed) + "'s device fires again: searching the steps before the checkpoint of step " +
+             std::to_string(ctx.start) + " for an earlier firing, from " + ctx.checkpoint);
+    ctx.searching_back = true;
+    st = search(ctx, &g, &v);
+    ctx.searching_back = false;
+  }
+  if (!st.ok()) {
+    ctx.note("the search before step " + std::to_string(ctx.start + 1) + " failed (" + st.message() + "); step " +
+             std::to_string(f->step) + " stands");
+  } else if (is_hardware(v) && g.blamed == f->blamed && g.step < f->step) {
+    ctx.note("an earlier firing of rank " + std::to_string(g.blamed) + "'s device: step " + std::to_string(g.step) +
+             " (the one at step " + std::to_string(f->step) + " came after it)");
     *f = g;
     *verdict = v;
     return Status::OK();
+  } else {
+    ctx.note(names_a_step(v) ? "before step " + std::to_string(ctx.start + 1) + ": " + std::string(name_of(v)) + " at step " +
+                                   std::to_string(g.step) + ", not a firing of rank " + std::to_string(f->blamed) +
+                                   "'s device; step " + std::to_string(f->step) + " stands"
+                             : "nothing differs before step " + std::to_string(ctx.start + 1) + ": step " +
+                                   std::to_string(f->step) + " is the first firing");
   }
   ctx.d->reruns = reruns, ctx.d->reproduced = reproduced;
-  ctx.note("nothing differs before step " + std::to_string(ctx.start + 1) + ": step " + std::to_string(f->step) +
-           " is the first firing");
   return Status::OK();
 }
 

@@ -106,6 +106,7 @@ void nothing_differs(Context& ctx, Finding* f, Evidence* ev) {
   const auto* first = ctx.first;
   if (bad < 0 && first && (first->detector == Detector::kNonfinite || first->detector == Detector::kSpike))
     bad = first->step;
+  if (ctx.searching_back) return;  // the search before a recurring finding says what it found itself
   if (bad > 0) {
     ev->nonfinite_reproduced = true;
     f->step = bad;

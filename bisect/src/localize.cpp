@@ -84,6 +84,42 @@ struct ShardVote {
   const trace::ShardRow* row = nullptr;
   Arbitration arbiter;           // tried on a tie of two
 };
+// A tie of two over micro-shard k of the next step, whose input the two ranks load differently: the
+// first sample they load unlike each other, as any third device loaded the same data set index in
+// the run's record (a rank outside this world, in another step or micro-shard: the trace holds
+// every sample's fingerprint), is one more opinion: a device of its own, siding with the rank whose
+// load it matches. Collective (the search over the record is the same on every rank).
+Status witness_load(Context& ctx, int k, ShardVote* sv) {
+  const auto& mine = sv->mine.sample_fps;
+  const std::size_t n = mine.size();
+  std::vector<std::uint64_t> both(2 * n);
+  CULPRIT_MPI_CHECK(MPI_Allgather(mine.data(), static_cast<int>(n), MPI_UINT64_T, both.data(), static_cast<int>(n),
+                                  MPI_UINT64_T, ctx.comm.comm));
+  const auto idx = ctx.engine->shard_samples(k);
+  for (std::size_t j = 0; j < n && j < idx.size(); ++j) {
+    if (both[j] == both[n + j]) continue;
+    for (const auto& [key, row] : ctx.run.trace.shards) {
+      if (row.rank < 2 || row.sample_fps.empty()) continue;  // the tied devices' own loads are no witness
+      const auto other = ctx.engine->shard_samples_of(key.first, key.second);
+      for (std::size_t i = 0; i < other.size() && i < row.sample_fps.size(); ++i) {
+        if (other[i] != idx[j]) continue;
+        const int h = row.sample_fps[i] == both[j] ? 0 : row.sample_fps[i] == both[n + j] ? 1 : -1;
+        if (h < 0) continue;
+        sv->o.more.push_back({row.rank, sv->o.replay[h]});
+        sv->s = settle(sv->o);
+        ctx.note("micro-shard " + std::to_string(k) + ": ranks 0 and 1 load data set index " + std::to_string(idx[j]) +
+                 " unlike each other; rank " + std::to_string(row.rank) + " loaded it in step " + std::to_string(key.first) +
+                 " as rank " + std::to_string(h) + " does");
+        return Status::OK();
+      }
+    }
+    break;  // the first differing sample decides, or nothing does
+  }
+  ctx.note("micro-shard " + std::to_string(k) + ": ranks 0 and 1 load its input unlike each other, and no third device's load "
+           "of the same samples is in the record");
+  return Status::OK();
+}
+
 Status vote_shard(Context& ctx, std::int64_t step, int k, ShardVote* out) {
   out->row = &ctx.run.trace.shards.at({step, k});
   const std::size_t nl = ctx.layer ? ctx.schema.layers.size() : 0, np = ctx.layer ? ctx.schema.params.size() : 0;
@@ -105,7 +141,10 @@ Status vote_shard(Context& ctx, std::int64_t step, int k, ShardVote* out) {
     for (int r = 0; r < ctx.W; ++r) out->o.more.push_back({r, out->v.id(each[r])});
   }
   out->s = settle(out->o);
-  // Still a tie of two self-consistent devices: the float64 recomputation is the third opinion.
+  // Still a tie of two self-consistent devices. Loaded unlike each other: another device's load of
+  // the same samples in the run is the third opinion; else the float64 recomputation.
+  if (out->s.ambiguous && ctx.W == 2 && out->all[0].input_fp != out->all[1].input_fp)
+    return witness_load(ctx, k, out);
   if (out->s.ambiguous && ctx.W == 2) {
     CULPRIT_RETURN_IF_ERROR(arbitrate_shard(ctx, k, mine, &out->arbiter));
     ctx.note("micro-shard " + std::to_string(k) + ": ranks 0 and 1 each reproduce their own result; " + out->arbiter.why);
@@ -163,8 +202,8 @@ void judge_shard(Context& ctx, const ShardVote& sv, Finding* f, Evidence* ev) {
       if (ev->input_differs) name_sample(ctx, sv, f);
       ctx.note(K + (s.ambiguous ? ": ranks " + rank_list(s.candidates) +
                                       " each reproduce their own result, rerun after rerun: one of them is persistently "
-                                      "faulty, and neither the reruns nor a float64 recomputation tell which (bisect with 3 "
-                                      "or more ranks, or screen both)"
+                                      "faulty, and no third opinion (reruns, the float64 recomputation, another device's load "
+                                      "of the samples) tells which (bisect with 3 or more ranks, or screen both)"
                                 : ": the record and the replays on " + std::to_string(ctx.W) +
                                       " ranks give no result two devices agree on (ranks " + rank_list(s.candidates) + ")"));
       return;

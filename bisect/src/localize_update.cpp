@@ -145,8 +145,10 @@ Status update_replay_faulted(Context& ctx, std::int64_t s, const Finding& f, con
 // No healthy update among the records and one replay: before calling it a tie, the step is redone
 // from its start again and again. An intermittent fault at rest draws anew, and a device that
 // contradicts itself is faulty (as for micro-shards, vote_shard); a persistent one stays a tie.
-// Returns how many times it was redone. Collective; the engine stands after the step again.
-int rerun_update(Context& ctx, UpdateVote* u, Status* st) {
+// A redo whose reduction came out unlike the first replay's on any rank (a link firing in it) is no
+// opinion on the update at rest: the redos stop there. Returns how many times it was redone.
+// Collective; the engine stands after the step again.
+int rerun_update(Context& ctx, const StepResult& first, UpdateVote* u, Status* st) {
   int i = 0;
   while (i < ctx.opt.reruns && u->s.healthy < 0) {
     ++i;
@@ -155,6 +157,13 @@ int rerun_update(Context& ctx, UpdateVote* u, Status* st) {
     StepResult again;
     *st = agree(ctx.comm, ctx.engine->run_step(&again, ctx.round + i));
     if (!st->ok()) return i;
+    int other = again.grad_fp != first.grad_fp || !again.comm_faults.empty();
+    CULPRIT_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &other, 1, MPI_INT, MPI_MAX, ctx.comm.comm));
+    if (other) {
+      ctx.note("step " + std::to_string(first.step) + ": redo " + std::to_string(i) +
+               " reduced the gradient unlike the first replay; the redos stop");
+      return i;
+    }
     const auto each = gather_updates(ctx, again);
     for (int r = 0; r < ctx.W; ++r) u->o.more.push_back({r, u->id(each[r])});
     u->s = settle(u->o);
@@ -223,10 +232,11 @@ Status reduction(Context& ctx, const StepResult& sr, Finding* f, int* odd, bool*
 // No update two devices agree on: the step redone (an intermittent device contradicts itself),
 // then, for a tie of two that stays, the float64 recomputation of the update as one more opinion.
 // *redone: how many times the step was redone. Collective.
-Status settle_tie(Context& ctx, std::int64_t s, UpdateVote* u, int* redone) {
+Status settle_tie(Context& ctx, const StepResult& sr, UpdateVote* u, int* redone) {
+  const std::int64_t s = sr.step;
   if (u->s.healthy < 0) {
     Status st;
-    *redone = rerun_update(ctx, u, &st);
+    *redone = rerun_update(ctx, sr, u, &st);
     CULPRIT_RETURN_IF_ERROR(st);
     ctx.note("step " + std::to_string(s) + ": no update two devices agree on; the step was redone " + std::to_string(*redone) +
              " time(s) from its start: " + (u->s.healthy >= 0 ? "a device contradicted itself" : "every device repeated itself"));
@@ -264,7 +274,7 @@ Status localize_update(Context& ctx, Finding* f, Evidence* ev) {
   // exactly as recorded, and only the step computed alone tells.
   const bool reduced = reduced_here != 0 || f->update.reduced;
   int redone = 0;
-  if (!reduced) CULPRIT_RETURN_IF_ERROR(settle_tie(ctx, s, &u, &redone));
+  if (!reduced) CULPRIT_RETURN_IF_ERROR(settle_tie(ctx, sr, &u, &redone));
   int odd_rank = -1;
   bool reproduced = false;
   int times = -1;  // of the odd rank's replays, how many came out wrong (-1: told otherwise)

@@ -57,7 +57,7 @@ int arbitrate(double d0, double d1) {
   if (std::isnan(d0) || std::isnan(d1)) return -1;
   const int lo = d1 < d0 ? 1 : 0;
   const double near = lo ? d1 : d0, far = lo ? d0 : d1;
-  if (!std::isfinite(near)) return -1;
+  if (!std::isfinite(near) || near > kRoundingBound) return -1;
   return far >= kFaultFloor && far >= kArbiterGap * near ? lo : -1;
 }
 

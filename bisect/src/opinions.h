@@ -53,9 +53,13 @@ constexpr int kArbiterDevice = -2;
 // of the float64 value: distances of a few ulps decide nothing).
 constexpr double kArbiterGap = 64;
 constexpr double kFaultFloor = 1.0 / 65536;
+// ...and only when the nearer one is within 2^-12 of float64, well inside what float32 rounding
+// leaves and far from what a float64 computation that is not the float32 one's twin would (kernels
+// that take other paths in float64: its distances decide nothing then).
+constexpr double kRoundingBound = 1.0 / 4096;
 // Which of two devices' results is healthy from the two distances (infinite: not finite; NaN: no
-// distance): 0 or 1, or -1 when they do not tell (as close as each other, both far, or the far one
-// within rounding). The two float32 computations are the same operations on the same inputs, so
+// distance): 0 or 1, or -1 when they do not tell (as close as each other, both far, the near one
+// beyond kRoundingBound, or the far one within rounding). The two float32 computations are the same operations on the same inputs, so
 // the healthy one's distance is the computation's own rounding error; a fault's effect cannot make
 // the faulty result that much closer than that: it would have to cancel the rounding error of
 // every differing element.

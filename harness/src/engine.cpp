@@ -188,8 +188,9 @@ class EngineImpl : public Engine {
     return st;
   }
   std::vector<Fingerprint> reduced_param_fps() const override { return trainer_->reduced_param_fps(); }
-  std::vector<std::int64_t> shard_samples(int k) override {
-    const at::Tensor idx = trainer_->shard_indices(step() + 1, k).contiguous();
+  std::vector<std::int64_t> shard_samples(int k) override { return shard_samples_of(step() + 1, k); }
+  std::vector<std::int64_t> shard_samples_of(std::int64_t s, int k) override {
+    const at::Tensor idx = trainer_->shard_indices(s, k).contiguous();
     return std::vector<std::int64_t>(idx.data_ptr<std::int64_t>(), idx.data_ptr<std::int64_t>() + idx.numel());
   }
   Status set_rotation(int rotate) override {

@@ -29,15 +29,22 @@ class Widened {
   Widened(Model& model, std::vector<NamedTensor>& params, LayerObserver* observer)
       : model_(model), params_(params), observer_(observer), buffers_(model.buffers()) {
     torch::NoGradGuard ng;
-    for (auto& p : params_) {
+    // Every float64 copy first (the only step that can throw: memory), then the swaps, which cannot:
+    // an exception leaves the model as it was.
+    std::vector<at::Tensor> wide, wide_buffers;
+    for (auto& p : params_) wide.push_back(p.tensor.data().to(torch::kFloat64));
+    for (auto& b : buffers_)
+      wide_buffers.push_back(b.tensor.is_floating_point() ? b.tensor.data().to(torch::kFloat64) : at::Tensor());
+    for (std::size_t i = 0; i < params_.size(); ++i) {
+      auto& p = params_[i];
       data_.push_back(p.tensor.data());
       grads_.push_back(p.tensor.grad());
       p.tensor.mutable_grad().reset();
-      p.tensor.set_data(p.tensor.data().to(torch::kFloat64));
+      p.tensor.set_data(wide[i]);
     }
-    for (auto& b : buffers_) {
-      buffer_data_.push_back(b.tensor.data());
-      if (b.tensor.is_floating_point()) b.tensor.set_data(b.tensor.data().to(torch::kFloat64));
+    for (std::size_t i = 0; i < buffers_.size(); ++i) {
+      buffer_data_.push_back(buffers_[i].tensor.data());
+      if (wide_buffers[i].defined()) buffers_[i].tensor.set_data(wide_buffers[i]);
     }
     model_.set_observer(nullptr);
   }
@@ -107,7 +114,8 @@ namespace {
 at::Tensor tensor_of(const ckpt::RawTensor& r) {
   auto t = torch::from_blob(const_cast<void*>(static_cast<const void*>(r.bytes.data())), r.shape,
                             torch::TensorOptions().dtype(to_scalar(r.dtype)));
-  return t.is_floating_point() ? t.to(torch::kFloat64) : t.clone();
+  // Always a copy: the optimizer step writes into it, and the marked state must stay as it is.
+  return t.is_floating_point() ? t.to(torch::kFloat64, /*non_blocking=*/false, /*copy=*/true) : t.clone();
 }
 
 template <class T>

@@ -278,6 +278,23 @@ class Localize(TempDirTest):
         truth = int(order[((5 - 1) % 4) * 24 + 2 * 6 + 1])
         self.assertEqual((got["step"], got["phase"], got["rank"], got["sample"]), (5, "data", 2, truth), got)
 
+    def test_a_two_rank_tie_over_a_load_is_settled_by_a_third_devices_load(self):
+        # Trained on four ranks, bisected on two: rank 1 loads every sample with bit 22 of element 4
+        # flipped from step 9 on; ranks 0 and 1 each repeat their own load. Rank 2 or 3 loaded the
+        # same data set index in another epoch: its record is the third opinion.
+        spec = "step=9,rank=1,index=4,phase=data,kind=bitflip,bit=22,mode=persistent"
+        d = self.train("load-tie", 4, ["--steps", "16", "--inject", spec])
+        got = self.bisect(d, 2, "data")
+        self.assertEqual((got["step"], got["phase"], got["rank"], got["candidates"]), (9, "data", 1, []), got)
+        g = torch.Generator()
+        g.manual_seed(1234 + (9 - 1) // 4)  # the seed, the epoch (96 samples / 24 a step)
+        order = torch.randperm(96, generator=g)
+        self.assertEqual(got["sample"], int(order[((9 - 1) % 4) * 24 + 1 * 6]))  # micro-shard 1's first sample
+        # The negative control: trained on two ranks, no third device ever loaded anything: a tie.
+        two = self.train("load-tie-two", 2, ["--steps", "16", "--inject", spec])
+        got = self.bisect(two, 2, "data")
+        self.assertEqual((got["step"], got["rank"], got["candidates"]), (9, -1, [0, 1]), got)
+
 
 if __name__ == "__main__":
     import unittest

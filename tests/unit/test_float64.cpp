@@ -84,6 +84,16 @@ TEST_P(Float64, AMicroShardInFloat64LeavesTheStateAndAgreesWithinRounding) {
   // The negative control: another micro-shard's gradient is far from this one's float64 result.
   ASSERT_TRUE(engine_->compute_shard(2, 0, &other).ok());
   EXPECT_GT(rel(other.grad, wide, other.grad.size()), 1e-2);
+  // The whole step afterwards is bitwise a fresh engine's: every parameter is still its view of the
+  // flat buffer the reduction and the optimizer write (a detached one would keep its old value).
+  harness::StepResult stepped, fresh_step;
+  ASSERT_TRUE(engine_->run_step(&stepped).ok());
+  std::unique_ptr<harness::Engine> fresh;
+  ASSERT_TRUE(harness::Engine::open(cfg_, comm_, start_, "fresh", /*layer_trace=*/true, &fresh).ok());
+  ASSERT_TRUE(fresh->run_step(&fresh_step).ok());
+  EXPECT_EQ(stepped.grad_fp, fresh_step.grad_fp);
+  EXPECT_EQ(stepped.param_fps, fresh_step.param_fps);
+  EXPECT_EQ(stepped.opt_fps, fresh_step.opt_fps);
 }
 
 TEST_P(Float64, TheUpdateInFloat64AgreesWithinRoundingAndTouchesNothing) {

@@ -156,4 +156,8 @@ TEST(Opinions, TheArbiterSidesOnlyWithAClearMargin) {
   // The gap is a ratio: just under it decides nothing, at it decides.
   EXPECT_EQ(b::arbitrate(1e-4, 1e-4 * b::kArbiterGap * 0.99), -1);
   EXPECT_EQ(b::arbitrate(1e-4, 1e-4 * b::kArbiterGap), 0);
+  // The nearer one far from float64 (not rounding: the float64 computation took another path, as a
+  // kernel may): no side, whatever the ratio.
+  EXPECT_EQ(b::arbitrate(0.5, 40), -1);
+  EXPECT_EQ(b::arbitrate(b::kRoundingBound * 2, inf), -1);
 }

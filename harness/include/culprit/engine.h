@@ -95,6 +95,8 @@ class Engine {
   virtual std::vector<Fingerprint> reduced_param_fps() const = 0;
   // Local: the data set indices of micro-shard k's samples in the next step.
   virtual std::vector<std::int64_t> shard_samples(int k) = 0;
+  // Local: the data set indices of micro-shard k of any 1-based step (the run's sample order).
+  virtual std::vector<std::int64_t> shard_samples_of(std::int64_t step, int k) = 0;
   // Keeps the current state in memory; rewind() returns to it (local, no I/O).
   virtual Status mark() = 0;
   virtual Status rewind() = 0;
