@@ -32,12 +32,14 @@ Status CheckpointPipeline::open(std::int64_t start_step, const trace::Header* he
       writers_.push_back(r);
   if (header) CULPRIT_RETURN_IF_ERROR(open_trace(start_step, *header));
   CULPRIT_MPI_CHECK(MPI_Comm_dup(comm_.comm, &io_comm_));
-  io_ = std::make_unique<IoWorker>();
   // The I/O thread calls MPI while the main thread does: that needs MPI_THREAD_MULTIPLE. With less,
-  // every I/O job is waited for at once (no two threads in MPI at the same time).
+  // every I/O job runs at once on the main thread (no other thread ever calls MPI: with a thread
+  // that waited, the watchdog's polling during a drain raced the job's collectives and crashed
+  // Open MPI's nonblocking-collective progress).
   int level = MPI_THREAD_SINGLE;
   MPI_Query_thread(&level);
   serial_ = level < MPI_THREAD_MULTIPLE;
+  io_ = std::make_unique<IoWorker>(/*inline_jobs=*/serial_);
   if (serial_ && comm_.rank == 0)
     std::fprintf(stderr, "culprit: warning: MPI provides thread level %s, not multiple: checkpoints and trace are "
                  "written synchronously\n", mpi_thread_level.c_str());

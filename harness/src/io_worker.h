@@ -1,5 +1,6 @@
 // One background thread per rank that performs all HDF5 work while training runs (HDF5 is not
-// thread-safe here, so no other thread may call it meanwhile). Jobs run in submission order.
+// thread-safe here, so no other thread may call it meanwhile). Jobs run in submission order; with
+// inline jobs, on the caller's thread.
 #pragma once
 #include <condition_variable>
 #include <deque>
@@ -13,19 +14,30 @@ namespace culprit::harness {
 
 class IoWorker {
  public:
-  IoWorker() : thread_([this] { loop(); }) {}
+  // inline_jobs: no thread; submit runs each job at once on the caller's thread (MPI below
+  // MPI_THREAD_MULTIPLE: a job's MPI calls must come from the thread that calls MPI otherwise, and
+  // none may overlap another thread's, not even a watchdog's polling while a drain waits).
+  explicit IoWorker(bool inline_jobs = false) : inline_(inline_jobs) {
+    if (!inline_) thread_ = std::thread([this] { loop(); });
+  }
   ~IoWorker() {
     {
       std::lock_guard<std::mutex> lock(mu_);
       stop_ = true;
     }
     cv_.notify_all();
-    thread_.join();
+    if (thread_.joinable()) thread_.join();
   }
   IoWorker(const IoWorker&) = delete;
   IoWorker& operator=(const IoWorker&) = delete;
 
   void submit(std::function<Status()> job) {
+    if (inline_) {
+      Status s = job();
+      std::lock_guard<std::mutex> lock(mu_);
+      if (!s.ok() && error_.ok()) error_ = s;
+      return;
+    }
     {
       std::lock_guard<std::mutex> lock(mu_);
       jobs_.push_back(std::move(job));
@@ -76,6 +88,7 @@ class IoWorker {
   std::condition_variable cv_, done_cv_;
   std::deque<std::function<Status()>> jobs_;
   bool busy_ = false, stop_ = false;
+  const bool inline_;
   Status error_;
   std::thread thread_;
 };
