@@ -4,6 +4,8 @@
 #include <gtest/gtest.h>
 #include <mpi.h>
 
+#include "mpi_gtest.h"
+
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -145,14 +147,5 @@ int main(int argc, char** argv) {
   // Every built-in model is one ctest entry: the GPT's token inputs stay integers, its causal mask
   // and positions are made inside forward; the CNN has pooling between its layers.
   if (argc > 1) g_model = argv[1];
-  int rank = 0;
-  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-  if (rank != 0) {
-    auto& listeners = ::testing::UnitTest::GetInstance()->listeners();
-    delete listeners.Release(listeners.default_result_printer());
-  }
-  int failed = RUN_ALL_TESTS() != 0, any = 0;
-  MPI_Allreduce(&failed, &any, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
-  MPI_Finalize();
-  return any;
+  return culprit::testing::run_on_every_rank();
 }
