@@ -24,8 +24,7 @@ void make_synthetic(const TrainConfig& cfg, Dataset* d) {
   d->source = "synthetic";
   d->n = cfg.samples;
   if (kind == ModelKind::kGpt) {
-    const std::int64_t T = cfg.sample_shape.empty() ? 16 : prod(cfg.sample_shape);
-    const std::int64_t V = cfg.classes ? cfg.classes : 32;
+    const std::int64_t T = gpt_seq_len(cfg), V = gpt_vocab(cfg);
     d->x_dtype = d->y_dtype = DType::kInt64;
     d->x_shape = d->y_shape = {T};
     d->classes = V;
@@ -92,7 +91,7 @@ Status check_finite(const std::string& path, const char* name, DType dtype, cons
 // (--classes 0) the largest label + 1, itself at most kMaxClasses. A label past the output width
 // would otherwise widen the model silently (or ask for an impossible allocation); the message names
 // the range and the first label outside it.
-Status check_labels(const std::string& path, int classes, Dataset* d) {
+Status check_labels(const std::string& path, std::int64_t classes, const char* option, Dataset* d) {
   const auto* lab = reinterpret_cast<const std::int64_t*>(d->y.data());
   const std::int64_t m = d->n * d->y_numel(), per_sample = std::max<std::int64_t>(1, d->y_numel());
   const std::int64_t limit = classes > 0 ? classes : kMaxClasses;
@@ -106,14 +105,14 @@ Status check_labels(const std::string& path, int classes, Dataset* d) {
     const std::string valid = "valid class labels are [0, " + std::to_string(limit) + ")";
     if (lab[i] < 0) return Status::BadInput("data '" + path + "': y holds a negative class label (" + std::to_string(lab[i]) + ")" + where + "; " + valid);
     return Status::BadInput("data '" + path + "': y holds class label " + std::to_string(lab[i]) + where + "; " + valid +
-                            (classes > 0 ? " with --classes " + std::to_string(classes)
-                                         : " (give --classes C if the data has C classes; at most " + std::to_string(kMaxClasses) + ")"));
+                            (classes > 0 ? " with --" + std::string(option) + " " + std::to_string(classes)
+                                         : " (give --" + std::string(option) + " C if the data has C classes; at most " + std::to_string(kMaxClasses) + ")"));
   }
   d->classes = classes > 0 ? classes : d->max_label + 1;
   return Status::OK();
 }
 
-Status read_hdf5(const std::string& path, int classes, Dataset* d) {
+Status read_hdf5(const std::string& path, std::int64_t classes, const char* option, Dataset* d) {
   d->source = "hdf5:" + path;
   h5::Handle file;
   CULPRIT_RETURN_IF_ERROR(h5::open_read(path, &file));
@@ -135,7 +134,7 @@ Status read_hdf5(const std::string& path, int classes, Dataset* d) {
   d->y = std::move(y.bytes);
   CULPRIT_RETURN_IF_ERROR(check_finite(path, "x", d->x_dtype, d->x, d->x_numel()));
   if (!d->classification()) return check_finite(path, "y", d->y_dtype, d->y, d->y_numel());
-  return check_labels(path, classes, d);
+  return check_labels(path, classes, option, d);
 }
 }  // namespace
 
@@ -155,7 +154,8 @@ Status load_dataset(const TrainConfig& cfg, Dataset* out) {
     return Status::OK();
   }
   // The data file is the user's input: a file the HDF5 layer finds malformed is bad input here.
-  Status st = read_hdf5(cfg.data.path, cfg.classes, out);
+  const bool gpt = cfg.model.kind == ModelKind::kGpt;
+  Status st = read_hdf5(cfg.data.path, gpt ? cfg.gpt.vocab : cfg.classes, gpt ? "vocab" : "classes", out);
   return st.code() == StatusCode::kDamaged ? Status::BadInput(st.message()) : st;
 }
 

@@ -12,12 +12,35 @@
 
 namespace culprit::harness {
 
+namespace {
+
+bool corruptible(const at::Tensor& t) { return t.scalar_type() == at::kFloat || t.scalar_type() == at::kBFloat16; }
+
+}  // namespace
+
+// A bfloat16 value (a layer output or its gradient under --precision bf16) is the upper half of a
+// float32: widened exactly, corrupted as a float32 (a bit flip of bit b >= 16 is a flip of bf16 bit
+// b - 16; FaultPlan::check_precision refuses lower bits), then rounded back to nearest. Noise is 32
+// times larger (a few bf16 units, varying), and a change that rounds away moves the value one bf16
+// unit in its direction: an injected fault always changes the value.
+float corrupt_value_as(const FaultSpec& spec, float v, at::ScalarType type) {
+  if (type != at::kBFloat16) return corrupt_value(spec, v);
+  float bad = corrupt_value(spec, v);
+  if (spec.kind == FaultKind::kNoise) bad = v + 32 * (bad - v);
+  const c10::BFloat16 was(v), now(bad);
+  if (now.x != was.x || !std::isfinite(bad)) return static_cast<float>(now);
+  c10::BFloat16 moved = was;
+  // Away from zero when the change grows the magnitude, toward zero when it shrinks it.
+  moved.x = static_cast<std::uint16_t>(moved.x + ((std::fabs(bad) > std::fabs(v)) ? 1 : (moved.x & 0x7fff ? -1 : 1)));
+  return static_cast<float>(moved);
+}
+
 void corrupt_in_place(const FaultSpec& spec, const at::Tensor& t) {
-  if (!t.defined() || t.numel() == 0 || t.scalar_type() != at::kFloat || !t.is_contiguous()) return;
+  if (!t.defined() || t.numel() == 0 || !corruptible(t) || !t.is_contiguous()) return;
   torch::NoGradGuard ng;
-  if (!t.is_cpu()) {  // a GPU tensor: read the element, write the corrupted value back
+  if (!t.is_cpu() || t.scalar_type() != at::kFloat) {  // read the element, write the corrupted value back
     auto e = t.view(-1).narrow(0, spec.index % t.numel(), 1);
-    e.fill_(corrupt_value(spec, e.item<float>()));
+    e.fill_(corrupt_value_as(spec, e.item<float>(), t.scalar_type()));
     return;
   }
   float* p = t.data_ptr<float>() + spec.index % t.numel();
@@ -25,10 +48,10 @@ void corrupt_in_place(const FaultSpec& spec, const at::Tensor& t) {
 }
 
 at::Tensor corrupt_output(const FaultSpec& spec, const at::Tensor& out) {
-  if (out.numel() == 0 || out.scalar_type() != at::kFloat) return out;
+  if (out.numel() == 0 || !corruptible(out)) return out;
   const std::int64_t i = spec.index % out.numel();
   torch::Tensor flat = out.detach().reshape(-1);
-  const float bad = corrupt_value(spec, flat[i].item<float>());
+  const float bad = corrupt_value_as(spec, flat[i].item<float>(), out.scalar_type());
   auto mask = torch::zeros({out.numel()}, out.options().dtype(torch::kBool));
   mask[i] = true;
   return torch::where(mask.view(out.sizes()), torch::full({}, bad, out.options()), out);
@@ -141,6 +164,16 @@ void FaultPlan::on_batch(const FireContext& c, int k, const at::Tensor& x, std::
     if (x.scalar_type() == torch::kLong) corrupt_tokens(f, x, vocab);
     else corrupt_in_place(f, x);
   }
+}
+
+Status FaultPlan::check_precision(Precision p) const {
+  if (p != Precision::kBf16) return Status::OK();
+  for (const auto& f : specs_)
+    if (at_layer_output(f.phase) && f.kind == FaultKind::kBitflip && f.bit < 16)
+      return Status::BadInput("--inject '" + f.text + "': with --precision bf16 a layer's output and its gradient "
+                              "are bfloat16, which keeps bits 16..31 of a float32 value: bit must be in [16, 31], got " +
+                              std::to_string(f.bit));
+  return Status::OK();
 }
 
 bool FaultPlan::keeps_grad(const FireContext& c, int k, std::size_t i) const {

@@ -50,6 +50,9 @@ class FaultPlan {
                const std::vector<NamedTensor>& params, const std::vector<std::int64_t>& offsets, int world,
                std::uint64_t seed, StepMode mode);
   bool empty() const { return specs_.empty(); }
+  // With --precision bf16, layer outputs and their gradients may be bfloat16, which keeps bits
+  // 16..31 of a float32: a bit flip there must name one of those.
+  Status check_precision(Precision p) const;
   // Whether a fault lands on a layer output (the model's layer hooks are needed).
   bool at_layer_outputs() const;
 

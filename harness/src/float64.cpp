@@ -10,6 +10,8 @@
 //    with the step's reduced gradient and learning rate, on copies (the live state is not touched).
 #include <torch/torch.h>
 
+#include <algorithm>
+#include <cmath>
 #include <map>
 #include <type_traits>
 #include <vector>
@@ -142,7 +144,13 @@ void Trainer::update_f64(const ckpt::Checkpoint& start, std::vector<float>* now,
     p64.push_back(t);
     named.push_back({p.name, t});
   }
-  OptimizerState opt64(cfg_.optim, p64);
+  if (cfg_.optim.clip_grad_norm > 0) {  // --clip-grad-norm, in float64 too
+    double sq = 0;
+    for (const auto& t : p64) sq += t.grad().square().sum().item<double>();
+    const double coef = std::min(1.0, cfg_.optim.clip_grad_norm / (std::sqrt(sq) + 1e-6));
+    for (auto& t : p64) t.mutable_grad().mul_(coef);
+  }
+  OptimizerState opt64(cfg_.optim, p64, flat_.decay);
   const Status st = opt64.load(named, [&](const std::string& name, const std::string& suffix) {
     auto it = marked.find(name + "/" + suffix);
     return it == marked.end() ? at::Tensor() : it->second;

@@ -38,6 +38,9 @@ class Model {
   virtual void set_training(bool on) = 0;
   // The layers forward calls, in execution order.
   virtual std::vector<std::string> layers() const = 0;
+  // The parameters that are embedding tables (weight decay skips them with --weight-decay-params
+  // matrices).
+  virtual std::vector<std::string> embeddings() const { return {}; }
   // False when forward is opaque and layers() is only the model's output (kOutputLayer).
   virtual bool per_layer() const { return true; }
   void set_observer(LayerObserver* o) { observer_ = o; }

@@ -61,18 +61,20 @@ struct BlockNet : torch::nn::Module {
   std::shared_ptr<MlpBlockNet> mlp;
 };
 struct GptNet : torch::nn::Module {
-  GptNet(std::int64_t vocab, std::int64_t ctx, std::int64_t d, int layers)
-      : tok_emb(register_module("tok_emb", torch::nn::Embedding(vocab, d))),
-        pos_emb(register_module("pos_emb", torch::nn::Embedding(ctx, d))),
+  GptNet(std::int64_t vocab, std::int64_t ctx, const GptOptions& g)
+      : tok_emb(register_module("tok_emb", torch::nn::Embedding(vocab, g.width))),
+        pos_emb(register_module("pos_emb", torch::nn::Embedding(ctx, g.width))),
         blocks(register_module("blocks", torch::nn::ModuleList())),
-        ln_f(register_module("ln_f", torch::nn::LayerNorm(torch::nn::LayerNormOptions({d})))),
-        head(register_module("head", torch::nn::Linear(d, vocab))) {
-    for (int i = 0; i < layers; ++i) blocks->push_back(std::make_shared<BlockNet>(d));
+        ln_f(register_module("ln_f", torch::nn::LayerNorm(torch::nn::LayerNormOptions({g.width})))) {
+    // A tied head has no tensor of its own: registering tok_emb's weight twice would list it twice
+    // among the parameters (libtorch, unlike PyTorch, does not drop the duplicate).
+    if (!g.tie_head) head = register_module("head", torch::nn::Linear(g.width, vocab));
+    for (int i = 0; i < g.layers; ++i) blocks->push_back(std::make_shared<BlockNet>(g.width));
   }
   torch::nn::Embedding tok_emb, pos_emb;
   torch::nn::ModuleList blocks;
   torch::nn::LayerNorm ln_f;
-  torch::nn::Linear head;
+  torch::nn::Linear head{nullptr};
 };
 
 // Shared plumbing for nn::Module based models.
@@ -127,34 +129,34 @@ class Cnn : public BuiltinModel {
   std::shared_ptr<CnnNet> net_;
 };
 
+// Pre-LN blocks: x + attn(ln1(x)), then x + mlp(ln2(x)) with a GELU MLP; the head is a Linear of
+// its own or (--tie-head) tok_emb's weight without a bias.
 class Gpt : public BuiltinModel {
  public:
-  static constexpr std::int64_t kDim = GptDims::kDim;  // sizes.h: the memory estimate counts the same
-  static constexpr std::int64_t kHeads = GptDims::kHeads;
-  static constexpr int kLayers = GptDims::kLayers;
   static constexpr double kDropout = 0.1;
-  Gpt(std::int64_t vocab, std::int64_t ctx) : net_(std::make_shared<GptNet>(vocab, ctx, kDim, kLayers)) {
-    for (int i = 0; i < kLayers; ++i) blocks_.push_back(net_->blocks->ptr<BlockNet>(i));
+  Gpt(std::int64_t vocab, std::int64_t ctx, const GptOptions& g) : g_(g), net_(std::make_shared<GptNet>(vocab, ctx, g)) {
+    for (int i = 0; i < g.layers; ++i) blocks_.push_back(net_->blocks->ptr<BlockNet>(i));
     names_ = {"tok_emb", "pos_emb"};
-    for (int i = 0; i < kLayers; ++i) {
+    for (int i = 0; i < g.layers; ++i) {
       const std::string b = "blocks." + std::to_string(i) + ".";
       for (const char* l : {"ln1", "attn.qkv", "attn.proj", "ln2", "mlp.fc", "mlp.proj"}) names_.push_back(b + l);
     }
     names_.push_back("ln_f");
     names_.push_back("head");
+    if (g.init == GptInit::kGpt2) init_gpt2();
   }
   at::Tensor forward(const at::Tensor& idx) override {
     const bool train = net_->is_training();
-    const std::int64_t n = idx.size(0), t = idx.size(1), d = kDim, hd = kDim / kHeads;
+    const std::int64_t n = idx.size(0), t = idx.size(1), d = g_.width, heads = g_.heads, hd = d / heads;
     auto pos = torch::arange(t, torch::kLong);
     auto x = tap("tok_emb", net_->tok_emb(idx)) + tap("pos_emb", net_->pos_emb(pos));
     x = torch::dropout(x, kDropout, train);
     auto mask = torch::ones({t, t}, torch::kBool).triu(1);
-    for (int i = 0; i < kLayers; ++i) {
+    for (int i = 0; i < g_.layers; ++i) {
       const auto& blk = blocks_[i];
       const std::string b = "blocks." + std::to_string(i) + ".";
       auto h = tap(b + "ln1", blk->ln1(x));
-      auto qkv = tap(b + "attn.qkv", blk->attn->qkv(h)).view({n, t, 3, kHeads, hd}).permute({2, 0, 3, 1, 4});
+      auto qkv = tap(b + "attn.qkv", blk->attn->qkv(h)).view({n, t, 3, heads, hd}).permute({2, 0, 3, 1, 4});
       auto q = qkv[0], k = qkv[1], v = qkv[2];
       auto att = torch::matmul(q, k.transpose(-2, -1)) / std::sqrt(static_cast<double>(hd));
       att = torch::softmax(att.masked_fill(mask, -std::numeric_limits<float>::infinity()), -1);
@@ -165,12 +167,27 @@ class Gpt : public BuiltinModel {
       h = torch::gelu(tap(b + "mlp.fc", blk->mlp->fc(h)));
       x = x + torch::dropout(tap(b + "mlp.proj", blk->mlp->proj(h)), kDropout, train);
     }
-    return tap("head", net_->head(tap("ln_f", net_->ln_f(x))));
+    auto h = tap("ln_f", net_->ln_f(x));
+    return tap("head", g_.tie_head ? F::linear(h, net_->tok_emb->weight) : net_->head(h));
   }
   std::vector<std::string> layers() const override { return names_; }
+  std::vector<std::string> embeddings() const override { return {"tok_emb.weight", "pos_emb.weight"}; }
 
  private:
   torch::nn::Module* module() override { return net_.get(); }
+  // GPT-2's initialisation, in state-dict order from the seeded generator.
+  void init_gpt2() {
+    torch::NoGradGuard ng;
+    const double residual = 0.02 / std::sqrt(2.0 * g_.layers);
+    for (auto& item : net_->named_parameters(true)) {
+      const std::string& name = item.key();
+      auto& t = item.value();
+      const bool proj = name.size() > 12 && name.compare(name.size() - 12, 12, ".proj.weight") == 0;
+      if (t.dim() >= 2) t.normal_(0.0, proj ? residual : 0.02);
+      else if (name.compare(name.size() - 5, 5, ".bias") == 0) t.zero_();
+    }
+  }
+  const GptOptions g_;
   std::shared_ptr<GptNet> net_;
   std::vector<std::shared_ptr<BlockNet>> blocks_;
   std::vector<std::string> names_;
@@ -196,6 +213,19 @@ class Scripted : public Model {
     return out;
   }
   void set_training(bool on) override { m_.train(on); }
+  // The weights of the module's Embedding and EmbeddingBag submodules (by their class name).
+  std::vector<std::string> embeddings() const override {
+    std::vector<std::string> out;
+    for (const auto& sub : m_.named_modules()) {
+      const auto& type = sub.value.type();
+      if (!type->name()) continue;
+      const std::string cls = type->name()->name();
+      if (cls != "Embedding" && cls != "EmbeddingBag") continue;
+      for (const auto& p : sub.value.named_parameters(/*recurse=*/false))
+        out.push_back(sub.name.empty() ? p.name : sub.name + "." + p.name);
+    }
+    return out;
+  }
   // The module's forward is opaque: its output is the one observable layer.
   std::vector<std::string> layers() const override { return {kOutputLayer}; }
   bool per_layer() const override { return false; }
@@ -235,21 +265,24 @@ Status make_model(const TrainConfig& cfg, const Dataset& d, std::unique_ptr<Mode
     if (!d.classification() || d.y_shape != d.x_shape)
       return Status::BadInput("model gpt needs int64 next-token targets of the shape of x " + shape_str(d.x_shape) +
                            ", data y has " + dtype_name(d.y_dtype) + " " + shape_str(d.y_shape));
-    // The vocabulary: --classes when given (every token must be below it), else wide enough for
+    if (cfg.gpt.seq_len > 0 && cfg.gpt.seq_len != d.x_shape[0])
+      return Status::BadInput("option '--seq-len' is " + std::to_string(cfg.gpt.seq_len) + " but data " +
+                              cfg.data.text() + " holds sequences of " + std::to_string(d.x_shape[0]) + " tokens");
+    // The vocabulary: --vocab when given (every token must be below it), else wide enough for
     // every token and target, at most kMaxClasses.
     const auto* tok = reinterpret_cast<const std::int64_t*>(d.x.data());
-    const std::int64_t limit = cfg.classes > 0 ? cfg.classes : kMaxClasses;
+    const std::int64_t limit = cfg.gpt.vocab > 0 ? cfg.gpt.vocab : kMaxClasses;
     std::int64_t vocab = d.classes;
     for (std::int64_t i = 0; i < d.n * d.x_numel(); ++i) {
       if (tok[i] < 0 || tok[i] >= limit)
         return Status::BadInput("model gpt: data x holds token id " + std::to_string(tok[i]) + " at sample " +
                                 std::to_string(i / d.x_numel()) + " (position " + std::to_string(i % d.x_numel()) +
                                 "); valid token ids are [0, " + std::to_string(limit) + ")" +
-                                (cfg.classes > 0 ? " with --classes " + std::to_string(cfg.classes) : ""));
+                                (cfg.gpt.vocab > 0 ? " with --vocab " + std::to_string(cfg.gpt.vocab) : ""));
       vocab = std::max(vocab, tok[i] + 1);
     }
     CULPRIT_RETURN_IF_ERROR(check_model_size(cfg, d.x_shape, vocab));
-    *out = std::make_unique<Gpt>(vocab, d.x_shape[0]);
+    *out = std::make_unique<Gpt>(vocab, d.x_shape[0], cfg.gpt);
   } else {
     const std::string& path = cfg.model.path;
     std::error_code ec;

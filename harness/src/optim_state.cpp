@@ -4,14 +4,32 @@ namespace culprit::harness {
 
 namespace optim = torch::optim;
 
-OptimizerState::OptimizerState(const OptimizerOptions& o, std::vector<at::Tensor> params) : o_(o) {
+namespace {
+
+std::unique_ptr<optim::OptimizerOptions> options_of(const OptimizerOptions& o, double weight_decay) {
   if (o.kind == OptimizerKind::kSgd)
-    opt_ = std::make_unique<optim::SGD>(
-        params, optim::SGDOptions(o.lr).momentum(o.momentum).nesterov(o.nesterov).weight_decay(o.weight_decay));
+    return std::make_unique<optim::SGDOptions>(
+        optim::SGDOptions(o.lr).momentum(o.momentum).nesterov(o.nesterov).weight_decay(weight_decay));
+  return std::make_unique<optim::AdamWOptions>(
+      optim::AdamWOptions(o.lr).betas({o.beta1, o.beta2}).eps(o.eps).weight_decay(weight_decay));
+}
+
+}  // namespace
+
+OptimizerState::OptimizerState(const OptimizerOptions& o, const std::vector<at::Tensor>& params,
+                               const std::vector<bool>& decays)
+    : o_(o) {
+  // Group 0: the parameters weight decay applies to; group 1: the others (weight decay 0). An
+  // empty group is left out (libtorch refuses none, but it would be a group of nothing).
+  std::vector<at::Tensor> decayed, plain;
+  for (std::size_t i = 0; i < params.size(); ++i) (decays.at(i) ? decayed : plain).push_back(params[i]);
+  std::vector<optim::OptimizerParamGroup> groups;
+  if (!decayed.empty()) groups.emplace_back(decayed, options_of(o, o.weight_decay));
+  if (!plain.empty()) groups.emplace_back(plain, options_of(o, 0.0));
+  if (o.kind == OptimizerKind::kSgd)
+    opt_ = std::make_unique<optim::SGD>(std::move(groups), static_cast<optim::SGDOptions&>(*options_of(o, o.weight_decay)));
   else
-    opt_ = std::make_unique<optim::AdamW>(
-        params,
-        optim::AdamWOptions(o.lr).betas({o.beta1, o.beta2}).eps(o.eps).weight_decay(o.weight_decay));
+    opt_ = std::make_unique<optim::AdamW>(std::move(groups), static_cast<optim::AdamWOptions&>(*options_of(o, o.weight_decay)));
 }
 
 void OptimizerState::set_lr(double lr) {

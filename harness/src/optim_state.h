@@ -33,7 +33,9 @@ typename StateMap::key_type optimizer_state_key(const StateMap&, const at::Tenso
 class OptimizerState {
  public:
   // --optimizer sgd (momentum, Nesterov, weight decay) or adamw over `params` (o must outlive it).
-  OptimizerState(const OptimizerOptions& o, std::vector<at::Tensor> params);
+  // decays[i]: whether weight decay applies to params[i] (--weight-decay-params); the parameters
+  // without it form a second parameter group whose weight decay is 0.
+  OptimizerState(const OptimizerOptions& o, const std::vector<at::Tensor>& params, const std::vector<bool>& decays);
 
   void set_lr(double lr);
   double lr() const;

@@ -28,11 +28,14 @@ std::string count_text(double v) {
 
 // The synthetic data's shape and outputs, as data.cpp makes them.
 std::vector<std::int64_t> synthetic_shape(const TrainConfig& c) {
-  if (c.model.kind == ModelKind::kGpt) return {c.sample_shape.empty() ? 16 : static_cast<std::int64_t>(product(c.sample_shape))};
+  if (c.model.kind == ModelKind::kGpt) return {gpt_seq_len(c)};
   if (!c.sample_shape.empty()) return c.sample_shape;
   return c.model.kind == ModelKind::kCnn ? std::vector<std::int64_t>{1, 16, 16} : std::vector<std::int64_t>{32};
 }
-double synthetic_classes(const TrainConfig& c) { return c.classes ? c.classes : (c.model.kind == ModelKind::kGpt ? 32 : 10); }
+double synthetic_classes(const TrainConfig& c) {
+  if (c.model.kind == ModelKind::kGpt) return static_cast<double>(gpt_vocab(c));
+  return c.classes ? c.classes : 10;
+}
 
 // Bytes of the synthetic samples, labels and (classification by a random teacher) its weights.
 double synthetic_data_bytes(const TrainConfig& c) {
@@ -41,17 +44,21 @@ double synthetic_data_bytes(const TrainConfig& c) {
   return n * d * 4 + n * 8 + synthetic_classes(c) * d * 8;
 }
 
-// gpt's attention scores: micro-shard samples x heads x T x T floats per layer, kept for backward.
-double gpt_activation_bytes(const TrainConfig& c, double t) {
+// gpt's activations kept for backward, per micro-shard: the attention scores (heads x T x T, three
+// tensors per layer: scores, softmax, dropout) and about 20 tensors of T x width per layer
+// (norms, qkv, MLP at 4 x width, residuals), and the logits (T x vocab, three tensors).
+double gpt_activation_bytes(const TrainConfig& c, double t, double vocab) {
   const double per_shard = std::ceil(static_cast<double>(c.global_batch) / std::max(1, c.micro_shards));
-  return per_shard * GptDims::kHeads * t * t * 4 * GptDims::kLayers * 3;
+  const double layers = c.gpt.layers, d = static_cast<double>(c.gpt.width);
+  return per_shard * 4 * (layers * (3 * c.gpt.heads * t * t + 20 * t * d) + 3 * t * vocab);
 }
 
 }  // namespace
 
-double builtin_parameters(ModelKind kind, const std::vector<std::int64_t>& x_shape, double out, std::int64_t hidden) {
+double builtin_parameters(const TrainConfig& c, const std::vector<std::int64_t>& x_shape, double out) {
+  const ModelKind kind = c.model.kind;
   if (kind == ModelKind::kMlp) {
-    const double h = static_cast<double>(hidden);
+    const double h = static_cast<double>(c.hidden);
     return linear(product(x_shape), h) + linear(h, h) + linear(h, out);
   }
   if (kind == ModelKind::kCnn) {
@@ -60,9 +67,10 @@ double builtin_parameters(ModelKind kind, const std::vector<std::int64_t>& x_sha
     return linear(cin * 9, 8) + linear(8 * 9, 16) + linear(16 * hw, out);
   }
   if (kind == ModelKind::kGpt) {
-    const double d = GptDims::kDim, t = product(x_shape);
+    const double d = static_cast<double>(c.gpt.width), t = product(x_shape);
     const double block = 2 * (2 * d) + linear(d, 3 * d) + linear(d, d) + linear(d, 4 * d) + linear(4 * d, d);
-    return out * d + t * d + GptDims::kLayers * block + 2 * d + linear(d, out);
+    const double head = c.gpt.tie_head ? 0 : linear(d, out);
+    return out * d + t * d + c.gpt.layers * block + 2 * d + head;
   }
   return 0;  // TorchScript: known once loaded
 }
@@ -81,17 +89,20 @@ Status check_synthetic_sizes(const TrainConfig& c) {
   if (c.data.kind != DataKind::kSynthetic) return Status::OK();
   const std::vector<std::int64_t> shape = synthetic_shape(c);
   const double data = synthetic_data_bytes(c);
-  const std::string shape_given =
+  std::string shape_given =
       c.sample_shape.empty() ? "of shape " + shape_str(shape) : "of --sample-shape " + shape_str(c.sample_shape);
+  if (c.model.kind == ModelKind::kGpt) shape_given = "of --seq-len " + std::to_string(shape[0]) + " tokens";
   CULPRIT_RETURN_IF_ERROR(
       check_fits_memory("synthetic data (--samples " + std::to_string(c.samples) + " " + shape_given + ")", data));
   if (c.model.kind == ModelKind::kTorchScript) return Status::OK();
-  const double params = builtin_parameters(c.model.kind, shape, synthetic_classes(c), c.hidden);
+  const double params = builtin_parameters(c, shape, synthetic_classes(c));
   double bytes = data + state_bytes(c, params);
-  if (c.model.kind == ModelKind::kGpt) bytes += gpt_activation_bytes(c, product(shape));
+  if (c.model.kind == ModelKind::kGpt) bytes += gpt_activation_bytes(c, product(shape), synthetic_classes(c));
   std::string dims;
   if (c.model.kind == ModelKind::kMlp) dims = ", --hidden " + std::to_string(c.hidden);
-  if (c.model.kind == ModelKind::kGpt) dims = ", attention over sequences of " + count_text(product(shape)) + " tokens";
+  if (c.model.kind == ModelKind::kGpt)
+    dims = ", " + std::to_string(c.gpt.layers) + " x " + std::to_string(c.gpt.width) + ", attention over sequences of " +
+           count_text(product(shape)) + " tokens";
   return check_fits_memory("model " + c.model.text() + " (about " + count_text(params) + " parameters" + dims +
                                ") with its training state and data",
                            bytes);
@@ -99,9 +110,9 @@ Status check_synthetic_sizes(const TrainConfig& c) {
 
 Status check_model_size(const TrainConfig& c, const std::vector<std::int64_t>& x_shape, std::int64_t out) {
   if (c.model.kind == ModelKind::kTorchScript) return Status::OK();
-  const double params = builtin_parameters(c.model.kind, x_shape, static_cast<double>(out), c.hidden);
+  const double params = builtin_parameters(c, x_shape, static_cast<double>(out));
   double bytes = state_bytes(c, params);
-  if (c.model.kind == ModelKind::kGpt) bytes += gpt_activation_bytes(c, product(x_shape));
+  if (c.model.kind == ModelKind::kGpt) bytes += gpt_activation_bytes(c, product(x_shape), static_cast<double>(out));
   return check_fits_memory("model " + c.model.text() + " for data " + c.data.text() + " (about " +
                                count_text(params) + " parameters, " + std::to_string(out) +
                                " outputs) with its training state",

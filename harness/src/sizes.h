@@ -1,7 +1,6 @@
 // How much memory a configuration asks for, estimated before anything is allocated (no libtorch):
 // a size option that does not fit the machine is one line naming it, not std::bad_alloc or a run
-// that swaps for hours. The built-in models' dimensions live here so the estimate and the models
-// (models.cpp) cannot drift apart.
+// that swaps for hours. The parameter count follows models.cpp (a unit test compares the two).
 #pragma once
 #include <cstdint>
 #include <vector>
@@ -11,17 +10,11 @@
 
 namespace culprit::harness {
 
-// gpt's fixed dimensions (models.cpp builds it from these).
-struct GptDims {
-  static constexpr std::int64_t kDim = 32;
-  static constexpr std::int64_t kHeads = 2;
-  static constexpr int kLayers = 2;
-};
-
 // Parameters of a built-in model for samples of shape x_shape and `out` outputs (classes, targets,
 // gpt's vocabulary). A double: the products of option values overflow every integer type long
 // before they are refused. x_shape must be one the model accepts.
-double builtin_parameters(ModelKind kind, const std::vector<std::int64_t>& x_shape, double out, std::int64_t hidden);
+// c: --hidden (mlp) and the gpt options.
+double builtin_parameters(const TrainConfig& c, const std::vector<std::int64_t>& x_shape, double out);
 
 // Bytes per rank the training state of `parameters` parameters needs: the parameters, their
 // gradients, the reduced gradient, the reduction tree's blocks, the optimizer's state and the

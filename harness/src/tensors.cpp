@@ -1,11 +1,45 @@
 // Tensors' dtypes and fingerprints, on the CPU or the GPU.
 #include "tensors.h"
 
+#include <ATen/autocast_mode.h>
+
 #ifdef CULPRIT_HAVE_CUDA
 #include "culprit/fingerprint_cuda.h"
 #endif
 
 namespace culprit::harness {
+
+AutocastScope::AutocastScope(Precision p, const at::Device& device)
+    : on_(p == Precision::kBf16), cuda_(device.is_cuda()) {
+  if (!on_) return;
+  prev_cache_ = at::autocast::is_autocast_cache_enabled();
+  if (cuda_) {
+    prev_enabled_ = at::autocast::is_enabled();
+    prev_dtype_ = at::autocast::get_autocast_gpu_dtype();
+    at::autocast::set_enabled(true);
+    at::autocast::set_autocast_gpu_dtype(at::kBFloat16);
+  } else {
+    prev_enabled_ = at::autocast::is_cpu_enabled();
+    prev_dtype_ = at::autocast::get_autocast_cpu_dtype();
+    at::autocast::set_cpu_enabled(true);
+    at::autocast::set_autocast_cpu_dtype(at::kBFloat16);
+  }
+  at::autocast::increment_nesting();
+  at::autocast::set_autocast_cache_enabled(true);
+}
+
+AutocastScope::~AutocastScope() {
+  if (!on_) return;
+  if (at::autocast::decrement_nesting() == 0) at::autocast::clear_cache();
+  if (cuda_) {
+    at::autocast::set_enabled(prev_enabled_);
+    at::autocast::set_autocast_gpu_dtype(prev_dtype_);
+  } else {
+    at::autocast::set_cpu_enabled(prev_enabled_);
+    at::autocast::set_autocast_cpu_dtype(prev_dtype_);
+  }
+  at::autocast::set_autocast_cache_enabled(prev_cache_);
+}
 
 DType to_dtype(at::ScalarType t) {
   switch (t) {

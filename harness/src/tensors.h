@@ -33,6 +33,22 @@ Status guarded(StatusCode code, const std::string& what, Fn&& f) {
   }
 }
 
+// --precision bf16: the forward pass (model and loss) runs inside this scope, which enters and
+// leaves autocast exactly as `torch.autocast(device_type, dtype=torch.bfloat16)` does (its cast
+// cache on, cleared when the outermost scope ends), so PyTorch eager gets the same casts and bits.
+// fp32: does nothing.
+class AutocastScope {
+ public:
+  AutocastScope(Precision p, const at::Device& device);
+  ~AutocastScope();
+  AutocastScope(const AutocastScope&) = delete;
+  AutocastScope& operator=(const AutocastScope&) = delete;
+
+ private:
+  bool on_ = false, cuda_ = false, prev_enabled_ = false, prev_cache_ = true;
+  at::ScalarType prev_dtype_ = at::kBFloat16;
+};
+
 // Keeps the model's buffers (batch-norm running statistics) across a recomputation: a spot check or
 // a replayed micro-shard runs the forward pass in training mode, which must not change the state.
 struct BufferGuard {

@@ -97,6 +97,8 @@ template <class T>
 opts::Field<C, T> det(T DetectorOptions::*m) { return opts::field(&C::detect, m); }
 template <class T>
 opts::Field<C, T> opt(T OptimizerOptions::*m) { return opts::field(&C::optim, m); }
+template <class T>
+opts::Field<C, T> gpt(T GptOptions::*m) { return opts::field(&C::gpt, m); }
 
 opts::Table<C> make_table() {
   using opts::choice;
@@ -144,12 +146,22 @@ opts::Table<C> make_table() {
     number<C>("hidden", &C::hidden, "mlp: hidden units per layer", Range<std::int64_t>{1, 1 << 20}, kCritical),
     number<C>("samples", &C::samples, "synthetic data: number of samples", Range<std::int64_t>{1, std::int64_t{1} << 40}, kCritical),
     custom<C>("sample-shape", "synthetic data: sample shape, e.g. 1,16,16 (empty: the model's default)", set_sample_shape, [](const C& c) { return join(c.sample_shape); }, kCritical),
-    number<C>("classes", &C::classes, "the model's output width for integer labels (gpt: the vocabulary); every label (gpt: token) of the data must be in [0, classes); 0: synthetic data: the model's default, hdf5 data: the largest label + 1", Range<int>{0, kMaxClasses}, kCritical),
+    number<C>("classes", &C::classes, "the model's output width for integer labels (not gpt: see --vocab); every label of the data must be in [0, classes); 0: synthetic data: the model's default, hdf5 data: the largest label + 1", Range<int>{0, kMaxClasses}, kCritical),
+    number<C>("layers", gpt(&GptOptions::layers), "gpt: transformer blocks", Range<int>{1, 1024}, kCritical),
+    number<C>("width", gpt(&GptOptions::width), "gpt: model width (d_model; the MLP is 4 x width)", Range<std::int64_t>{1, 1 << 16}, kCritical),
+    number<C>("heads", gpt(&GptOptions::heads), "gpt: attention heads (must divide --width)", Range<int>{1, 1024}, kCritical),
+    number<C>("seq-len", gpt(&GptOptions::seq_len), "gpt: tokens per sample (0: synthetic data: 16, hdf5 data: the data's; given, it must equal the data's)", Range<std::int64_t>{0, 1 << 20}, kCritical),
+    number<C>("vocab", gpt(&GptOptions::vocab), "gpt: vocabulary size; every token id and target must be in [0, vocab) (0: synthetic data: 32, hdf5 data: the largest token id + 1)", Range<std::int64_t>{0, kMaxClasses}, kCritical),
+    flag<C>("tie-head", gpt(&GptOptions::tie_head), "gpt: the output head is tok_emb's weight, without a bias (GPT-2); off: a Linear head of its own", kCritical),
+    choice<C>("init", gpt(&GptOptions::init), "gpt: torch | gpt2: libtorch's module initialisation, or GPT-2's (weights N(0, 0.02), residual projections N(0, 0.02/sqrt(2 x layers)), biases 0)", kCritical),
+    choice<C>("precision", &C::precision, "fp32 | bf16: bf16 runs the forward pass (model and loss) under autocast to bfloat16 with float32 master parameters, gradients, reduction and optimizer state (docs/determinism.md)", kCritical),
     choice<C>("optimizer", opt(&OptimizerOptions::kind), "sgd | adamw", kCritical),
     number<C>("lr", opt(&OptimizerOptions::lr), "peak learning rate", rate, kCritical),
     number<C>("momentum", opt(&OptimizerOptions::momentum), "sgd: momentum", Range<double>{0, 1}, kCritical),
     flag<C>("nesterov", opt(&OptimizerOptions::nesterov), "sgd: Nesterov momentum", kCritical),
     number<C>("weight-decay", opt(&OptimizerOptions::weight_decay), "weight decay (adamw: decoupled)", rate, kCritical),
+    choice<C>("weight-decay-params", opt(&OptimizerOptions::decay_params), "auto | matrices | all: the parameters weight decay applies to (matrices: weights of 2 or more dimensions that are not embeddings; biases, norms and embeddings get none; auto: matrices for adamw, all for sgd)", kCritical),
+    number<C>("clip-grad-norm", opt(&OptimizerOptions::clip_grad_norm), "clip the reduced gradient to this global L2 norm before the update, as torch.nn.utils.clip_grad_norm_ (0: no clipping); the detectors and metrics see the norm before clipping", Range<double>{0, 1e12}, kCritical),
     custom<C>("betas", "adamw: beta1,beta2", set_betas, [](const C& c) { return opts::format_number(c.optim.beta1) + "," + opts::format_number(c.optim.beta2); }, kCritical),
     number<C>("eps", opt(&OptimizerOptions::eps), "adamw: epsilon", Range<double>::above(0, 1), kCritical),
     choice<C>("lr-schedule", opt(&OptimizerOptions::schedule), "constant | cosine (over --steps)", kCritical),
@@ -184,6 +196,30 @@ std::string without_faults(const std::string& ini) {
   while (std::getline(lines, line))
     if (line.rfind("inject", 0) != 0) kept += line + "\n";
   return kept;
+}
+
+// The model options apply to their model only: one given to another model is a mistake.
+Status validate_model_options(const C& c) {
+  const GptOptions& g = c.gpt;
+  const GptOptions d;
+  if (c.model.kind != ModelKind::kGpt) {
+    for (const auto& [name, differs] : {std::pair<const char*, bool>{"layers", g.layers != d.layers},
+                                        {"width", g.width != d.width}, {"heads", g.heads != d.heads},
+                                        {"seq-len", g.seq_len != d.seq_len}, {"vocab", g.vocab != d.vocab},
+                                        {"tie-head", g.tie_head != d.tie_head}, {"init", g.init != d.init}})
+      if (differs)
+        return Status::BadInput(std::string("option '--") + name + "' applies to --model gpt, not " + c.model.text());
+    return Status::OK();
+  }
+  if (g.width % g.heads != 0)
+    return Status::BadInput("option '--heads' " + std::to_string(g.heads) + " does not divide --width " +
+                            std::to_string(g.width) + ": every head gets width / heads dimensions");
+  if (c.classes != 0)
+    return Status::BadInput("option '--classes' is the output width of a classifier; gpt's is its vocabulary: --vocab " +
+                            std::to_string(c.classes));
+  if (!c.sample_shape.empty())
+    return Status::BadInput("option '--sample-shape' does not apply to --model gpt: its samples are --seq-len tokens");
+  return Status::OK();
 }
 
 }  // namespace
@@ -245,6 +281,7 @@ Status validate(const TrainConfig& c, int world) {
   if (!(o.beta1 >= 0 && o.beta1 < 1 && o.beta2 >= 0 && o.beta2 < 1))
     return Status::BadInput("option '--betas': each beta must be in [0, 1)");
   if (!(o.eps > 0)) return Status::BadInput("option '--eps' must be > 0");
+  CULPRIT_RETURN_IF_ERROR(validate_model_options(c));
   if (c.detect.on_detect == OnDetect::kDiagnose && c.trace == TraceLevel::kOff)
     return Status::BadInput("option '--on-detect diagnose' needs the trace: --trace step or layer");
   // Each size is within its range; together they must still fit the machine (sizes.h).

@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <numeric>
 
 #include <unistd.h>
 
@@ -121,7 +122,11 @@ void Trainer::compute_shard(const FireContext& c, int k, float* leaf) {
     facts.shards.samples[k] = tensor_fingerprint(idx);
   }
   zero_grads(c, k);
-  auto loss = loss_of(model_.forward(x), y);
+  at::Tensor loss;
+  {
+    AutocastScope autocast(cfg_.precision, device_);  // the forward pass, model and loss; not the backward
+    loss = loss_of(model_.forward(x), y);
+  }
   if (cfg_.detect.invariants) {
     double nested = 0;  // a spot-check recomputation is timed as a whole
     Stopwatch sw(c.attempt == 0 ? &facts.seconds : &nested);
@@ -243,6 +248,7 @@ void Trainer::update(double lr) {
   if (pipeline_) pipeline_->fence();
   auto grads = torch::from_blob(reduced_.data(), {flat_.size + 1}, torch::kFloat32);
   if (device_.is_cuda()) grads = grads.to(device_);
+  if (cfg_.optim.clip_grad_norm > 0) grads = clip(grads);
   for (std::size_t i = 0; i < flat_.params.size(); ++i) {
     auto& t = flat_.params[i].tensor;
     t.mutable_grad() = grads.narrow(0, flat_.offsets[i], t.numel()).view(t.sizes());
@@ -250,6 +256,27 @@ void Trainer::update(double lr) {
   const auto lost = faults_.before_update(step_.fire, flat_.params);
   opt_->step();
   faults_.after_update(step_.fire, flat_.params, lost, *opt_);
+}
+
+// --clip-grad-norm X: the reduced gradient scaled exactly as torch.nn.utils.clip_grad_norm_(params,
+// X) scales it in PyTorch 1.13 (each parameter's L2 norm, the L2 norm of those, the coefficient
+// 1/(norm + 1e-6) * X clamped to at most 1, every element multiplied by it), written to a buffer of
+// its own: reduced_ stays the gradient as reduced, which the detectors (the norm before clipping),
+// the trace and the bisection see.
+at::Tensor Trainer::clip(const at::Tensor& grads) {
+  std::vector<at::Tensor> norms;
+  for (std::size_t i = 0; i < flat_.params.size(); ++i) {
+    const auto& t = flat_.params[i].tensor;
+    std::vector<std::int64_t> dims(static_cast<std::size_t>(t.dim()));
+    std::iota(dims.begin(), dims.end(), 0);
+    norms.push_back(at::norm(grads.narrow(0, flat_.offsets[i], t.numel()).view(t.sizes()), 2.0, dims, false));
+  }
+  const at::Tensor total = at::norm(at::stack(norms), 2.0, {0}, false);
+  const at::Tensor coef = at::clamp((total + 1e-6).reciprocal() * cfg_.optim.clip_grad_norm, c10::nullopt, 1.0);
+  if (!clipped_.defined() || clipped_.device() != grads.device()) clipped_ = torch::empty_like(grads);
+  at::mul_out(clipped_, grads, coef);
+  step_.clip_factor = coef.item<float>();
+  return clipped_;
 }
 
 // The step's fingerprints and trace row; the update's invariants.
@@ -316,9 +343,10 @@ void Trainer::write_metrics(double lr, Fingerprint fp, double secs) {
   const float loss = reduced_[flat_.size];
   std::fprintf(metrics_,
                "{\"step\": %lld, \"loss\": %s, \"grad_norm\": %s, \"lr\": %s, \"fingerprint\": \"%s\", "
-               "\"seconds\": %.6f, \"detector_seconds\": %.6f%s}\n",
+               "\"seconds\": %.6f, \"detector_seconds\": %.6f%s%s}\n",
                static_cast<long long>(f.step), json_float(loss).c_str(), format_json_number(f.grad_norm).c_str(),
                format_json_number(lr).c_str(), fingerprint_hex(fp).c_str(), secs, f.seconds,
+               cfg_.optim.clip_grad_norm > 0 ? (", \"clip_factor\": " + json_float(step_.clip_factor)).c_str() : "",
                f.shards_exchanged ? ", \"spot_checked\": true" : "");
   if ((std::fflush(metrics_) != 0 || std::ferror(metrics_)) && metrics_status_.ok())
     metrics_status_ = Status::IoError("cannot append to '" + (fs::path(cfg_.run_dir) / "metrics.jsonl").string() +

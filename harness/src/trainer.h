@@ -35,6 +35,7 @@ struct FlatParams {
   std::vector<NamedTensor> params;
   std::vector<std::int64_t> offsets, sizes;  // of each parameter in the flat buffers
   std::int64_t size = 0;                     // P; the gradient buffers hold P + 1 (the loss last)
+  std::vector<bool> decay;                   // whether weight decay applies (--weight-decay-params)
   at::Tensor flat;
   std::vector<std::string> names() const;
 };
@@ -54,6 +55,7 @@ struct StepState {
   std::vector<trace::ShardRow> shard_rows;
   Fingerprint input_fp = 0;  // the micro-shard being computed: its input as loaded
   std::vector<Fingerprint> sample_fps;  // and each of its samples' (with the trace, or replaying)
+  float clip_factor = 1;  // --clip-grad-norm: what the reduced gradient was multiplied by
 };
 
 class Trainer {
@@ -96,6 +98,7 @@ class Trainer {
   Status select_device();
   void build_flat_params();
   Status check_model();  // the model accepts the data; its forward pass changes no state
+  Status check_autocast();  // --precision bf16: the forward pass runs under autocast
   Status narrow_output(const std::vector<std::int64_t>& got) const;  // check_model's error: labels past the output
   StateProbe probe();
   Status start_run(std::int64_t start_step, const std::string& resumed_from);  // run.json, metrics, I/O
@@ -109,6 +112,7 @@ class Trainer {
   void compute_shard(const FireContext& c, int k, float* leaf);
   void reduce();                 // tree_allreduce of the leaves
   void update(double lr);        // the reduced gradient into the parameters, the optimizer step
+  at::Tensor clip(const at::Tensor& grads);  // --clip-grad-norm: the clipped copy of the reduced gradient
   Fingerprint record(double lr, trace::StepRow* row);  // fingerprints, invariants, the trace row
   void write_metrics(double lr, Fingerprint fp, double secs);
 
@@ -147,6 +151,7 @@ class Trainer {
   std::unique_ptr<LayerTrace> layers_;  // null: no layer hooks needed
   StepState step_;
   std::vector<float> spot_leaf_;  // a recomputed micro-shard's leaf
+  at::Tensor clipped_;            // --clip-grad-norm: the clipped reduced gradient (P + 1)
   at::Tensor host_params_;        // a host copy of GPU parameters (the update invariant)
   RunInfo info_;
   std::unique_ptr<CheckpointPipeline> pipeline_;  // null in a replay

@@ -6,6 +6,7 @@
 #include <torch/torch.h>
 #include <torch/cuda.h>
 
+#include <algorithm>
 #include <cstdlib>
 
 #ifdef CULPRIT_HAVE_CUDA
@@ -76,7 +77,11 @@ Status Trainer::select_device() {
 // Parameters become views of one flat float32 buffer (state-dict order), on the device.
 void Trainer::build_flat_params() {
   flat_.params = model_.parameters();
+  const std::vector<std::string> embeddings = model_.embeddings();
   for (const auto& p : flat_.params) {
+    const bool matrix = p.tensor.dim() >= 2 &&
+                        std::find(embeddings.begin(), embeddings.end(), p.name) == embeddings.end();
+    flat_.decay.push_back(matrix || !cfg_.optim.decay_matrices_only());
     flat_.offsets.push_back(flat_.size);
     flat_.sizes.push_back(p.tensor.numel());
     flat_.size += p.tensor.numel();
@@ -98,7 +103,7 @@ Status Trainer::init(StepMode mode) {
   build_flat_params();
   std::vector<at::Tensor> tensors;
   for (const auto& p : flat_.params) tensors.push_back(p.tensor);
-  opt_ = std::make_unique<OptimizerState>(cfg_.optim, tensors);
+  opt_ = std::make_unique<OptimizerState>(cfg_.optim, tensors, flat_.decay);
   acc_ = std::make_unique<TreeAccumulator>(static_cast<std::size_t>(flat_.size + 1));
   reduced_.assign(static_cast<std::size_t>(flat_.size + 1), 0.0f);
   auto shape_with_n = [&](const std::vector<std::int64_t>& s) {
@@ -113,6 +118,7 @@ Status Trainer::init(StepMode mode) {
   detectors_.configure(cfg_, comm_, flat_.names(), probe());
   const std::vector<std::string> model_layers = model_.layers();
   CULPRIT_RETURN_IF_ERROR(faults_.parse(cfg_.inject, model_layers, flat_.params, flat_.offsets, comm_.size, cfg_.seed, mode));
+  CULPRIT_RETURN_IF_ERROR(faults_.check_precision(cfg_.precision));
   if (cfg_.trace == TraceLevel::kLayer || faults_.at_layer_outputs()) {
     layers_ = std::make_unique<LayerTrace>(&faults_, model_layers, cfg_.trace == TraceLevel::kLayer);
     model_.set_observer(layers_.get());
@@ -134,6 +140,28 @@ Status Trainer::narrow_output(const std::vector<std::int64_t>& got) const {
   return Status::BadInput(head + ": data " + cfg_.data.text() + " y holds label " + std::to_string(data_.max_label) +
                           " at sample " + std::to_string(at / per_sample) +
                           (per_sample > 1 ? " (element " + std::to_string(at % per_sample) + ")" : ""));
+}
+
+// --precision bf16: the model's forward pass and the loss must run under autocast and give a
+// floating-point loss (a model that casts to another dtype itself, or whose ops autocast refuses,
+// is told so here, once, instead of failing in the first step).
+Status Trainer::check_autocast() {
+  if (cfg_.precision == Precision::kFp32) return Status::OK();
+  const std::string what = "model " + cfg_.model.text() + " does not run under --precision " + name_of(cfg_.precision) +
+                           " (autocast to bfloat16)";
+  return guarded(StatusCode::kBadInput, what, [&] {
+    torch::NoGradGuard ng;
+    BufferGuard keep(model_);
+    AutocastScope autocast(cfg_.precision, device_);
+    const auto n = std::min<std::int64_t>(data_.n, 2);
+    const at::Tensor out = model_.forward(batches_.x.narrow(0, 0, n).to(device_));
+    if (!out.is_floating_point())
+      return Status::BadInput(what + ": its output is " + std::string(c10::toString(out.scalar_type())));
+    const at::Tensor loss = loss_of(out, batches_.y.narrow(0, 0, n).to(device_));
+    if (!loss.is_floating_point() || loss.scalar_type() == at::kDouble)
+      return Status::BadInput(what + ": its loss is " + std::string(c10::toString(loss.scalar_type())));
+    return Status::OK();
+  });
 }
 
 Status Trainer::check_model() {
@@ -162,6 +190,7 @@ Status Trainer::check_model() {
         }
         return Status::OK();
       }));
+  CULPRIT_RETURN_IF_ERROR(check_autocast());
   // State that a training-mode forward pass changes (batch-norm running statistics) would depend on
   // which micro-shards each rank computed: outside the determinism contract. Refuse it plainly.
   if (data_.n < 2 || model_.buffers().empty()) return Status::OK();

@@ -203,13 +203,17 @@ class Errors(TempDirTest):
                               % self.path("twelve.h5"))
         self.expect_bad_input(self.rd() + net + data("wide.h5")[:2] + ["--classes", "11", "--global-batch", "16"],
                               "y holds class label 1000", "[0, 11) with --classes 11")
-        # gpt: --classes is the vocabulary; every token id of x must be in it too.
+        # gpt: --vocab bounds every token id of x and every target of y.
         tokens = rng.integers(0, 40, (64, 8))
         tokens[3, 2] = 50
         with h5py.File(self.path("tokens.h5"), "w") as f:
             f["x"], f["y"] = tokens, np.roll(tokens, -1, axis=1) % 40
-        self.expect_bad_input(self.rd() + ["--model", "gpt", "--classes", "40"] + data("tokens.h5"),
-                              "x holds token id 50 at sample 3 (position 2)", "valid token ids are [0, 40) with --classes 40")
+        self.expect_bad_input(self.rd() + ["--model", "gpt", "--vocab", "40"] + data("tokens.h5"),
+                              "x holds token id 50 at sample 3 (position 2)", "valid token ids are [0, 40) with --vocab 40")
+        self.expect_bad_input(self.rd() + ["--model", "gpt", "--vocab", "30"] + data("tokens.h5"),
+                              "y holds class label", "[0, 30) with --vocab 30")
+        self.expect_bad_input(self.rd() + ["--model", "gpt", "--seq-len", "16"] + data("tokens.h5"),
+                              "option '--seq-len' is 16 but data hdf5:", "holds sequences of 8 tokens")
 
     def test_a_data_file_claiming_more_than_memory(self):
         # A chunked, compressed dataset claims 4 TiB in a file of a few KiB: refused before any

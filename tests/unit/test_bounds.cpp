@@ -107,11 +107,12 @@ TEST(TrainBounds, TheReportedFailuresAreOneLine) {
   for (auto args : std::vector<std::vector<std::string>>{{"--samples", "999999999999"},
                                                          {"--sample-shape", "100000,100000"},
                                                          {"--hidden", "1000000"},
-                                                         {"--model", "gpt", "--sample-shape", "1000000"}}) {
+                                                         {"--model", "gpt", "--seq-len", "1000000"},
+                                                         {"--model", "gpt", "--layers", "96", "--width", "12288", "--heads", "96"}}) {
     const std::string m = train_error(args);
     EXPECT_NE(m.find(" per rank, more than the "), std::string::npos) << args[1] << ": " << m;
     EXPECT_NE(m.find("of memory the system reports"), std::string::npos) << m;
-    EXPECT_NE(m.find(args[args.size() - 2]), std::string::npos) << m;  // names the option
+    EXPECT_NE(m.find(args[args.size() - 2] == "--heads" ? "96 x 12288" : args[args.size() - 2]), std::string::npos) << m;  // names the option
   }
   EXPECT_EQ(train_error({"--hidden", "100000000"}), "option '--hidden' must be in [1, 1048576], got 100000000");
 }
@@ -157,17 +158,26 @@ TEST(InjectBounds, EveryKeyHasARange) {
 }
 
 TEST(Sizes, TheEstimateCountsTheModelsParameters) {
-  for (const char* model : {"mlp", "cnn", "gpt"}) {
+  const std::vector<std::vector<std::string>> cases = {
+      {"--model", "mlp", "--classes", "7"},
+      {"--model", "cnn", "--classes", "7"},
+      {"--model", "gpt", "--vocab", "7"},
+      {"--model", "gpt", "--vocab", "50", "--layers", "3", "--width", "24", "--heads", "3", "--seq-len", "9"},
+      {"--model", "gpt", "--vocab", "50", "--width", "16", "--tie-head"}};
+  for (const auto& given : cases) {
+    const std::string model = given[1] + (given.size() > 4 ? " (" + given[4] + ")" : "");
+    std::vector<std::string> args = {"--run-dir", "r", "--samples", "64"};
+    args.insert(args.end(), given.begin(), given.end());
     h::TrainConfig c;
     bool help = false;
-    ASSERT_TRUE(h::parse_train_options({"--run-dir", "r", "--model", model, "--samples", "64", "--classes", "7"}, &c, &help).ok());
+    ASSERT_TRUE(h::parse_train_options(args, &c, &help).ok()) << model;
     h::Dataset d;
     ASSERT_TRUE(h::load_dataset(c, &d).ok());
     std::unique_ptr<h::Model> m;
     ASSERT_TRUE(h::make_model(c, d, &m).ok());
     double n = 0;
     for (const auto& p : m->parameters()) n += static_cast<double>(p.tensor.numel());
-    EXPECT_EQ(h::builtin_parameters(c.model.kind, d.x_shape, static_cast<double>(d.classes), c.hidden), n) << model;
+    EXPECT_EQ(h::builtin_parameters(c, d.x_shape, static_cast<double>(d.classes)), n) << model;
   }
 }
 

@@ -208,9 +208,11 @@ TEST(Config, EveryRecordedOptionRoundTripsThroughIni) {
   const std::string help_text = table.help();
   for (const auto& o : table.options()) EXPECT_NE(help_text.find("--" + o.name), std::string::npos) << o.name;
   EXPECT_EQ(table.critical(), (std::vector<std::string>{"trace", "global-batch", "micro-shards", "seed", "model", "data",
-                                                        "hidden", "samples", "sample-shape", "classes", "optimizer", "lr",
-                                                        "momentum", "nesterov", "weight-decay", "betas", "eps",
-                                                        "lr-schedule", "warmup-steps", "threads"}));
+                                                        "hidden", "samples", "sample-shape", "classes", "layers", "width",
+                                                        "heads", "seq-len", "vocab", "tie-head", "init", "precision", "optimizer",
+                                                        "lr", "momentum", "nesterov", "weight-decay", "weight-decay-params",
+                                                        "clip-grad-norm", "betas", "eps", "lr-schedule", "warmup-steps",
+                                                        "threads"}));
 }
 
 TEST(Config, ResumeTakesTheRunsConfigurationAndKeepsTheCriticalOptions) {
@@ -256,6 +258,39 @@ TEST(Config, ValidationNamesTheProblem) {
   c.trace = culprit::harness::TraceLevel::kOff;
   c.detect.on_detect = culprit::harness::OnDetect::kDiagnose;
   EXPECT_NE(validate(c, 1).message().find("needs the trace"), std::string::npos);
+}
+
+// The options of the training recipe (gpt's shape, precision, clipping, weight decay): one line each.
+TEST(Config, RecipeOptionsNameTheProblem) {
+  auto msg = [](std::vector<std::string> a) {
+    TrainConfig c;
+    bool help = false;
+    a.insert(a.begin(), {"--run-dir", "r"});
+    Status st = parse_train_options(a, &c, &help);
+    return st.ok() ? validate(c, 1).message() : st.message();
+  };
+  EXPECT_EQ(msg({"--model", "gpt", "--width", "48", "--heads", "5"}),
+            "option '--heads' 5 does not divide --width 48: every head gets width / heads dimensions");
+  EXPECT_EQ(msg({"--model", "mlp", "--layers", "4"}), "option '--layers' applies to --model gpt, not mlp");
+  EXPECT_EQ(msg({"--model", "cnn", "--tie-head"}), "option '--tie-head' applies to --model gpt, not cnn");
+  EXPECT_EQ(msg({"--model", "mlp", "--init", "gpt2"}), "option '--init' applies to --model gpt, not mlp");
+  EXPECT_EQ(msg({"--model", "gpt", "--classes", "40"}),
+            "option '--classes' is the output width of a classifier; gpt's is its vocabulary: --vocab 40");
+  EXPECT_EQ(msg({"--model", "gpt", "--sample-shape", "8"}),
+            "option '--sample-shape' does not apply to --model gpt: its samples are --seq-len tokens");
+  EXPECT_EQ(msg({"--clip-grad-norm", "-1"}), "option '--clip-grad-norm' must be a finite number in [0, 1000000000000], got -1");
+  EXPECT_EQ(msg({"--precision", "fp8"}), "option '--precision': unknown precision 'fp8' (valid: fp32, bf16)");
+  EXPECT_EQ(msg({"--weight-decay-params", "some"}),
+            "option '--weight-decay-params': unknown parameter set 'some' (valid: auto, matrices, all)");
+  EXPECT_EQ(msg({"--model", "gpt", "--layers", "12", "--width", "768", "--heads", "12", "--seq-len", "64", "--vocab",
+                 "50257", "--tie-head", "--precision", "bf16", "--clip-grad-norm", "1"}),
+            "");
+  TrainConfig c;
+  EXPECT_FALSE(c.optim.decay_matrices_only());  // sgd: every parameter
+  c.optim.kind = culprit::harness::OptimizerKind::kAdamW;
+  EXPECT_TRUE(c.optim.decay_matrices_only());
+  c.optim.decay_params = culprit::harness::DecayParams::kAll;
+  EXPECT_FALSE(c.optim.decay_matrices_only());
 }
 
 TEST(Config, ModelAndDataSources) {

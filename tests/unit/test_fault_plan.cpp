@@ -160,7 +160,7 @@ TEST_F(Plan, FaultsAtRestAndLostUpdates) {
   cfg.optim.kind = h::OptimizerKind::kSgd;
   std::vector<at::Tensor> tensors;
   for (auto& p : params) tensors.push_back(p.tensor);
-  h::OptimizerState opt(cfg.optim, tensors);
+  h::OptimizerState opt(cfg.optim, tensors, std::vector<bool>(tensors.size(), true));
   plan.after_update(at(1, 0), params, lost, opt);
   EXPECT_TRUE(params[0].tensor.equal(torch::full({3}, 1.0f)));  // the update of fc1 did not land
   EXPECT_TRUE(params[1].tensor.equal(torch::full({2}, 1.0f)));

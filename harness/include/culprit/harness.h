@@ -48,6 +48,22 @@ enum class DeviceKind { kCpu, kCuda };
 inline constexpr NameRow<DeviceKind> kDeviceNames[] = {{DeviceKind::kCpu, "cpu"}, {DeviceKind::kCuda, "cuda"}};
 constexpr NameTable<DeviceKind> enum_names(DeviceKind) { return {kDeviceNames, std::size(kDeviceNames), "device"}; }
 
+// --precision: fp32 everywhere, or bf16 autocast for the forward pass with fp32 master parameters,
+// gradients, reduction and optimizer state (docs/determinism.md, "Mixed precision").
+enum class Precision { kFp32, kBf16 };
+inline constexpr NameRow<Precision> kPrecisionNames[] = {{Precision::kFp32, "fp32"}, {Precision::kBf16, "bf16"}};
+constexpr NameTable<Precision> enum_names(Precision) { return {kPrecisionNames, std::size(kPrecisionNames), "precision"}; }
+
+// --weight-decay-params: which parameters weight decay applies to. matrices: weights of 2 or more
+// dimensions that are not embeddings (biases, norms and embeddings excluded, as nanoGPT and
+// Megatron do); all: every parameter; auto: matrices for adamw, all for sgd.
+enum class DecayParams { kAuto, kMatrices, kAll };
+inline constexpr NameRow<DecayParams> kDecayParamsNames[] = {
+    {DecayParams::kAuto, "auto"}, {DecayParams::kMatrices, "matrices"}, {DecayParams::kAll, "all"}};
+constexpr NameTable<DecayParams> enum_names(DecayParams) {
+  return {kDecayParamsNames, std::size(kDecayParamsNames), "parameter set"};
+}
+
 // --model mlp | cnn | gpt | torchscript:PATH
 enum class ModelKind { kMlp, kCnn, kGpt, kTorchScript };
 inline constexpr NameRow<ModelKind> kModelNames[] = {
@@ -103,6 +119,29 @@ struct OptimizerOptions {
   double eps = 1e-8;
   LrSchedule schedule = LrSchedule::kConstant;
   std::int64_t warmup_steps = 0;
+  DecayParams decay_params = DecayParams::kAuto;
+  double clip_grad_norm = 0;  // the reduced gradient's global L2 norm at most this (0: no clipping)
+  // Whether weight decay applies to every parameter (sgd's default) or to the weight matrices only.
+  bool decay_matrices_only() const {
+    return decay_params == DecayParams::kMatrices || (decay_params == DecayParams::kAuto && kind == OptimizerKind::kAdamW);
+  }
+};
+
+// gpt's initialisation: libtorch's module defaults, or GPT-2's (weights N(0, 0.02), the residual
+// projections N(0, 0.02 / sqrt(2 x layers)), biases 0, norms 1).
+enum class GptInit { kTorch, kGpt2 };
+inline constexpr NameRow<GptInit> kGptInitNames[] = {{GptInit::kTorch, "torch"}, {GptInit::kGpt2, "gpt2"}};
+constexpr NameTable<GptInit> enum_names(GptInit) { return {kGptInitNames, std::size(kGptInitNames), "initialisation"}; }
+
+// The built-in gpt's shape (docs/models.md): pre-LN decoder blocks with a GELU MLP.
+struct GptOptions {
+  int layers = 2;
+  std::int64_t width = 32;  // d_model; the MLP is 4 x width
+  int heads = 2;            // must divide width
+  std::int64_t seq_len = 0;  // 0: synthetic data: 16; hdf5 data: the data's sequence length
+  std::int64_t vocab = 0;    // 0: synthetic data: 32; hdf5 data: the largest token id + 1
+  bool tie_head = false;     // the output head shares tok_emb's weight (GPT-2)
+  GptInit init = GptInit::kTorch;
 };
 
 // The most steps any step-valued option may name (--steps, --checkpoint-every, replay's --step,
@@ -135,14 +174,20 @@ struct TrainConfig {
   std::int64_t samples = 2048;     // synthetic data set size
   std::int64_t hidden = 64;        // mlp: hidden width
   std::vector<std::int64_t> sample_shape;  // synthetic sample shape; empty: the model's default
-  int classes = 0;                 // output width for integer labels (gpt: vocabulary); 0: the model's
-                                   // default (synthetic) or the largest label + 1 (hdf5)
+  int classes = 0;                 // output width for integer labels; 0: the model's default
+                                   // (synthetic) or the largest label + 1 (hdf5); gpt: gpt.vocab
+  GptOptions gpt;
+  Precision precision = Precision::kFp32;
   OptimizerOptions optim;
   int threads = 1;
   DeviceKind device = DeviceKind::kCpu;  // cuda: one GPU per rank, by local rank
   bool quiet = false;
   bool tracing() const { return trace != TraceLevel::kOff; }
 };
+
+// gpt's sequence length and vocabulary for synthetic data (--seq-len, --vocab; 0: the defaults).
+inline std::int64_t gpt_seq_len(const TrainConfig& c) { return c.gpt.seq_len ? c.gpt.seq_len : 16; }
+inline std::int64_t gpt_vocab(const TrainConfig& c) { return c.gpt.vocab ? c.gpt.vocab : 32; }
 
 // Every `culprit train` option, once: parsing, help, INI text, checks, the determinism-critical list.
 const opts::Table<TrainConfig>& train_options();
