@@ -14,6 +14,11 @@ namespace F = torch::nn::functional;
 
 namespace {
 
+// A Linear layer as PyTorch eager computes it (at::linear: one addmm for 2-D and contiguous 3-D
+// inputs). The C++ frontend's Linear::forward is an implementation of its own (matmul, then += bias
+// for 3-D inputs), which under bf16 autocast rounds differently from PyTorch.
+at::Tensor linear(const torch::nn::Linear& l, const at::Tensor& x) { return torch::linear(x, l->weight, l->bias); }
+
 // Output width: number of classes, or the target size for regression.
 std::int64_t out_features(const Dataset& d) { return d.classification() ? d.classes : d.y_numel(); }
 
@@ -100,9 +105,9 @@ class Mlp : public BuiltinModel {
  public:
   Mlp(std::int64_t in, std::int64_t hidden, std::int64_t out) : net_(std::make_shared<MlpNet>(in, hidden, out)) {}
   at::Tensor forward(const at::Tensor& x) override {
-    auto h = tap("fc1", net_->fc1(x.flatten(1)));
-    h = tap("fc2", net_->fc2(torch::relu(h)));
-    return tap("fc3", net_->fc3(torch::relu(h)));
+    auto h = tap("fc1", linear(net_->fc1, x.flatten(1)));
+    h = tap("fc2", linear(net_->fc2, torch::relu(h)));
+    return tap("fc3", linear(net_->fc3, torch::relu(h)));
   }
   std::vector<std::string> layers() const override { return {"fc1", "fc2", "fc3"}; }
 
@@ -120,7 +125,7 @@ class Cnn : public BuiltinModel {
     h = torch::max_pool2d(torch::relu(h), 2);
     h = tap("conv2", net_->conv2(h));
     h = torch::max_pool2d(torch::relu(h), 2);
-    return tap("fc", net_->fc(h.flatten(1)));
+    return tap("fc", linear(net_->fc, h.flatten(1)));
   }
   std::vector<std::string> layers() const override { return {"conv1", "conv2", "fc"}; }
 
@@ -156,19 +161,19 @@ class Gpt : public BuiltinModel {
       const auto& blk = blocks_[i];
       const std::string b = "blocks." + std::to_string(i) + ".";
       auto h = tap(b + "ln1", blk->ln1(x));
-      auto qkv = tap(b + "attn.qkv", blk->attn->qkv(h)).view({n, t, 3, heads, hd}).permute({2, 0, 3, 1, 4});
+      auto qkv = tap(b + "attn.qkv", linear(blk->attn->qkv, h)).view({n, t, 3, heads, hd}).permute({2, 0, 3, 1, 4});
       auto q = qkv[0], k = qkv[1], v = qkv[2];
       auto att = torch::matmul(q, k.transpose(-2, -1)) / std::sqrt(static_cast<double>(hd));
       att = torch::softmax(att.masked_fill(mask, -std::numeric_limits<float>::infinity()), -1);
       att = torch::dropout(att, kDropout, train);
       auto y = torch::matmul(att, v).transpose(1, 2).contiguous().view({n, t, d});
-      x = x + torch::dropout(tap(b + "attn.proj", blk->attn->proj(y)), kDropout, train);
+      x = x + torch::dropout(tap(b + "attn.proj", linear(blk->attn->proj, y)), kDropout, train);
       h = tap(b + "ln2", blk->ln2(x));
-      h = torch::gelu(tap(b + "mlp.fc", blk->mlp->fc(h)));
-      x = x + torch::dropout(tap(b + "mlp.proj", blk->mlp->proj(h)), kDropout, train);
+      h = torch::gelu(tap(b + "mlp.fc", linear(blk->mlp->fc, h)));
+      x = x + torch::dropout(tap(b + "mlp.proj", linear(blk->mlp->proj, h)), kDropout, train);
     }
     auto h = tap("ln_f", net_->ln_f(x));
-    return tap("head", g_.tie_head ? F::linear(h, net_->tok_emb->weight) : net_->head(h));
+    return tap("head", g_.tie_head ? torch::linear(h, net_->tok_emb->weight) : linear(net_->head, h));
   }
   std::vector<std::string> layers() const override { return names_; }
   std::vector<std::string> embeddings() const override { return {"tok_emb.weight", "pos_emb.weight"}; }

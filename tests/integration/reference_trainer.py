@@ -1,8 +1,11 @@
 """An independent implementation of culprit's training contract (docs/determinism.md) in PyTorch.
 
 Run with Debian's python3-torch (/usr/bin/python3): the same libtorch 1.13 as culprit. It trains a
-TorchScript module on HDF5 data exactly as `culprit train` promises to, recomputes the fingerprints
-of docs/fingerprint.md with python3-xxhash, and prints one JSON line per step.
+TorchScript module, or one of culprit's built-in models written in eager PyTorch (builtin_models.py)
+from the initial state culprit wrote (--init-from), on HDF5 data exactly as `culprit train` promises
+to — bf16 under torch.autocast, clipping with torch.nn.utils.clip_grad_norm_, weight decay by
+parameter group — recomputes the fingerprints of docs/fingerprint.md with python3-xxhash, and prints
+one JSON line per step.
 """
 import argparse
 import json
@@ -10,9 +13,12 @@ import math
 import struct
 
 import h5py
+import numpy as np
 import torch
 import torch.nn.functional as F
 import xxhash
+
+import builtin_models
 
 MASK = (1 << 64) - 1
 STREAM_DROPOUT = 3
@@ -68,9 +74,54 @@ def learning_rate(a, step):
     return a.lr
 
 
+def load_model(a, x_all, y_all):
+    if a.model not in ("mlp", "cnn", "gpt"):
+        return torch.jit.load(a.model)
+    if a.model == "gpt":
+        outputs = a.vocab or int(max(x_all.max(), y_all.max())) + 1
+    else:
+        outputs = int(y_all.max()) + 1 if y_all.dtype == torch.int64 else y_all[0].numel()
+    model = builtin_models.build(a.model, list(x_all.shape[1:]), outputs, a)
+    with h5py.File(a.init_from, "r") as f:
+        state = {name: torch.from_numpy(np.array(f["model"][name])) for name in f["model"]}
+    with torch.no_grad():
+        for name, t in model.named_parameters():
+            t.copy_(state.pop(name).reshape(t.shape))
+    if state:
+        raise SystemExit("the checkpoint holds tensors the model does not: %s" % sorted(state))
+    return model
+
+
+def make_optimizer(a, model, named):
+    """Weight decay on every parameter, or (matrices; auto for adamw) on weights of 2 or more
+    dimensions that are not embeddings: the others form a second group with weight decay 0."""
+    matrices_only = a.weight_decay_params == "matrices" or (a.weight_decay_params == "auto" and a.optimizer == "adamw")
+    skip = set(builtin_models.embedding_names(model))
+    decayed = [t for name, t in named if not matrices_only or (t.dim() >= 2 and name not in skip)]
+    plain = [t for name, t in named if matrices_only and not (t.dim() >= 2 and name not in skip)]
+    groups = [{"params": decayed}] if decayed else []
+    if plain:
+        groups.append({"params": plain, "weight_decay": 0.0})
+    if a.optimizer == "sgd":
+        return torch.optim.SGD(groups, lr=a.lr, momentum=a.momentum, nesterov=a.nesterov,
+                               weight_decay=a.weight_decay, foreach=False)
+    b1, b2 = (float(v) for v in a.betas.split(","))
+    return torch.optim.AdamW(groups, lr=a.lr, betas=(b1, b2), eps=a.eps, weight_decay=a.weight_decay, foreach=False)
+
+
 def main():
     p = argparse.ArgumentParser()
-    p.add_argument("--model", required=True)
+    p.add_argument("--model", required=True, help="mlp | cnn | gpt | a TorchScript file")
+    p.add_argument("--init-from", help="built-in models: culprit's step-0 checkpoint (HDF5) holding the initial state")
+    p.add_argument("--hidden", type=int, default=64)
+    p.add_argument("--layers", type=int, default=2)
+    p.add_argument("--width", type=int, default=32)
+    p.add_argument("--heads", type=int, default=2)
+    p.add_argument("--vocab", type=int, default=0)
+    p.add_argument("--tie-head", action="store_true")
+    p.add_argument("--precision", default="fp32", choices=["fp32", "bf16"])
+    p.add_argument("--clip-grad-norm", type=float, default=0.0)
+    p.add_argument("--weight-decay-params", default="auto", choices=["auto", "matrices", "all"])
     p.add_argument("--data", required=True)
     p.add_argument("--seed", type=int, default=1234)
     p.add_argument("--steps", type=int, default=20)
@@ -92,25 +143,19 @@ def main():
     torch.use_deterministic_algorithms(True)
     torch._C._set_graph_executor_optimize(False)
 
-    model = torch.jit.load(a.model)
-    model.train()
-    named = list(model.named_parameters())
-    params = [t for _, t in named]
     with h5py.File(a.data, "r") as f:
         x_all = torch.from_numpy(f["x"][...])
         y_all = torch.from_numpy(f["y"][...])
     if y_all.dtype != torch.int64 and not y_all.is_floating_point():
         y_all = y_all.to(torch.int64)
     classification = y_all.dtype == torch.int64
+    model = load_model(a, x_all, y_all)
+    model.train()
+    named = list(model.named_parameters())
+    params = [t for _, t in named]
     n, B, M = x_all.shape[0], a.global_batch, a.micro_shards
     per_sample = max(1, y_all[0].numel())
-    if a.optimizer == "sgd":
-        opt = torch.optim.SGD(params, lr=a.lr, momentum=a.momentum, nesterov=a.nesterov,
-                              weight_decay=a.weight_decay, foreach=False)
-    else:
-        b1, b2 = (float(v) for v in a.betas.split(","))
-        opt = torch.optim.AdamW(params, lr=a.lr, betas=(b1, b2), eps=a.eps,
-                                weight_decay=a.weight_decay, foreach=False)
+    opt = make_optimizer(a, model, named)
     steps_per_epoch = n // B
     for s in range(1, a.steps + 1):
         epoch, start = (s - 1) // steps_per_epoch, ((s - 1) % steps_per_epoch) * B
@@ -127,23 +172,29 @@ def main():
             torch.manual_seed(key(a.seed, STREAM_DROPOUT, s, k))
             for t in params:
                 t.grad = None
-            out = model(x)
-            if classification:
-                c = out.shape[-1]
-                loss = F.cross_entropy(out.reshape(-1, c), y.reshape(-1), reduction="sum") / (B * per_sample)
-            else:
-                loss = F.mse_loss(out, y, reduction="sum") / (B * per_sample)
+            # The forward pass, model and loss, under autocast (bf16); the backward outside it.
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=a.precision == "bf16"):
+                out = model(x)
+                if classification:
+                    c = out.shape[-1]
+                    loss = F.cross_entropy(out.reshape(-1, c), y.reshape(-1), reduction="sum") / (B * per_sample)
+                else:
+                    loss = F.mse_loss(out, y, reduction="sum") / (B * per_sample)
             loss.backward()
             flat = [t.grad.reshape(-1) if t.grad is not None else torch.zeros(t.numel()) for t in params]
-            leaves.append(torch.cat(flat + [loss.detach().reshape(1)]))
+            leaves.append(torch.cat(flat + [loss.detach().float().reshape(1)]))
         total = tree_sum(leaves)
         off = 0
         for t in params:
             t.grad = total[off:off + t.numel()].view_as(t).clone()
             off += t.numel()
+        row = {"step": s, "loss": float(total[-1]), "lr": lr}
+        if a.clip_grad_norm > 0:
+            norm = torch.nn.utils.clip_grad_norm_(params, a.clip_grad_norm)
+            row["clip_factor"] = float(torch.clamp(a.clip_grad_norm / (norm + 1e-6), max=1.0))
         opt.step()
-        print(json.dumps({"step": s, "loss": float(total[-1]), "lr": lr,
-                          "fingerprint": "%016x" % set_fingerprint(named)}))
+        row["fingerprint"] = "%016x" % set_fingerprint(named)
+        print(json.dumps(row))
     if a.save_state:
         torch.save({k: v.detach().clone() for k, v in model.state_dict().items()}, a.save_state)
 

@@ -42,7 +42,21 @@ class MlpBatchNorm(torch.nn.Module):
         return self.fc2(torch.relu(self.bn(self.fc1(x))))
 
 
-MODELS = {"mlp_dropout": MlpDropout, "regressor": Regressor, "mlp_bn": MlpBatchNorm}
+class EmbedClassifier(torch.nn.Module):
+    """Token ids [T] -> embedding -> layer norm -> mean over T -> linear: an Embedding submodule,
+    which weight decay on matrices only skips."""
+
+    def __init__(self, vocab: int = 40, d: int = 24, d_out: int = 10):
+        super().__init__()
+        self.emb = torch.nn.Embedding(vocab, d)
+        self.norm = torch.nn.LayerNorm(d)
+        self.fc = torch.nn.Linear(d, d_out)
+
+    def forward(self, x):
+        return self.fc(self.norm(self.emb(x)).mean(1))
+
+
+MODELS = {"mlp_dropout": MlpDropout, "regressor": Regressor, "mlp_bn": MlpBatchNorm, "embed": EmbedClassifier}
 
 if __name__ == "__main__":
     torch.manual_seed(7)
