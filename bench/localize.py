@@ -60,6 +60,17 @@ MODELS = {
                                 "head"]),
     "ts": (None, ["fc_in", "block1", "block2", "head"]),  # filled in by make_torchscript
 }
+# The training recipes (--models bf16,...): bf16 autocast (faults in bfloat16 activations and their
+# gradients) and clipped updates, drawn like the others.
+GPT_LAYERS = MODELS["gpt"][1]
+RECIPES = {
+    "gpt-bf16": (MODELS["gpt"][0] + ["--precision", "bf16", "--tie-head", "--init", "gpt2"], GPT_LAYERS),
+    "mlp-bf16": (MODELS["mlp"][0] + ["--precision", "bf16"], MODELS["mlp"][1]),
+    "gpt-clip": (MODELS["gpt"][0] + ["--clip-grad-norm", "0.5", "--weight-decay", "0.1"], GPT_LAYERS),
+    "cnn-bf16-clip": (MODELS["cnn"][0] + ["--precision", "bf16", "--clip-grad-norm", "1", "--weight-decay", "0.01"],
+                      MODELS["cnn"][1]),
+}
+DEFAULT_MODELS = ("cnn", "gpt", "mlp", "ts")
 PHASES = ["forward", "backward", "grad", "comm", "param", "optimizer", "data"]
 SHARD_PHASES = {"forward", "backward", "grad", "data"}
 KINDS = ["bitflip", "nan", "scale", "noise"]
@@ -99,9 +110,9 @@ def make_torchscript(work):
                      "--micro-shards", "4"], MODELS["ts"][1])
 
 
-def draw(rng, i):
+def draw(rng, i, models=DEFAULT_MODELS):
     """One trial's configuration; every tenth is clean."""
-    model = rng.choice(sorted(MODELS))
+    model = rng.choice(sorted(models))
     wt, wb = rng.randint(1, 4), rng.randint(2, 4)
     t = {"trial": i, "model": model, "w_train": wt, "w_bisect": wb, "fault": None}
     if i % 10 == 9:
@@ -115,7 +126,9 @@ def draw(rng, i):
     if f["layer"]:
         spec += ",layer=" + f["layer"]
     if kind == "bitflip":
-        f["bit"] = rng.randint(0, 30)
+        # A bfloat16 value keeps bits 16..31 of a float32 (culprit refuses lower bits there).
+        low = 16 if "bf16" in model and phase in ("forward", "backward") else 0
+        f["bit"] = rng.randint(low, 30)
         spec += ",bit=%d" % f["bit"]
     if kind == "scale":
         spec += ",factor=%g" % rng.choice([0.5, 2, 3, 1e3])
@@ -211,7 +224,7 @@ def score(t, d, truth_step):
 
 def parse_line(line):
     """A trial as the campaign prints it ('14 mlp  W2->2 step=2,rank=1,...'), for --again."""
-    m = re.match(r"\s*(\d+)\s+(\w+)\s+W(\d)->(\d)\s+(\S+)", line)
+    m = re.match(r"\s*(\d+)\s+([\w-]+)\s+W(\d)->(\d)\s+(\S+)", line)
     if not m:
         return None
     t = {"trial": int(m.group(1)), "model": m.group(2), "w_train": int(m.group(3)), "w_bisect": int(m.group(4)),
@@ -301,6 +314,8 @@ def main():
     ap.add_argument("--out", default="")
     ap.add_argument("--min-correct", type=float, default=0, help="exit 1 below this fraction exact or ambiguous")
     ap.add_argument("--rescore", default="", help="score the trials of an earlier --out file again and summarise")
+    ap.add_argument("--models", default=",".join(DEFAULT_MODELS),
+                    help="models to draw from: %s (recipes: %s)" % (", ".join(DEFAULT_MODELS), ", ".join(RECIPES)))
     ap.add_argument("--again", default="", help="run the trials listed in FILE, one per line as this script prints "
                     "them (e.g. the non-exact ones of docs/bisect.md), instead of drawing")
     a = ap.parse_args()
@@ -314,6 +329,11 @@ def main():
                                                               brief(t["diagnosis"])))
         print(summary(results))
         return 0
+    MODELS.update(RECIPES)
+    models = a.models.split(",")
+    unknown = [m for m in models if m not in MODELS]
+    if unknown:
+        ap.error("unknown model(s) %s" % ", ".join(unknown))
     rng = random.Random(a.seed)
     work = tempfile.mkdtemp(prefix="culprit-localize-")
     make_torchscript(work)
@@ -323,10 +343,10 @@ def main():
     try:
         again = [t for t in map(parse_line, open(a.again)) if t] if a.again else None
         for i in range(len(again) if again else a.trials):
-            t = trial(work, again[i] if again else draw(rng, i))
+            t = trial(work, again[i] if again else draw(rng, i, models))
             while "refused" in t:
                 print("     redrawn: %s" % t["refused"], flush=True)
-                t = trial(work, draw(rng, i))
+                t = trial(work, draw(rng, i, models))
             results.append(t)
             if out:
                 out.write(json.dumps(t) + "\n")
