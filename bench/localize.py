@@ -342,8 +342,10 @@ def main():
     t0 = time.time()
     try:
         again = [t for t in map(parse_line, open(a.again)) if t] if a.again else None
-        for i in range(len(again) if again else a.trials):
-            t = trial(work, again[i] if again else draw(rng, i, models))
+        if again == []:
+            ap.error("--again %s lists no trials" % a.again)
+        for i in range(len(again) if again is not None else a.trials):
+            t = trial(work, again[i] if again is not None else draw(rng, i, models))
             while "refused" in t:
                 print("     redrawn: %s" % t["refused"], flush=True)
                 t = trial(work, draw(rng, i, models))

@@ -72,7 +72,19 @@ Finding::Update compare_update(const Context& ctx, std::int64_t t, const StepRes
   for (int r : ctx.run.trace.ranks) {
     auto it = ctx.run.trace.steps.find({r, t});
     if (it == ctx.run.trace.steps.end()) continue;
-    if (it->second.grad_fp != sr.grad_fp) u.reduced = true;
+    if (it->second.grad_fp != sr.grad_fp) {
+      u.reduced = true;
+      // Named by the parameter whose slice of the reduced gradient differs (trace format 4): with
+      // --clip-grad-norm, one wrong slice changes the clip factor and so every parameter's update.
+      const int j = it->second.reduced_fps.empty()
+                        ? -1
+                        : replay::first_differing_param(ctx.engine->reduced_param_fps(), it->second.reduced_fps);
+      if (u.param.empty() && j >= 0 && static_cast<std::size_t>(j) < params.size()) {
+        u.param = params[j];
+        u.optimizer = false;
+        u.param_rank = r;
+      }
+    }
     const int i = replay::first_differing_param(ctx.update_state(sr.param_fps, sr.opt_fps),
                                                 ctx.update_state(it->second.param_fps, it->second.opt_fps));
     if (u.param.empty() && i >= 0 && !params.empty()) {

@@ -248,7 +248,11 @@ void Trainer::update(double lr) {
   if (pipeline_) pipeline_->fence();
   auto grads = torch::from_blob(reduced_.data(), {flat_.size + 1}, torch::kFloat32);
   if (device_.is_cuda()) grads = grads.to(device_);
-  if (cfg_.optim.clip_grad_norm > 0) grads = clip(grads);
+  if (cfg_.optim.clip_grad_norm > 0) {
+    step_.clip_seconds = 0;
+    Stopwatch sw(&step_.clip_seconds);
+    grads = clip(grads);
+  }
   for (std::size_t i = 0; i < flat_.params.size(); ++i) {
     auto& t = flat_.params[i].tensor;
     t.mutable_grad() = grads.narrow(0, flat_.offsets[i], t.numel()).view(t.sizes());
@@ -346,7 +350,9 @@ void Trainer::write_metrics(double lr, Fingerprint fp, double secs) {
                "\"seconds\": %.6f, \"detector_seconds\": %.6f%s%s}\n",
                static_cast<long long>(f.step), json_float(loss).c_str(), format_json_number(f.grad_norm).c_str(),
                format_json_number(lr).c_str(), fingerprint_hex(fp).c_str(), secs, f.seconds,
-               cfg_.optim.clip_grad_norm > 0 ? (", \"clip_factor\": " + json_float(step_.clip_factor)).c_str() : "",
+               cfg_.optim.clip_grad_norm > 0 ? (", \"clip_factor\": " + json_float(step_.clip_factor) +
+                                                 ", \"clip_seconds\": " + format_json_number(step_.clip_seconds)).c_str()
+                                              : "",
                f.shards_exchanged ? ", \"spot_checked\": true" : "");
   if ((std::fflush(metrics_) != 0 || std::ferror(metrics_)) && metrics_status_.ok())
     metrics_status_ = Status::IoError("cannot append to '" + (fs::path(cfg_.run_dir) / "metrics.jsonl").string() +

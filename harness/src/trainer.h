@@ -56,6 +56,7 @@ struct StepState {
   Fingerprint input_fp = 0;  // the micro-shard being computed: its input as loaded
   std::vector<Fingerprint> sample_fps;  // and each of its samples' (with the trace, or replaying)
   float clip_factor = 1;  // --clip-grad-norm: what the reduced gradient was multiplied by
+  double clip_seconds = 0;  // and how long clipping took
 };
 
 class Trainer {
