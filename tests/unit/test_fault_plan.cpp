@@ -167,3 +167,35 @@ TEST_F(Plan, FaultsAtRestAndLostUpdates) {
   EXPECT_EQ(params[2].tensor[2].item<float>(), 6.0f);           // fc2.weight[2] corrupted at rest
   EXPECT_EQ(params[2].tensor[1].item<float>(), 3.0f);
 }
+
+// --precision bf16: a layer output in bfloat16 is corrupted in its own dtype, and always changes.
+TEST_F(Plan, Bfloat16OutputsAreCorruptedInTheirOwnDtype) {
+  const auto out = torch::tensor({1.5f, -2.0f, 3.0f}).to(torch::kBFloat16);
+  auto spec_of = [](const std::string& text) {
+    h::FaultSpec f;
+    EXPECT_TRUE(h::parse_fault(text, {"fc1"}, &f).ok()) << text;
+    return f;
+  };
+  // bit 22 of a float32 is bfloat16 bit 6, the top mantissa bit: 3.0 (1.1b x 2) becomes 2.0.
+  auto bad = h::corrupt_output(spec_of("step=1,rank=0,phase=forward,layer=fc1,index=2,kind=bitflip,bit=22"), out);
+  EXPECT_EQ(bad.scalar_type(), torch::kBFloat16);
+  EXPECT_EQ(bad[2].item<float>(), 2.0f);
+  EXPECT_EQ(bad[0].item<float>(), 1.5f);  // only the element named
+  // A scale too small for bfloat16's resolution moves the value one unit (1.5 -> 1.5078125).
+  bad = h::corrupt_output(spec_of("step=1,rank=0,phase=forward,layer=fc1,index=0,kind=scale,factor=1.0001"), out);
+  EXPECT_EQ(bad[0].item<float>(), 1.5078125f);
+  bad = h::corrupt_output(spec_of("step=1,rank=0,phase=forward,layer=fc1,index=1,kind=scale,factor=0.9999"), out);
+  EXPECT_EQ(bad[1].item<float>(), -1.9921875f);  // toward zero when the change shrinks it
+  // Noise changes it too.
+  bad = h::corrupt_output(spec_of("step=1,rank=0,phase=forward,layer=fc1,index=0,kind=noise"), out);
+  EXPECT_NE(bad[0].item<float>(), 1.5f);
+  // The plan refuses a bit a bfloat16 value does not keep, for layer outputs only.
+  EXPECT_TRUE(parse({"step=1,rank=0,layer=fc1,phase=forward,kind=bitflip,bit=3"}).ok());
+  EXPECT_TRUE(plan.check_precision(h::Precision::kFp32).ok());
+  EXPECT_EQ(plan.check_precision(h::Precision::kBf16).message(),
+            "--inject 'step=1,rank=0,layer=fc1,phase=forward,kind=bitflip,bit=3': with --precision bf16 a layer's "
+            "output and its gradient are bfloat16, which keeps bits 16..31 of a float32 value: bit must be in [16, 31], "
+            "got 3");
+  EXPECT_TRUE(parse({"step=1,rank=0,layer=fc1,phase=grad,kind=bitflip,bit=3"}).ok());
+  EXPECT_TRUE(plan.check_precision(h::Precision::kBf16).ok());  // the leaf is float32
+}
