@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # GPT-2-small's shape (12 layers x 768, 12 heads, vocabulary 50257, tied head, GPT-2 initialisation,
 # 124M parameters) trained, checkpointed, resumed, hit by an injected fault and bisected on this
-# machine, 2 ranks, AdamW with weight decay on matrices, warm-up, cosine schedule and clipping at 1.0:
+# machine, 2 ranks, AdamW with weight decay on matrices, warm-up and clipping at 1.0 (a constant
+# schedule after warm-up: a cosine one would depend on --steps, which the resume changes):
 #
 #     bench/gpt2_small.sh [--precision fp32|bf16] [--seq-len 64] [--out DIR]
 #
@@ -28,7 +29,7 @@ rm -rf "$run"
 mpirun=(mpirun --oversubscribe --bind-to none -np 2)
 model=(--model gpt --layers 12 --width 768 --heads 12 --seq-len "$seq" --vocab 50257 --tie-head --init gpt2
        --samples 64 --global-batch 4 --micro-shards 2 --precision "$precision"
-       --optimizer adamw --lr 6e-4 --weight-decay 0.1 --betas 0.9,0.95 --warmup-steps 1 --lr-schedule cosine
+       --optimizer adamw --lr 6e-4 --weight-decay 0.1 --betas 0.9,0.95 --warmup-steps 2
        --clip-grad-norm 1.0 --checkpoint-every 1 --keep-last 3 --collective-timeout 3600)
 fault="step=3,rank=1,layer=blocks.5.mlp.fc,index=12345,phase=forward,kind=bitflip,bit=27"
 

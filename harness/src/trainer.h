@@ -98,8 +98,8 @@ class Trainer {
   // ---- setup (trainer.cpp) ----
   Status select_device();
   void build_flat_params();
-  Status check_model();  // the model accepts the data; its forward pass changes no state
-  Status check_autocast();  // --precision bf16: the forward pass runs under autocast
+  Status check_model(StepMode mode);  // the model accepts the data; its forward pass changes no state
+  Status check_training_pass();  // one forward (under the run's precision), loss and backward
   Status narrow_output(const std::vector<std::int64_t>& got) const;  // check_model's error: labels past the output
   StateProbe probe();
   Status start_run(std::int64_t start_step, const std::string& resumed_from);  // run.json, metrics, I/O

@@ -106,6 +106,9 @@ Status Trainer::init(StepMode mode) {
   opt_ = std::make_unique<OptimizerState>(cfg_.optim, tensors, flat_.decay);
   acc_ = std::make_unique<TreeAccumulator>(static_cast<std::size_t>(flat_.size + 1));
   reduced_.assign(static_cast<std::size_t>(flat_.size + 1), 0.0f);
+  // The clipped gradient's buffer, written once now: its pages are not faulted in during a step.
+  if (cfg_.optim.clip_grad_norm > 0)
+    clipped_ = torch::zeros({flat_.size + 1}, torch::TensorOptions().dtype(torch::kFloat32).device(device_));
   auto shape_with_n = [&](const std::vector<std::int64_t>& s) {
     std::vector<std::int64_t> v{data_.n};
     v.insert(v.end(), s.begin(), s.end());
@@ -123,7 +126,7 @@ Status Trainer::init(StepMode mode) {
     layers_ = std::make_unique<LayerTrace>(&faults_, model_layers, cfg_.trace == TraceLevel::kLayer);
     model_.set_observer(layers_.get());
   }
-  return check_model();
+  return check_model(mode);
 }
 
 // The model's output is narrower than the labels need: name the width, the valid labels and the
@@ -142,29 +145,39 @@ Status Trainer::narrow_output(const std::vector<std::int64_t>& got) const {
                           (per_sample > 1 ? " (element " + std::to_string(at % per_sample) + ")" : ""));
 }
 
-// --precision bf16: the model's forward pass and the loss must run under autocast and give a
-// floating-point loss (a model that casts to another dtype itself, or whose ops autocast refuses,
-// is told so here, once, instead of failing in the first step).
-Status Trainer::check_autocast() {
-  if (cfg_.precision == Precision::kFp32) return Status::OK();
-  const std::string what = "model " + cfg_.model.text() + " does not run under --precision " + name_of(cfg_.precision) +
-                           " (autocast to bfloat16)";
-  return guarded(StatusCode::kBadInput, what, [&] {
-    torch::NoGradGuard ng;
-    BufferGuard keep(model_);
+// One training pass on the first sample — the forward pass and the loss under the run's precision
+// (autocast with --precision bf16), then the backward pass — so that a model that cannot be trained
+// (an op autocast or bfloat16 refuses, a loss that is not floating, an op without a derivative) is
+// told so in one line here instead of failing inside the first step. Training only: a replay
+// rebuilds a model that trained. Parameters get no gradient from it; buffers are kept.
+Status Trainer::check_training_pass() {
+  const std::string model = "model " + cfg_.model.text();
+  const std::string fwd = cfg_.precision == Precision::kBf16
+                              ? model + " does not run under --precision bf16 (autocast to bfloat16)"
+                              : model + " cannot be trained: its forward pass and loss fail";
+  BufferGuard keep(model_);
+  at::Tensor loss;
+  Status st = guarded(StatusCode::kBadInput, fwd, [&] {
     AutocastScope autocast(cfg_.precision, device_);
-    const auto n = std::min<std::int64_t>(data_.n, 2);
-    const at::Tensor out = model_.forward(batches_.x.narrow(0, 0, n).to(device_));
+    const at::Tensor out = model_.forward(batches_.x.narrow(0, 0, 1).to(device_));
     if (!out.is_floating_point())
-      return Status::BadInput(what + ": its output is " + std::string(c10::toString(out.scalar_type())));
-    const at::Tensor loss = loss_of(out, batches_.y.narrow(0, 0, n).to(device_));
-    if (!loss.is_floating_point() || loss.scalar_type() == at::kDouble)
-      return Status::BadInput(what + ": its loss is " + std::string(c10::toString(loss.scalar_type())));
+      return Status::BadInput(fwd + ": its output is " + std::string(c10::toString(out.scalar_type())));
+    loss = loss_of(out, batches_.y.narrow(0, 0, 1).to(device_));
+    if (!loss.is_floating_point() || loss.scalar_type() == at::kDouble || !loss.requires_grad())
+      return Status::BadInput(fwd + ": its loss is " + std::string(c10::toString(loss.scalar_type())) +
+                              (loss.requires_grad() ? "" : " and has no gradient"));
     return Status::OK();
   });
+  if (st.ok())
+    st = guarded(StatusCode::kBadInput, model + " cannot be trained: its backward pass fails", [&] {
+      loss.backward();
+      return Status::OK();
+    });
+  for (auto& p : flat_.params) p.tensor.mutable_grad().reset();
+  return st;
 }
 
-Status Trainer::check_model() {
+Status Trainer::check_model(StepMode mode) {
   // The model must accept the data and produce outputs the loss can use.
   CULPRIT_RETURN_IF_ERROR(guarded(
       StatusCode::kBadInput,
@@ -190,7 +203,7 @@ Status Trainer::check_model() {
         }
         return Status::OK();
       }));
-  CULPRIT_RETURN_IF_ERROR(check_autocast());
+  if (mode == StepMode::kTrain) CULPRIT_RETURN_IF_ERROR(check_training_pass());
   // State that a training-mode forward pass changes (batch-norm running statistics) would depend on
   // which micro-shards each rank computed: outside the determinism contract. Refuse it plainly.
   if (data_.n < 2 || model_.buffers().empty()) return Status::OK();

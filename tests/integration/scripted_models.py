@@ -56,7 +56,31 @@ class EmbedClassifier(torch.nn.Module):
         return self.fc(self.norm(self.emb(x)).mean(1))
 
 
-MODELS = {"mlp_dropout": MlpDropout, "regressor": Regressor, "mlp_bn": MlpBatchNorm, "embed": EmbedClassifier}
+class Erfcx(torch.nn.Module):
+    """A classifier ending in torch.special.erfcx, which has no bfloat16 CPU kernel: it trains in
+    fp32 and cannot run under bf16 autocast."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = torch.nn.Linear(32, 10)
+
+    def forward(self, x):
+        return torch.special.erfcx(self.fc(x))
+
+
+class Zeta(torch.nn.Module):
+    """A classifier ending in torch.special.zeta, which has no derivative: it cannot be trained."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = torch.nn.Linear(32, 10)
+
+    def forward(self, x):
+        h = self.fc(x)
+        return torch.special.zeta(h.abs() + 2.0, h.abs() + 1.0)
+
+
+MODELS = {"erfcx": Erfcx, "zeta": Zeta, "mlp_dropout": MlpDropout, "regressor": Regressor, "mlp_bn": MlpBatchNorm, "embed": EmbedClassifier}
 
 if __name__ == "__main__":
     torch.manual_seed(7)

@@ -7,12 +7,14 @@ bfloat16 activations and their gradients are localised exactly; a bit a bfloat16
 is refused in one line."""
 import json
 import os
+import subprocess
 import sys
 
 sys.path.insert(0, os.path.dirname(__file__))
 from culprit_testlib import TempDirTest, incidents, run, run_each_rank_code  # noqa: E402
 from test_localize import CODES, diagnosis, first_differing_step  # noqa: E402
 
+HERE = os.path.dirname(os.path.abspath(__file__))
 MLP = ["--model", "mlp", "--global-batch", "24", "--micro-shards", "4", "--samples", "96", "--quiet"]
 GPT_BF16 = ["--model", "gpt", "--global-batch", "12", "--micro-shards", "4", "--samples", "48", "--optimizer", "adamw",
             "--lr", "0.003", "--precision", "bf16", "--tie-head", "--init", "gpt2", "--clip-grad-norm", "1", "--quiet"]
@@ -84,17 +86,37 @@ class Recipes(TempDirTest):
                                  got)
         self.assertEqual(self.bisect(twin, 3, "none")["verdict"], "none")  # the negative control
 
-    def test_a_bit_bf16_does_not_keep_is_refused(self):
-        workdir = self.path("low-bit")
+    def refused(self, name, args, *wants):
+        """Every rank exits 2 with one error line holding each of `wants`, and no stack trace."""
+        workdir = self.path(name + "-rc")
         os.makedirs(workdir)
-        spec = "step=2,rank=0,layer=head,index=1,phase=forward,kind=bitflip,bit=7"
-        codes, _, err = run_each_rank_code(["train", "--run-dir", self.path("low-bit-run"), "--steps", "3"] + GPT_BF16 +
-                                           ["--inject", spec], 2, workdir)
+        codes, _, err = run_each_rank_code(["train", "--run-dir", self.path(name)] + args, 2, workdir)
         self.assertEqual(codes, [2, 2], err)
         lines = [l for l in err.splitlines() if l.startswith("culprit: error:")]
         self.assertEqual(len(lines), 1, err)
-        self.assertIn("with --precision bf16 a layer's output and its gradient are bfloat16", lines[0])
-        self.assertIn("bit must be in [16, 31], got 7", lines[0])
+        for want in wants:
+            self.assertIn(want, lines[0])
+        for marker in ("terminate called", "Exception raised from", "Traceback", "Aborted"):
+            self.assertNotIn(marker, err)
+
+    def test_a_model_that_cannot_run_under_autocast_or_be_trained_is_refused(self):
+        base = ["--steps", "2", "--global-batch", "8", "--micro-shards", "2", "--quiet"]
+        for name in ("erfcx", "zeta"):
+            subprocess.run(["/usr/bin/python3", os.path.join(HERE, "scripted_models.py"), name, self.path(name + ".pt")],
+                           check=True)
+        erfcx = ["--model", "torchscript:" + self.path("erfcx.pt")] + base
+        self.train("erfcx-fp32", 2, erfcx)  # the negative control: in fp32 it trains
+        self.refused("erfcx-bf16", erfcx + ["--precision", "bf16"],
+                     "does not run under --precision bf16 (autocast to bfloat16)", "'BFloat16'")
+        # An op without a derivative: refused at start-up in one line (was an abort inside step 1).
+        self.refused("zeta", ["--model", "torchscript:" + self.path("zeta.pt")] + base,
+                     "cannot be trained: its backward pass fails", "the derivative for 'zeta' is not implemented")
+
+    def test_a_bit_bf16_does_not_keep_is_refused(self):
+        spec = "step=2,rank=0,layer=head,index=1,phase=forward,kind=bitflip,bit=7"
+        self.refused("low-bit", ["--steps", "3"] + GPT_BF16 + ["--inject", spec],
+                     "with --precision bf16 a layer's output and its gradient are bfloat16",
+                     "bit must be in [16, 31], got 7")
 
 
 if __name__ == "__main__":
