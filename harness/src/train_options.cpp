@@ -222,6 +222,30 @@ Status validate_model_options(const C& c) {
   return Status::OK();
 }
 
+// A run recorded before an option existed meant what culprit did then: its run.json lacks the key.
+bool has_key(const std::string& ini, const std::string& key) {
+  std::istringstream lines(ini);
+  std::string line;
+  while (std::getline(lines, line))
+    if (line.rfind(key, 0) == 0 && line.size() > key.size() && (line[key.size()] == ' ' || line[key.size()] == '='))
+      return true;
+  return false;
+}
+
+// What a run recorded before the training-recipe options meant: weight decay on every parameter,
+// and for gpt --classes as its vocabulary and --sample-shape as its sequence length.
+void apply_recorded_defaults(const std::string& ini, C* c) {
+  if (!has_key(ini, "weight-decay-params")) c->optim.decay_params = DecayParams::kAll;
+  if (c->model.kind == ModelKind::kGpt && !has_key(ini, "vocab")) {
+    c->gpt.vocab = c->classes;
+    c->classes = 0;
+    std::int64_t t = 1;
+    for (auto d : c->sample_shape) t *= d;
+    if (!c->sample_shape.empty()) c->gpt.seq_len = t;
+    c->sample_shape.clear();
+  }
+}
+
 }  // namespace
 
 const opts::Table<TrainConfig>& train_options() {
@@ -242,6 +266,7 @@ Status parse_train_options(const std::vector<std::string>& args, TrainConfig* cf
   TrainConfig orig;
   CULPRIT_RETURN_IF_ERROR(table.parse_ini(without_faults(stored), &orig, /*allow_unknown=*/true)
                               .prefixed("'" + cfg->run_dir + "/run.json'"));
+  apply_recorded_defaults(stored, &orig);
   TrainConfig resumed = orig;
   CULPRIT_RETURN_IF_ERROR(table.parse(args, &resumed, &p, &orig));
   for (const auto& key : table.critical()) {
@@ -260,6 +285,7 @@ Status load_run_config(const std::string& run_dir, TrainConfig* cfg) {
   std::string stored;
   CULPRIT_RETURN_IF_ERROR(stored_config(run_dir, &stored));
   CULPRIT_RETURN_IF_ERROR(train_options().parse_ini(stored, cfg, /*allow_unknown=*/true).prefixed("'" + run_dir + "/run.json'"));
+  apply_recorded_defaults(stored, cfg);
   cfg->run_dir = run_dir;
   return Status::OK();
 }

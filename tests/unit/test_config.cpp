@@ -242,6 +242,35 @@ TEST(Config, ResumeTakesTheRunsConfigurationAndKeepsTheCriticalOptions) {
   fs::remove_all(dir);
 }
 
+// A run recorded before the recipe options: weight decay on every parameter, and a gpt's --classes
+// and --sample-shape as its vocabulary and sequence length (what they meant then).
+TEST(Config, RunsFromBeforeTheRecipeOptionsKeepTheirMeaning) {
+  const fs::path dir = fs::path(testing::TempDir()) / "culprit_old_config";
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  const std::string old_ini = "model = gpt\noptimizer = adamw\nweight-decay = 0.1\nclasses = 40\nsample-shape = 12\n";
+  std::ofstream(dir / "run.json") << nlohmann::json{{"config", old_ini}}.dump();
+  TrainConfig c;
+  bool help = false;
+  ASSERT_TRUE(parse_train_options({"--run-dir", dir.string(), "--resume"}, &c, &help).ok());
+  EXPECT_EQ(c.optim.decay_params, culprit::harness::DecayParams::kAll);
+  EXPECT_FALSE(c.optim.decay_matrices_only());
+  EXPECT_EQ(c.gpt.vocab, 40);
+  EXPECT_EQ(c.gpt.seq_len, 12);
+  EXPECT_EQ(c.classes, 0);
+  EXPECT_TRUE(c.sample_shape.empty());
+  EXPECT_TRUE(validate(c, 1).ok()) << validate(c, 1).message();
+  TrainConfig r;
+  ASSERT_TRUE(culprit::harness::load_run_config(dir.string(), &r).ok());  // replays read it the same way
+  EXPECT_EQ(culprit::harness::to_ini(r), culprit::harness::to_ini(c));
+  // A run recorded with the options keeps what it recorded.
+  std::ofstream(dir / "run.json") << nlohmann::json{{"config", culprit::harness::to_ini(c)}}.dump();
+  TrainConfig again;
+  ASSERT_TRUE(parse_train_options({"--run-dir", dir.string(), "--resume"}, &again, &help).ok());
+  EXPECT_EQ(culprit::harness::to_ini(again), culprit::harness::to_ini(c));
+  fs::remove_all(dir);
+}
+
 TEST(Config, ValidationNamesTheProblem) {
   TrainConfig c;
   c.run_dir = "r";
