@@ -97,6 +97,13 @@ Status measure(Context& ctx, const std::vector<float>& mine, const std::vector<d
 Status arbitrate_shard(Context& ctx, int k, const ShardResult& mine, Arbitration* out) {
   *out = Arbitration{};
   out->tried = true;
+  // A healthy bfloat16 forward pass is itself ~2^-8 from float64, far past the rounding bound: the
+  // arbiter could only abstain, so it is not run (the update, float32 in every run, still is).
+  if (ctx.run.cfg.precision == harness::Precision::kBf16) {
+    out->why = "the float64 recomputation cannot judge a --precision bf16 micro-shard (bfloat16 rounding alone "
+               "is far outside float32's)";
+    return Status::OK();
+  }
   std::vector<double> wide;
   const Status st = agree(ctx.comm, ctx.engine->compute_shard_f64(k, ctx.round, &wide));
   if (!st.ok()) {

@@ -366,7 +366,7 @@ void StepDetectors::check_update(StepFacts& f, double lr, double used, const std
     for (std::size_t i = 0; i < params_.size(); ++i) {
       if (f.param_fps[i] != prev_param_fps_[i]) continue;
       for (std::int64_t j = offsets[i]; j < offsets[i] + sizes[i]; ++j)
-        if (f.reduced[j] != 0 && std::fabs(used * f.reduced[j]) > std::ldexp(std::fabs(p[j]), -16)) {
+        if (f.reduced[j] != 0 && std::fabs(used * f.update_scale * f.reduced[j]) > std::ldexp(std::fabs(p[j]), -16)) {
           f.violated("parameter '" + params_[i] + "' did not change in step " + std::to_string(f.step) +
                      " although its gradient is nonzero (a frozen or forgotten parameter, or an update that did "
                      "not land)");

@@ -32,6 +32,7 @@ struct StepFacts {
   std::vector<Fingerprint> param_fps;    // every parameter after the update
   std::vector<Fingerprint> opt_fps;      // every parameter's optimizer state (with the trace; else empty)
   const float* reduced = nullptr;        // the reduced gradient, P values, then the loss
+  double update_scale = 1;               // --clip-grad-norm: the clip factor the update applied to it
   std::int64_t params = 0;               // P
   double grad_norm = 0;                  // of the reduced gradient
   double seconds = 0;                    // time in detector work (metrics.jsonl detector_seconds)

@@ -166,13 +166,16 @@ void FaultPlan::on_batch(const FireContext& c, int k, const at::Tensor& x, std::
   }
 }
 
-Status FaultPlan::check_precision(Precision p) const {
-  if (p != Precision::kBf16) return Status::OK();
-  for (const auto& f : specs_)
-    if (at_layer_output(f.phase) && f.kind == FaultKind::kBitflip && f.bit < 16)
-      return Status::BadInput("--inject '" + f.text + "': with --precision bf16 a layer's output and its gradient "
-                              "are bfloat16, which keeps bits 16..31 of a float32 value: bit must be in [16, 31], got " +
-                              std::to_string(f.bit));
+Status FaultPlan::check_dtypes(const std::map<std::string, at::ScalarType>& dtypes) const {
+  for (const auto& f : specs_) {
+    const auto it = dtypes.find(f.layer);
+    if (!at_layer_output(f.phase) || f.kind != FaultKind::kBitflip || f.bit >= 16 || it == dtypes.end() ||
+        it->second != at::kBFloat16)
+      continue;
+    return Status::BadInput("--inject '" + f.text + "': layer " + f.layer + "'s output (and the gradient into it) is " +
+                            "bfloat16 under --precision bf16, which keeps bits 16..31 of a float32 value: bit must be " +
+                            "in [16, 31], got " + std::to_string(f.bit));
+  }
   return Status::OK();
 }
 

@@ -6,6 +6,7 @@
 #include <ATen/core/Tensor.h>
 
 #include <cstdint>
+#include <map>
 #include <string>
 #include <utility>
 #include <vector>
@@ -50,9 +51,10 @@ class FaultPlan {
                const std::vector<NamedTensor>& params, const std::vector<std::int64_t>& offsets, int world,
                std::uint64_t seed, StepMode mode);
   bool empty() const { return specs_.empty(); }
-  // With --precision bf16, layer outputs and their gradients may be bfloat16, which keeps bits
-  // 16..31 of a float32: a bit flip there must name one of those.
-  Status check_precision(Precision p) const;
+  // A layer output in bfloat16 (--precision bf16: the matrix products'), and the gradient flowing
+  // back into it, keep bits 16..31 of a float32: a bit flip there must name one of those. dtypes:
+  // each layer's output dtype, as the start-up pass saw it.
+  Status check_dtypes(const std::map<std::string, at::ScalarType>& dtypes) const;
   // Whether a fault lands on a layer output (the model's layer hooks are needed).
   bool at_layer_outputs() const;
 

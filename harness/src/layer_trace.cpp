@@ -25,6 +25,7 @@ void LayerTrace::begin_shard(const FireContext& c, int k) {
 
 at::Tensor LayerTrace::on_forward(const std::string& layer, const at::Tensor& output) {
   at::Tensor out = plan_->on_layer_output(fire_, shard_, layer, output);
+  if (fire_.step == 0) dtypes_[layer] = output.scalar_type();  // the start-up pass (no step yet)
   const auto it = index_.find(layer);
   if (it == index_.end() || fwd_.empty()) return out;
   const std::size_t i = it->second;

@@ -23,6 +23,9 @@ class LayerTrace : public LayerObserver {
   at::Tensor on_forward(const std::string& layer, const at::Tensor& output) override;
   const std::vector<Fingerprint>& forward() const { return fwd_; }
   const std::vector<Fingerprint>& backward() const { return bwd_; }
+  // Each layer's output dtype in the last forward pass that reached it (--precision bf16: bfloat16
+  // for the matrix products, float32 for norms and embeddings).
+  const std::map<std::string, at::ScalarType>& output_dtypes() const { return dtypes_; }
 
  private:
   const FaultPlan* plan_;
@@ -30,6 +33,7 @@ class LayerTrace : public LayerObserver {
   FireContext fire_;
   int shard_ = 0;
   std::vector<Fingerprint> fwd_, bwd_;  // the current micro-shard's, per layer (empty: not recorded)
+  std::map<std::string, at::ScalarType> dtypes_;
 };
 
 }  // namespace culprit::harness

@@ -81,7 +81,9 @@ double state_bytes(const TrainConfig& c, double parameters) {
   else if (c.optim.momentum > 0) optimizer = 1;
   // parameters, gradients, reduced gradient, spot-check leaf, checkpoint copy; the tree holds at
   // most log2(M) + 1 blocks and one pending leaf.
-  const double copies = 5 + std::log2(std::max(1, c.micro_shards)) + 2 + optimizer;
+  // --clip-grad-norm: the clipped copy; --precision bf16: autocast's bfloat16 copy of the weights.
+  const double recipe = (c.optim.clip_grad_norm > 0 ? 1 : 0) + (c.precision == Precision::kBf16 ? 0.5 : 0);
+  const double copies = 5 + std::log2(std::max(1, c.micro_shards)) + 2 + optimizer + recipe;
   return parameters * 4 * copies;
 }
 

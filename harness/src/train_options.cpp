@@ -202,6 +202,8 @@ std::string without_faults(const std::string& ini) {
 Status validate_model_options(const C& c) {
   const GptOptions& g = c.gpt;
   const GptOptions d;
+  if (c.model.kind != ModelKind::kMlp && c.hidden != TrainConfig().hidden)
+    return Status::BadInput("option '--hidden' applies to --model mlp, not " + c.model.text());
   if (c.model.kind != ModelKind::kGpt) {
     for (const auto& [name, differs] : {std::pair<const char*, bool>{"layers", g.layers != d.layers},
                                         {"width", g.width != d.width}, {"heads", g.heads != d.heads},
@@ -234,16 +236,20 @@ bool has_key(const std::string& ini, const std::string& key) {
 
 // What a run recorded before the training-recipe options meant: weight decay on every parameter,
 // and for gpt --classes as its vocabulary and --sample-shape as its sequence length.
+// (Also applied to the options a resumed run is given: a job script repeats the ones it started with.)
+void gpt_from_classes(const std::string& ini, C* c) {
+  if (c->model.kind != ModelKind::kGpt || has_key(ini, "vocab")) return;
+  if (c->classes > 0) c->gpt.vocab = c->classes;
+  c->classes = 0;
+  std::int64_t t = 1;
+  for (auto d : c->sample_shape) t *= d;
+  if (!c->sample_shape.empty()) c->gpt.seq_len = t;
+  c->sample_shape.clear();
+}
+
 void apply_recorded_defaults(const std::string& ini, C* c) {
   if (!has_key(ini, "weight-decay-params")) c->optim.decay_params = DecayParams::kAll;
-  if (c->model.kind == ModelKind::kGpt && !has_key(ini, "vocab")) {
-    c->gpt.vocab = c->classes;
-    c->classes = 0;
-    std::int64_t t = 1;
-    for (auto d : c->sample_shape) t *= d;
-    if (!c->sample_shape.empty()) c->gpt.seq_len = t;
-    c->sample_shape.clear();
-  }
+  gpt_from_classes(ini, c);
 }
 
 }  // namespace
@@ -269,6 +275,7 @@ Status parse_train_options(const std::vector<std::string>& args, TrainConfig* cf
   apply_recorded_defaults(stored, &orig);
   TrainConfig resumed = orig;
   CULPRIT_RETURN_IF_ERROR(table.parse(args, &resumed, &p, &orig));
+  gpt_from_classes(stored, &resumed);
   for (const auto& key : table.critical()) {
     if (std::find(p.given.begin(), p.given.end(), key) == p.given.end()) continue;
     const std::string now = table.value_text(resumed, key), then = table.value_text(orig, key);

@@ -290,6 +290,7 @@ Fingerprint Trainer::record(double lr, trace::StepRow* row) {
   for (std::int64_t i = 0; i < flat_.size; ++i) sq += static_cast<double>(reduced_[i]) * reduced_[i];
   f.grad_norm = std::sqrt(sq);
   f.reduced = reduced_.data();
+  f.update_scale = cfg_.optim.clip_grad_norm > 0 ? step_.clip_factor : 1.0;
   f.params = flat_.size;
   row->step = f.step;
   row->loss = reduced_[flat_.size];

@@ -121,7 +121,6 @@ Status Trainer::init(StepMode mode) {
   detectors_.configure(cfg_, comm_, flat_.names(), probe());
   const std::vector<std::string> model_layers = model_.layers();
   CULPRIT_RETURN_IF_ERROR(faults_.parse(cfg_.inject, model_layers, flat_.params, flat_.offsets, comm_.size, cfg_.seed, mode));
-  CULPRIT_RETURN_IF_ERROR(faults_.check_precision(cfg_.precision));
   if (cfg_.trace == TraceLevel::kLayer || faults_.at_layer_outputs()) {
     layers_ = std::make_unique<LayerTrace>(&faults_, model_layers, cfg_.trace == TraceLevel::kLayer);
     model_.set_observer(layers_.get());
@@ -145,7 +144,7 @@ Status Trainer::narrow_output(const std::vector<std::int64_t>& got) const {
                           (per_sample > 1 ? " (element " + std::to_string(at % per_sample) + ")" : ""));
 }
 
-// One training pass on the first sample — the forward pass and the loss under the run's precision
+// One training pass on the first micro-shard's worth of samples — the forward pass and the loss under the run's precision
 // (autocast with --precision bf16), then the backward pass — so that a model that cannot be trained
 // (an op autocast or bfloat16 refuses, a loss that is not floating, an op without a derivative) is
 // told so in one line here instead of failing inside the first step. Training only: a replay
@@ -156,13 +155,15 @@ Status Trainer::check_training_pass() {
                               ? model + " does not run under --precision bf16 (autocast to bfloat16)"
                               : model + " cannot be trained: its forward pass and loss fail";
   BufferGuard keep(model_);
+  // As many samples as a micro-shard holds (batch norm in training mode needs more than one).
+  const std::int64_t n = std::min<std::int64_t>(data_.n, cfg_.global_batch / cfg_.micro_shards);
   at::Tensor loss;
   Status st = guarded(StatusCode::kBadInput, fwd, [&] {
     AutocastScope autocast(cfg_.precision, device_);
-    const at::Tensor out = model_.forward(batches_.x.narrow(0, 0, 1).to(device_));
+    const at::Tensor out = model_.forward(batches_.x.narrow(0, 0, n).to(device_));
     if (!out.is_floating_point())
       return Status::BadInput(fwd + ": its output is " + std::string(c10::toString(out.scalar_type())));
-    loss = loss_of(out, batches_.y.narrow(0, 0, 1).to(device_));
+    loss = loss_of(out, batches_.y.narrow(0, 0, n).to(device_));
     if (!loss.is_floating_point() || loss.scalar_type() == at::kDouble || !loss.requires_grad())
       return Status::BadInput(fwd + ": its loss is " + std::string(c10::toString(loss.scalar_type())) +
                               (loss.requires_grad() ? "" : " and has no gradient"));
@@ -203,7 +204,10 @@ Status Trainer::check_model(StepMode mode) {
         }
         return Status::OK();
       }));
-  if (mode == StepMode::kTrain) CULPRIT_RETURN_IF_ERROR(check_training_pass());
+  if (mode == StepMode::kTrain) {
+    CULPRIT_RETURN_IF_ERROR(check_training_pass());
+    if (layers_) CULPRIT_RETURN_IF_ERROR(faults_.check_dtypes(layers_->output_dtypes()));
+  }
   // State that a training-mode forward pass changes (batch-norm running statistics) would depend on
   // which micro-shards each rank computed: outside the determinism contract. Refuse it plainly.
   if (data_.n < 2 || model_.buffers().empty()) return Status::OK();

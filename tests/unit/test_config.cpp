@@ -260,6 +260,12 @@ TEST(Config, RunsFromBeforeTheRecipeOptionsKeepTheirMeaning) {
   EXPECT_EQ(c.classes, 0);
   EXPECT_TRUE(c.sample_shape.empty());
   EXPECT_TRUE(validate(c, 1).ok()) << validate(c, 1).message();
+  // A job script resubmitting the run repeats the options it started with.
+  TrainConfig given;
+  ASSERT_TRUE(parse_train_options({"--run-dir", dir.string(), "--resume", "--classes", "40", "--sample-shape", "12"},
+                                  &given, &help)
+                  .ok());
+  EXPECT_EQ(culprit::harness::to_ini(given), culprit::harness::to_ini(c));
   TrainConfig r;
   ASSERT_TRUE(culprit::harness::load_run_config(dir.string(), &r).ok());  // replays read it the same way
   EXPECT_EQ(culprit::harness::to_ini(r), culprit::harness::to_ini(c));
@@ -311,9 +317,10 @@ TEST(Config, RecipeOptionsNameTheProblem) {
   EXPECT_EQ(msg({"--precision", "fp8"}), "option '--precision': unknown precision 'fp8' (valid: fp32, bf16)");
   EXPECT_EQ(msg({"--weight-decay-params", "some"}),
             "option '--weight-decay-params': unknown parameter set 'some' (valid: auto, matrices, all)");
-  EXPECT_EQ(msg({"--model", "gpt", "--layers", "12", "--width", "768", "--heads", "12", "--seq-len", "64", "--vocab",
-                 "50257", "--tie-head", "--precision", "bf16", "--clip-grad-norm", "1"}),
+  EXPECT_EQ(msg({"--model", "gpt", "--layers", "12", "--width", "96", "--heads", "12", "--seq-len", "64", "--vocab",
+                 "500", "--tie-head", "--precision", "bf16", "--clip-grad-norm", "1", "--samples", "64"}),
             "");
+  EXPECT_EQ(msg({"--model", "cnn", "--hidden", "128"}), "option '--hidden' applies to --model mlp, not cnn");
   TrainConfig c;
   EXPECT_FALSE(c.optim.decay_matrices_only());  // sgd: every parameter
   c.optim.kind = culprit::harness::OptimizerKind::kAdamW;

@@ -189,13 +189,13 @@ TEST_F(Plan, Bfloat16OutputsAreCorruptedInTheirOwnDtype) {
   // Noise changes it too.
   bad = h::corrupt_output(spec_of("step=1,rank=0,phase=forward,layer=fc1,index=0,kind=noise"), out);
   EXPECT_NE(bad[0].item<float>(), 1.5f);
-  // The plan refuses a bit a bfloat16 value does not keep, for layer outputs only.
+  // The plan refuses a bit a bfloat16 value does not keep, for bfloat16 layer outputs only.
   EXPECT_TRUE(parse({"step=1,rank=0,layer=fc1,phase=forward,kind=bitflip,bit=3"}).ok());
-  EXPECT_TRUE(plan.check_precision(h::Precision::kFp32).ok());
-  EXPECT_EQ(plan.check_precision(h::Precision::kBf16).message(),
-            "--inject 'step=1,rank=0,layer=fc1,phase=forward,kind=bitflip,bit=3': with --precision bf16 a layer's "
-            "output and its gradient are bfloat16, which keeps bits 16..31 of a float32 value: bit must be in [16, 31], "
-            "got 3");
+  EXPECT_TRUE(plan.check_dtypes({{"fc1", torch::kFloat}, {"fc2", torch::kBFloat16}}).ok());
+  EXPECT_EQ(plan.check_dtypes({{"fc1", torch::kBFloat16}}).message(),
+            "--inject 'step=1,rank=0,layer=fc1,phase=forward,kind=bitflip,bit=3': layer fc1's output (and the "
+            "gradient into it) is bfloat16 under --precision bf16, which keeps bits 16..31 of a float32 value: bit "
+            "must be in [16, 31], got 3");
   EXPECT_TRUE(parse({"step=1,rank=0,layer=fc1,phase=grad,kind=bitflip,bit=3"}).ok());
-  EXPECT_TRUE(plan.check_precision(h::Precision::kBf16).ok());  // the leaf is float32
+  EXPECT_TRUE(plan.check_dtypes({{"fc1", torch::kBFloat16}}).ok());  // the leaf is float32
 }

@@ -55,8 +55,9 @@ inline constexpr NameRow<Precision> kPrecisionNames[] = {{Precision::kFp32, "fp3
 constexpr NameTable<Precision> enum_names(Precision) { return {kPrecisionNames, std::size(kPrecisionNames), "precision"}; }
 
 // --weight-decay-params: which parameters weight decay applies to. matrices: weights of 2 or more
-// dimensions that are not embeddings (biases, norms and embeddings excluded, as nanoGPT and
-// Megatron do); all: every parameter; auto: matrices for adamw, all for sgd.
+// dimensions that are not embeddings (biases and norms excluded as nanoGPT and Megatron do, and
+// embeddings too, which both of those decay); all: every parameter, as
+// torch.optim.AdamW(model.parameters()) does; auto: matrices for adamw, all for sgd.
 enum class DecayParams { kAuto, kMatrices, kAll };
 inline constexpr NameRow<DecayParams> kDecayParamsNames[] = {
     {DecayParams::kAuto, "auto"}, {DecayParams::kMatrices, "matrices"}, {DecayParams::kAll, "all"}};
