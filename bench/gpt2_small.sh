@@ -63,7 +63,7 @@ ckpts = sorted(glob.glob(os.path.join(run, "checkpoints", "*.h5")))
 wall = {n: float(open(os.path.join(work, "wall-" + n)).read()) for n in ("train", "resume", "bisect")}
 rss = {n: max(int(open(p).read().split()[-1]) for p in glob.glob(os.path.join(work, "rss-%s-*" % n)))
        for n in ("train", "resume", "bisect")}
-print("GPT-2 small (%s, seq-len %s): %d parameters, %s" % (precision, seq, info["parameters"], info.get("blas_library", "")))
+print("GPT-2 small (%s, seq-len %s): %d parameters, %s" % (precision, seq, info["parameters"], (info.get("blas") or {}).get("library", "")))
 for m in metrics:
     print("  step %d: loss %.6g, grad_norm %.4g, clip_factor %.4g, %.1f s (clip %.3f s = %.2f%% of the step)" % (
         m["step"], m["loss"], m["grad_norm"], m["clip_factor"], m["seconds"], m["clip_seconds"],
