@@ -93,6 +93,9 @@ struct Finding {
     int param_rank = -1;        // whose record holds it
     int replayed_by = -1;       // the lowest rank whose replay differs from a record
     bool from_incident = false;  // only the run's comm incident says this step differs
+    // param names the parameter whose slice of the reduced gradient differs (trace format 4), not
+    // an updated value; absorbed: the parameters and optimizer state came out as recorded.
+    bool from_reduced = false, absorbed = false;
     std::string describe() const;
   } update;
   int blamed = -1;              // the blamed rank

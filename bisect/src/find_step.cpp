@@ -72,22 +72,22 @@ Finding::Update compare_update(const Context& ctx, std::int64_t t, const StepRes
   for (int r : ctx.run.trace.ranks) {
     auto it = ctx.run.trace.steps.find({r, t});
     if (it == ctx.run.trace.steps.end()) continue;
-    if (it->second.grad_fp != sr.grad_fp) {
-      u.reduced = true;
-      // Named by the parameter whose slice of the reduced gradient differs (trace format 4): with
-      // --clip-grad-norm, one wrong slice changes the clip factor and so every parameter's update.
-      const int j = it->second.reduced_fps.empty()
-                        ? -1
-                        : replay::first_differing_param(ctx.engine->reduced_param_fps(), it->second.reduced_fps);
-      if (u.param.empty() && j >= 0 && static_cast<std::size_t>(j) < params.size()) {
-        u.param = params[j];
-        u.optimizer = false;
-        u.param_rank = r;
-      }
-    }
+    const bool reduced = it->second.grad_fp != sr.grad_fp;
+    u.reduced = u.reduced || reduced;
     const int i = replay::first_differing_param(ctx.update_state(sr.param_fps, sr.opt_fps),
                                                 ctx.update_state(it->second.param_fps, it->second.opt_fps));
-    if (u.param.empty() && i >= 0 && !params.empty()) {
+    // A differing reduced gradient is named by the parameter whose slice of it differs (trace
+    // format 4): with --clip-grad-norm one wrong slice changes the clip factor and so every
+    // parameter's update, so the first updated parameter that differs would name the wrong layer.
+    const int j = reduced && !it->second.reduced_fps.empty()
+                      ? replay::first_differing_param(ctx.engine->reduced_param_fps(), it->second.reduced_fps)
+                      : -1;
+    if (u.param.empty() && j >= 0 && static_cast<std::size_t>(j) < params.size()) {
+      u.param = params[j];
+      u.from_reduced = true;
+      u.absorbed = i < 0;
+      u.param_rank = r;
+    } else if (u.param.empty() && i >= 0 && !params.empty()) {
       u.param = params[i % params.size()];
       u.optimizer = static_cast<std::size_t>(i) >= params.size();
       u.param_rank = r;
@@ -98,13 +98,13 @@ Finding::Update compare_update(const Context& ctx, std::int64_t t, const StepRes
   if (!differs) return Finding::Update();
   int from = (u.reduced || !u.param.empty()) ? ctx.comm.rank : ctx.W;
   CULPRIT_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &from, 1, MPI_INT, MPI_MIN, ctx.comm.comm));
-  int reduced = u.reduced, param_rank = u.param_rank, optimizer = u.optimizer;
-  CULPRIT_MPI_CHECK(MPI_Bcast(&optimizer, 1, MPI_INT, from, ctx.comm.comm));
-  u.optimizer = optimizer != 0;
-  CULPRIT_MPI_CHECK(MPI_Bcast(&reduced, 1, MPI_INT, from, ctx.comm.comm));
-  CULPRIT_MPI_CHECK(MPI_Bcast(&param_rank, 1, MPI_INT, from, ctx.comm.comm));
-  u.reduced = reduced != 0;
-  u.param_rank = param_rank;
+  int flags[5] = {u.optimizer, u.reduced, u.param_rank, u.from_reduced, u.absorbed};
+  CULPRIT_MPI_CHECK(MPI_Bcast(flags, 5, MPI_INT, from, ctx.comm.comm));
+  u.optimizer = flags[0] != 0;
+  u.reduced = flags[1] != 0;
+  u.param_rank = flags[2];
+  u.from_reduced = flags[3] != 0;
+  u.absorbed = flags[4] != 0;
   u.param = broadcast_string(ctx.comm, u.param, from);
   u.replayed_by = from;
   return u;
@@ -136,6 +136,9 @@ void nothing_differs(Context& ctx, Finding* f, Evidence* ev) {
 
 std::string Finding::Update::describe() const {
   std::string out = reduced ? "reduced gradient" : "";
+  if (from_reduced)
+    return out + " in the slice of " + param + (param_rank >= 0 ? " in the record of rank " + std::to_string(param_rank) : "") +
+           (absorbed ? "; the update absorbed it" : "");
   if (!param.empty())
     out += (out.empty() ? "" : ", ") + std::string(optimizer ? "the optimizer state of parameter " : "parameter ") + param +
            (param_rank >= 0 ? " in the record of rank " + std::to_string(param_rank) : "");

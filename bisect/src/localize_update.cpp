@@ -196,7 +196,10 @@ void wrong_update_record(const Context& ctx, int r, const UpdateVote& u, Finding
     if (opt_state && first->step > 0) f->step = first->step;
   }
   f->phase = opt_state ? Phase::kOptimizer : Phase::kParam;
-  if (i >= 0 && P > 0) f->update.param = params[static_cast<std::size_t>(i) % P];
+  if (i >= 0 && P > 0) {
+    f->update.param = params[static_cast<std::size_t>(i) % P];
+    f->update.from_reduced = false;
+  }
 }
 
 // The micro-shards reproduce; the update does not. Replayed in the original layout (a faulty link

@@ -220,8 +220,9 @@ class Localize(TempDirTest):
         d = self.train("absorbed", 3, ["--steps", "6", "--checkpoint-every", "2", "--inject", spec])
         got = self.bisect(d, 2, "hardware-unconfirmed")
         self.assertEqual((got["step"], got["phase"], got["layer"], got["rank"]), (4, "comm", "fc3", 2), got)
-        # The update did absorb it: the search saw only the reduced gradient differ.
-        self.assertIn("step 4 does not reproduce: its update differs (reduced gradient)", got["evidence"])
+        # The update did absorb it: the search saw only the reduced gradient differ, in fc3's slice.
+        self.assertIn("step 4 does not reproduce: its update differs (reduced gradient in the slice of fc3.weight "
+                      "in the record of rank 0; the update absorbed it)", got["evidence"])
 
     def test_a_low_bit_optimizer_fault_on_one_rank_is_found_at_its_step(self):
         # One training rank: no replica to compare with, nothing fires; the flipped low bit of a
