@@ -17,6 +17,7 @@ enum Stream : std::uint64_t {
   kStreamSample = 1,   // synthetic sample values
   kStreamTeacher = 2,  // synthetic labelling function
   kStreamDropout = 3,  // the generator seed of (step, micro-shard)
+  kStreamShuffle = 4,  // round keys of the feistel epoch order (order.h), per (epoch, round)
 };
 
 constexpr std::uint64_t key(std::uint64_t seed, Stream stream, std::uint64_t a, std::uint64_t b) {
