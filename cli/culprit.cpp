@@ -23,6 +23,8 @@ std::vector<culprit::cli::Command> commands() {
       c::bisect::bisect_command(),
       c::replay::audit_command(),
       c::harness::screen_command(),
+      c::harness::prepare_data_command(),
+      c::harness::verify_data_command(),
   };
   for (auto& t : c::ckpt::commands()) all.push_back(std::move(t));
   return all;

@@ -38,6 +38,16 @@ class CheckpointPipeline {
   Status save(std::int64_t step, std::function<void(ckpt::Checkpoint*)> copy);
   // Waits until the checkpoint in flight has its copy of the state: call before the state changes.
   void fence();
+  // Runs `job` on the I/O thread after the jobs queued before it (at once when I/O is serialised):
+  // the data reads of an HDF5 source, which must not overlap the run's other HDF5 calls. The job's
+  // failure is its own to report (its Status is not the pipeline's).
+  void submit(std::function<Status()> job) {
+    if (io_) io_->submit([job = std::move(job)] {
+        job();
+        return Status::OK();
+      });
+    else job();
+  }
   // Queues one step's trace rows.
   void append_trace(trace::StepRow row, std::vector<trace::ShardRow> shards);
   // The run has had an incident: from now on no trace file is deleted (its diagnosis needs them).

@@ -1,141 +1,29 @@
+// What every data source shares: the checks each sample passes, and opening the run's data with one
+// scan of every sample (unless prepare-data recorded it for this file). The sources themselves:
+// data_synthetic.cpp, data_hdf5.cpp, data_tokens.cpp.
 #include "data.h"
 
 #include <algorithm>
 #include <cmath>
 #include <cstring>
 
-#include "culprit/h5.h"
+#include "data_prepare.h"
 #include "finite.h"
-#include "rng.h"
 
 namespace culprit::harness {
 
 namespace {
+
 std::int64_t prod(const std::vector<std::int64_t>& v) {
   std::int64_t p = 1;
   for (auto d : v) p *= d;
   return p;
 }
 
-// Synthetic samples: x is uniform in [-1, 1); the label is the argmax of a fixed random linear
-// "teacher" (a learnable task). gpt: sequences t_j = (a + b*j) mod V with a, b from the sample key.
-void make_synthetic(const TrainConfig& cfg, Dataset* d) {
-  const ModelKind kind = cfg.model.kind;
-  d->source = "synthetic";
-  d->n = cfg.samples;
-  if (kind == ModelKind::kGpt) {
-    const std::int64_t T = gpt_seq_len(cfg), V = gpt_vocab(cfg);
-    d->x_dtype = d->y_dtype = DType::kInt64;
-    d->x_shape = d->y_shape = {T};
-    d->classes = V;
-    d->x.resize(d->n * T * 8);
-    d->y.resize(d->n * T * 8);
-    auto* x = reinterpret_cast<std::int64_t*>(d->x.data());
-    auto* y = reinterpret_cast<std::int64_t*>(d->y.data());
-    for (std::int64_t i = 0; i < d->n; ++i) {
-      const std::uint64_t h = key(cfg.seed, kStreamSample, i, 0);
-      const std::int64_t a = static_cast<std::int64_t>(h % V);
-      const std::int64_t b = 1 + static_cast<std::int64_t>((h >> 32) % (V - 1 > 0 ? V - 1 : 1));
-      for (std::int64_t j = 0; j < T; ++j) {
-        x[i * T + j] = (a + b * j) % V;
-        y[i * T + j] = (a + b * (j + 1)) % V;
-      }
-    }
-    return;
-  }
-  std::vector<std::int64_t> shape = cfg.sample_shape;
-  if (shape.empty()) shape = kind == ModelKind::kCnn ? std::vector<std::int64_t>{1, 16, 16} : std::vector<std::int64_t>{32};
-  const std::int64_t C = cfg.classes ? cfg.classes : 10;
-  const std::int64_t D = prod(shape);
-  d->x_dtype = DType::kFloat32;
-  d->y_dtype = DType::kInt64;
-  d->x_shape = shape;
-  d->y_shape = {};
-  d->classes = C;
-  d->x.resize(d->n * D * 4);
-  d->y.resize(d->n * 8);
-  auto* x = reinterpret_cast<float*>(d->x.data());
-  auto* y = reinterpret_cast<std::int64_t*>(d->y.data());
-  std::vector<double> w(C * D);
-  for (std::int64_t c = 0; c < C; ++c)
-    for (std::int64_t j = 0; j < D; ++j) w[c * D + j] = unit_float(key(cfg.seed, kStreamTeacher, c, j));
-  for (std::int64_t i = 0; i < d->n; ++i) {
-    float* xi = x + i * D;
-    for (std::int64_t j = 0; j < D; ++j) xi[j] = unit_float(key(cfg.seed, kStreamSample, i, j));
-    std::int64_t best = 0;
-    double best_score = 0;
-    for (std::int64_t c = 0; c < C; ++c) {
-      double s = 0;
-      for (std::int64_t j = 0; j < D; ++j) s += w[c * D + j] * xi[j];
-      if (c == 0 || s > best_score) best = c, best_score = s;
-    }
-    y[i] = best;
-  }
-}
+// The samples the scan at open reads at once: about 4 MiB of them, so memory stays flat whatever
+// the data set's size.
+constexpr std::size_t kScanBytes = 4u << 20;
 
-// A NaN or Inf in the data would reach every replica the same way and look like the model's own
-// instability; it is the data's, and said so at load, with the sample that holds it.
-Status check_finite(const std::string& path, const char* name, DType dtype, const ByteBuffer& b, std::int64_t per_sample) {
-  if (dtype != DType::kFloat32 || per_sample <= 0) return Status::OK();
-  const auto* v = reinterpret_cast<const float*>(b.data());
-  const std::size_t n = b.size() / sizeof(float);
-  if (all_finite(v, n)) return Status::OK();
-  std::size_t i = 0;
-  while (i < n && std::isfinite(v[i])) ++i;
-  return Status::BadInput("data '" + path + "': " + name + " holds a non-finite value (" + std::to_string(v[i]) +
-                          ") in sample " + std::to_string(static_cast<std::int64_t>(i) / per_sample) + " (element " +
-                          std::to_string(static_cast<std::int64_t>(i) % per_sample) + ")");
-}
-
-// Integer labels are class indices: each must be in [0, classes), where classes is --classes, or
-// (--classes 0) the largest label + 1, itself at most kMaxClasses. A label past the output width
-// would otherwise widen the model silently (or ask for an impossible allocation); the message names
-// the range and the first label outside it.
-Status check_labels(const std::string& path, std::int64_t classes, const char* option, Dataset* d) {
-  const auto* lab = reinterpret_cast<const std::int64_t*>(d->y.data());
-  const std::int64_t m = d->n * d->y_numel(), per_sample = std::max<std::int64_t>(1, d->y_numel());
-  const std::int64_t limit = classes > 0 ? classes : kMaxClasses;
-  for (std::int64_t i = 0; i < m; ++i) {
-    if (lab[i] >= 0 && lab[i] < limit) {
-      if (lab[i] > d->max_label) d->max_label = lab[i], d->max_label_at = i;
-      continue;
-    }
-    const std::string where = " at sample " + std::to_string(i / per_sample) +
-                              (per_sample > 1 ? " (element " + std::to_string(i % per_sample) + ")" : "");
-    const std::string valid = "valid class labels are [0, " + std::to_string(limit) + ")";
-    if (lab[i] < 0) return Status::BadInput("data '" + path + "': y holds a negative class label (" + std::to_string(lab[i]) + ")" + where + "; " + valid);
-    return Status::BadInput("data '" + path + "': y holds class label " + std::to_string(lab[i]) + where + "; " + valid +
-                            (classes > 0 ? " with --" + std::string(option) + " " + std::to_string(classes)
-                                         : " (give --" + std::string(option) + " C if the data has C classes; at most " + std::to_string(kMaxClasses) + ")"));
-  }
-  d->classes = classes > 0 ? classes : d->max_label + 1;
-  return Status::OK();
-}
-
-Status read_hdf5(const std::string& path, std::int64_t classes, const char* option, Dataset* d) {
-  d->source = "hdf5:" + path;
-  h5::Handle file;
-  CULPRIT_RETURN_IF_ERROR(h5::open_read(path, &file));
-  h5::Array x, y;
-  CULPRIT_RETURN_IF_ERROR(h5::read_array(file, path, "x", &x));
-  CULPRIT_RETURN_IF_ERROR(h5::read_array(file, path, "y", &y));
-  if (x.shape.empty()) return Status::BadInput("data '" + path + "': dataset 'x' must have a sample dimension, got a scalar");
-  if (y.shape.empty()) return Status::BadInput("data '" + path + "': dataset 'y' must have a sample dimension, got a scalar");
-  if (x.shape[0] != y.shape[0])
-    return Status::BadInput("data '" + path + "': x has " + std::to_string(x.shape[0]) + " samples but y has " +
-                         std::to_string(y.shape[0]));
-  if (x.shape[0] < 1) return Status::BadInput("data '" + path + "': x and y hold no samples");
-  d->n = x.shape[0];
-  d->x_dtype = x.dtype;
-  d->x_shape.assign(x.shape.begin() + 1, x.shape.end());
-  d->x = std::move(x.bytes);
-  d->y_dtype = y.dtype;
-  d->y_shape.assign(y.shape.begin() + 1, y.shape.end());
-  d->y = std::move(y.bytes);
-  CULPRIT_RETURN_IF_ERROR(check_finite(path, "x", d->x_dtype, d->x, d->x_numel()));
-  if (!d->classification()) return check_finite(path, "y", d->y_dtype, d->y, d->y_numel());
-  return check_labels(path, classes, option, d);
-}
 }  // namespace
 
 std::int64_t Dataset::x_numel() const { return prod(x_shape); }
@@ -147,16 +35,184 @@ std::string shape_str(const std::vector<std::int64_t>& shape) {
   return s + "]";
 }
 
+std::string SampleLocation::text() const {
+  if (file.empty()) return "not stored (synthetic data)";
+  return "file '" + file + "' offset " + std::to_string(offset) + (detail.empty() ? "" : " (" + detail + ")");
+}
+
+namespace {
+
+// " (file 'F' offset N ...)" for a sample of a file, nothing for synthetic data.
+std::string stored_at(const SampleChecks& k, std::int64_t sample) {
+  if (!k.source) return "";
+  const SampleLocation loc = k.source->locate(sample);
+  return loc.file.empty() ? "" : " (" + loc.text() + ")";
+}
+
+std::string where_in(std::int64_t sample, std::int64_t element, std::int64_t per_sample, const char* unit) {
+  return " at sample " + std::to_string(sample) +
+         (per_sample > 1 ? " (" + std::string(unit) + " " + std::to_string(element) + ")" : "");
+}
+
+// A NaN or Inf in the data would reach every replica the same way and look like the model's own
+// instability; it is the data's, and said so, with the sample that holds it.
+Status check_finite(const SampleChecks& k, const char* name, const float* v, std::int64_t per_sample,
+                    std::int64_t sample_of_row0, const std::int64_t* idx, std::size_t rows) {
+  if (all_finite(v, rows * static_cast<std::size_t>(per_sample))) return Status::OK();
+  std::size_t i = 0;
+  while (std::isfinite(v[i])) ++i;
+  const std::size_t row = i / static_cast<std::size_t>(per_sample);
+  const std::int64_t sample = idx ? idx[row] : sample_of_row0 + static_cast<std::int64_t>(row);
+  return Status::BadInput(k.data + ": " + name + " holds a non-finite value (" + std::to_string(v[i]) + ") in sample " +
+                          std::to_string(sample) + " (element " +
+                          std::to_string(static_cast<std::int64_t>(i) % per_sample) + ")" + stored_at(k, sample));
+}
+
+// Integer labels are class indices: each must be in [0, classes), where classes is --classes, or
+// (--classes 0) the largest label + 1, itself at most kMaxClasses. A label past the output width
+// would otherwise widen the model silently (or ask for an impossible allocation).
+Status check_labels(const SampleChecks& k, const std::int64_t* lab, std::int64_t per_sample,
+                    std::int64_t sample_of_row0, const std::int64_t* idx, std::size_t rows, Dataset* stats) {
+  const std::int64_t limit = k.classes > 0 ? k.classes : kMaxClasses;
+  const std::int64_t m = static_cast<std::int64_t>(rows) * per_sample;
+  for (std::int64_t i = 0; i < m; ++i) {
+    if (lab[i] >= 0 && lab[i] < limit) {
+      if (stats && lab[i] > stats->max_label) {
+        const std::int64_t row = i / per_sample;
+        stats->max_label = lab[i];
+        stats->max_label_at = (idx ? idx[row] : sample_of_row0 + row) * per_sample + i % per_sample;
+      }
+      continue;
+    }
+    const std::int64_t row = i / per_sample, sample = idx ? idx[row] : sample_of_row0 + row;
+    const std::string where = where_in(sample, i % per_sample, per_sample, "element");
+    const std::string valid = "valid class labels are [0, " + std::to_string(limit) + ")";
+    if (lab[i] < 0)
+      return Status::BadInput(k.data + ": y holds a negative class label (" + std::to_string(lab[i]) + ")" + where + "; " + valid +
+                              stored_at(k, sample));
+    return Status::BadInput(k.data + ": y holds class label " + std::to_string(lab[i]) + where + "; " + valid +
+                            (k.classes > 0 && !k.classes_given ? std::string(" (the width the data had when the run started)")
+                             : k.classes > 0 ? " with --" + std::string(k.class_option) + " " + std::to_string(k.classes)
+                                           : " (give --" + std::string(k.class_option) + " C if the data has C classes; at most " +
+                                                 std::to_string(kMaxClasses) + ")") +
+                            stored_at(k, sample));
+  }
+  return Status::OK();
+}
+
+Status check_tokens(const SampleChecks& k, const std::int64_t* tok, std::int64_t per_sample, std::int64_t sample_of_row0,
+                    const std::int64_t* idx, std::size_t rows, Dataset* stats) {
+  const std::int64_t m = static_cast<std::int64_t>(rows) * per_sample;
+  for (std::int64_t i = 0; i < m; ++i) {
+    if (tok[i] >= 0 && tok[i] < k.token_limit) {
+      if (stats) stats->max_token = std::max(stats->max_token, tok[i]);
+      continue;
+    }
+    const std::int64_t row = i / per_sample, sample = idx ? idx[row] : sample_of_row0 + row;
+    return Status::BadInput(k.token_prefix + k.data + ": x holds token id " + std::to_string(tok[i]) + " at sample " +
+                            std::to_string(sample) + " (position " + std::to_string(i % per_sample) +
+                            "); valid token ids are [0, " + std::to_string(k.token_limit) + ")" +
+                            (k.token_option_given ? " with --" + std::string(k.token_option) + " " + std::to_string(k.token_limit) : "") +
+                            stored_at(k, sample));
+  }
+  return Status::OK();
+}
+
+}  // namespace
+
+Status check_samples(const Dataset& d, const SampleChecks& k, const std::int64_t* idx, std::int64_t first,
+                     std::size_t count, const unsigned char* x, const unsigned char* y, Dataset* stats) {
+  if (first >= 0) idx = nullptr;
+  const std::int64_t xn = std::max<std::int64_t>(1, d.x_numel()), yn = std::max<std::int64_t>(1, d.y_numel());
+  if (d.x_dtype == DType::kFloat32)
+    CULPRIT_RETURN_IF_ERROR(check_finite(k, "x", reinterpret_cast<const float*>(x), xn, first, idx, count));
+  if (!d.classification())
+    CULPRIT_RETURN_IF_ERROR(check_finite(k, "y", reinterpret_cast<const float*>(y), yn, first, idx, count));
+  else
+    CULPRIT_RETURN_IF_ERROR(check_labels(k, reinterpret_cast<const std::int64_t*>(y), yn, first, idx, count, stats));
+  if (d.x_dtype == DType::kInt64 && k.token_limit > 0)
+    return check_tokens(k, reinterpret_cast<const std::int64_t*>(x), xn, first, idx, count, stats);
+  return Status::OK();
+}
+
+namespace {
+
+// The checks of the run's data: its labels against --classes (gpt: --vocab), gpt's tokens against
+// --vocab; with neither given, against kMaxClasses, and the scan finds the width.
+SampleChecks checks_for(const TrainConfig& cfg, const Dataset& d) {
+  SampleChecks k;
+  k.data = "data '" + d.source.substr(d.source.find(':') + 1) + "'";
+  k.source = d.reader.get();
+  if (cfg.data.kind == DataKind::kTokens) {  // the vocabulary: --vocab or PATH.json (open_tokens)
+    k.classes = d.classes;
+    k.class_option = "vocab";
+    k.token_limit = d.classes > 0 ? d.classes : kMaxClasses;
+    k.token_option_given = d.classes > 0;
+    return k;
+  }
+  const bool gpt = cfg.model.kind == ModelKind::kGpt;
+  k.classes = gpt ? cfg.gpt.vocab : cfg.classes;
+  k.class_option = gpt ? "vocab" : "classes";
+  if (d.x_dtype == DType::kInt64 && gpt) {
+    k.token_limit = cfg.gpt.vocab > 0 ? cfg.gpt.vocab : kMaxClasses;
+    k.token_option_given = cfg.gpt.vocab > 0;
+    k.token_prefix = "model gpt: ";
+  }
+  return k;
+}
+
+// Every sample once, through a buffer of about kScanBytes: the checks and the largest label and token.
+Status scan(const SampleChecks& k, Dataset* d) {
+  const std::size_t per = d->x_bytes() + d->y_bytes();
+  const std::int64_t rows = std::max<std::int64_t>(1, static_cast<std::int64_t>(kScanBytes / std::max<std::size_t>(1, per)));
+  std::vector<unsigned char> x, y;
+  std::vector<std::int64_t> idx;
+  for (std::int64_t lo = 0; lo < d->n; lo += rows) {
+    const std::int64_t m = std::min(rows, d->n - lo);
+    idx.resize(static_cast<std::size_t>(m));
+    for (std::int64_t i = 0; i < m; ++i) idx[static_cast<std::size_t>(i)] = lo + i;
+    x.resize(static_cast<std::size_t>(m) * d->x_bytes());
+    y.resize(static_cast<std::size_t>(m) * d->y_bytes());
+    CULPRIT_RETURN_IF_ERROR(d->reader->read(idx.data(), idx.size(), x.data(), y.data()));
+    CULPRIT_RETURN_IF_ERROR(check_samples(*d, k, nullptr, lo, idx.size(), x.data(), y.data(), d));
+  }
+  return Status::OK();
+}
+
+}  // namespace
+
+SampleChecks run_checks(const TrainConfig& cfg, const Dataset& d) {
+  SampleChecks k = checks_for(cfg, d);
+  if (d.classification() && k.classes == 0) {
+    k.classes = d.classes;
+    k.classes_given = false;
+  }
+  if (k.token_limit > 0) k.token_limit = d.classes;
+  return k;
+}
+
 Status load_dataset(const TrainConfig& cfg, Dataset* out) {
   *out = Dataset();
-  if (cfg.data.kind == DataKind::kSynthetic) {
-    make_synthetic(cfg, out);
-    return Status::OK();
+  if (cfg.data.kind == DataKind::kSynthetic) return open_synthetic(cfg, out);
+  Status st = cfg.data.kind == DataKind::kHdf5 ? open_hdf5(cfg, cfg.data.path, out) : open_tokens(cfg, cfg.data.path, out);
+  SampleChecks k;
+  if (st.ok()) {
+    k = checks_for(cfg, *out);
+    // prepare-data's record of this very file stands for the scan (docs/data.md); otherwise every
+    // sample is read once now, so a bad label or value is one line before any training.
+    PreparedFacts facts;
+    if (find_prepared(cfg.data, &facts) && facts.checked(k.classes, k.token_limit)) {
+      out->max_label = facts.max_label;
+      out->max_label_at = facts.max_label_at;
+      out->max_token = facts.max_token;
+    } else {
+      st = scan(k, out);
+    }
   }
   // The data file is the user's input: a file the HDF5 layer finds malformed is bad input here.
-  const bool gpt = cfg.model.kind == ModelKind::kGpt;
-  Status st = read_hdf5(cfg.data.path, gpt ? cfg.gpt.vocab : cfg.classes, gpt ? "vocab" : "classes", out);
-  return st.code() == StatusCode::kDamaged ? Status::BadInput(st.message()) : st;
+  if (!st.ok()) return st.code() == StatusCode::kDamaged ? Status::BadInput(st.message()) : st;
+  if (out->classification()) out->classes = k.classes > 0 ? k.classes : std::max(out->max_label, out->max_token) + 1;
+  return Status::OK();
 }
 
 }  // namespace culprit::harness

@@ -142,7 +142,7 @@ class EngineImpl : public Engine {
   Status run_step(StepResult* out, int round = 0) override {
     return agree(comm_, guarded(StatusCode::kInternal, "replaying step " + std::to_string(step() + 1), [&] {
       trainer_->replay_step(out, round);
-      return Status::OK();
+      return trainer_->take_data_status();
     }));
   }
   Status compute_shard(int k, int round, ShardResult* out) override {
@@ -151,7 +151,7 @@ class EngineImpl : public Engine {
                            std::to_string(cfg_.micro_shards) + ")");
     return guarded(StatusCode::kInternal, "replaying micro-shard " + std::to_string(k), [&] {
       trainer_->replay_shard(k, round, out);
-      return Status::OK();
+      return trainer_->take_data_status();
     });
   }
   Status compute_shard_f64(int k, int round, std::vector<double>* out) override {
@@ -160,7 +160,7 @@ class EngineImpl : public Engine {
                            std::to_string(cfg_.micro_shards) + ")");
     return guarded(StatusCode::kInternal, "recomputing micro-shard " + std::to_string(k) + " in float64", [&] {
       trainer_->shard_grad_f64(k, round, out);
-      return Status::OK();
+      return trainer_->take_data_status();
     });
   }
   Status update_f64(std::vector<float>* now, std::vector<double>* wide) override {

@@ -89,10 +89,10 @@ void Trainer::shard_grad_f64(int k, int round, std::vector<double>* out) {
   at::Tensor idx = shard_indices(c.step, k);
   std::uint64_t seed = dropout_seed(cfg_.seed, c.step, k);
   faults_.on_inputs(c, k, &idx, &seed);
-  auto loaded = batches_.x.index_select(0, idx);
+  auto [loaded, labels] = load_samples(c.step, k, idx);
   faults_.on_batch(c, k, loaded, data_.classes);
   const auto x = widen(loaded, device_);
-  const auto y = widen(batches_.y.index_select(0, idx), device_);
+  const auto y = widen(labels, device_);
   std::vector<double> grad(static_cast<std::size_t>(flat_.size + 1), 0.0);
   {
     BufferGuard keep(model_);  // a forward in training mode moves running statistics: put back

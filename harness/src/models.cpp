@@ -273,19 +273,9 @@ Status make_model(const TrainConfig& cfg, const Dataset& d, std::unique_ptr<Mode
     if (cfg.gpt.seq_len > 0 && cfg.gpt.seq_len != d.x_shape[0])
       return Status::BadInput("option '--seq-len' is " + std::to_string(cfg.gpt.seq_len) + " but data " +
                               cfg.data.text() + " holds sequences of " + std::to_string(d.x_shape[0]) + " tokens");
-    // The vocabulary: --vocab when given (every token must be below it), else wide enough for
-    // every token and target, at most kMaxClasses.
-    const auto* tok = reinterpret_cast<const std::int64_t*>(d.x.data());
-    const std::int64_t limit = cfg.gpt.vocab > 0 ? cfg.gpt.vocab : kMaxClasses;
-    std::int64_t vocab = d.classes;
-    for (std::int64_t i = 0; i < d.n * d.x_numel(); ++i) {
-      if (tok[i] < 0 || tok[i] >= limit)
-        return Status::BadInput("model gpt: data x holds token id " + std::to_string(tok[i]) + " at sample " +
-                                std::to_string(i / d.x_numel()) + " (position " + std::to_string(i % d.x_numel()) +
-                                "); valid token ids are [0, " + std::to_string(limit) + ")" +
-                                (cfg.gpt.vocab > 0 ? " with --vocab " + std::to_string(cfg.gpt.vocab) : ""));
-      vocab = std::max(vocab, tok[i] + 1);
-    }
+    // The vocabulary: --vocab when given (the data's open checked every token against it), else
+    // wide enough for every token and target (load_dataset).
+    const std::int64_t vocab = d.classes;
     CULPRIT_RETURN_IF_ERROR(check_model_size(cfg, d.x_shape, vocab));
     *out = std::make_unique<Gpt>(vocab, d.x_shape[0], cfg.gpt);
   } else {

@@ -53,11 +53,13 @@ Status set_data(C* c, const std::string& t) {
     c->data = {DataKind::kSynthetic, ""};
     return Status::OK();
   }
-  if (t.rfind("hdf5:", 0) != 0)
-    return Status::BadInput("option '--data': unknown data source '" + t + "' (valid: synthetic, hdf5:PATH)");
-  if (t.size() == 5) return Status::BadInput("option '--data': hdf5: needs a path");
-  c->data = {DataKind::kHdf5, t.substr(5)};
-  return Status::OK();
+  for (const auto& [prefix, kind] : {std::pair<std::string, DataKind>{"hdf5:", DataKind::kHdf5}, {"tokens:", DataKind::kTokens}}) {
+    if (t.rfind(prefix, 0) != 0) continue;
+    if (t.size() == prefix.size()) return Status::BadInput("option '--data': " + prefix + " needs a path");
+    c->data = {kind, t.substr(prefix.size())};
+    return Status::OK();
+  }
+  return Status::BadInput("option '--data': unknown data source '" + t + "' (valid: synthetic, hdf5:PATH, tokens:PATH)");
 }
 
 Status set_betas(C* c, const std::string& t) {
@@ -142,7 +144,10 @@ opts::Table<C> make_table() {
     number<C>("micro-shards", &C::micro_shards, "micro-shards per step (M: a power of two, B divisible by M, world size <= M)", Range<int>{1, 1 << 20}, kCritical),
     number<C>("seed", &C::seed, "seed of data order, initialisation, dropout and synthetic data", {}, kCritical),
     custom<C>("model", "mlp | cnn | gpt | torchscript:PATH", set_model, [](const C& c) { return c.model.text(); }, kCritical),
-    custom<C>("data", "synthetic | hdf5:PATH (datasets x and y)", set_data, [](const C& c) { return c.data.text(); }, kCritical),
+    custom<C>("data", "synthetic | hdf5:PATH (datasets x and y) | tokens:PATH (a flat file of uint16/uint32 token ids; docs/data.md)", set_data, [](const C& c) { return c.data.text(); }, kCritical),
+    choice<C>("token-dtype", &C::token_dtype, "tokens data: auto | uint16 | uint32: the token ids' type (auto: PATH.json's \"dtype\")", kCritical),
+    choice<C>("shuffle", &C::shuffle, "randperm | feistel: the epoch's sample order: torch.randperm (8 bytes per sample) or a keyed Feistel bijection (O(1) memory; docs/determinism.md)", kCritical),
+    flag<C>("shard-optimizer", &C::shard_optimizer, "each rank keeps the optimizer state of, and updates, one slice of the flat parameters, then the ranks gather the parameters (ZeRO-1); the same bits as without"),
     number<C>("hidden", &C::hidden, "mlp: hidden units per layer", Range<std::int64_t>{1, 1 << 20}, kCritical),
     number<C>("samples", &C::samples, "synthetic data: number of samples", Range<std::int64_t>{1, std::int64_t{1} << 40}, kCritical),
     custom<C>("sample-shape", "synthetic data: sample shape, e.g. 1,16,16 (empty: the model's default)", set_sample_shape, [](const C& c) { return join(c.sample_shape); }, kCritical),
@@ -150,8 +155,8 @@ opts::Table<C> make_table() {
     number<C>("layers", gpt(&GptOptions::layers), "gpt: transformer blocks", Range<int>{1, 1024}, kCritical),
     number<C>("width", gpt(&GptOptions::width), "gpt: model width (d_model; the MLP is 4 x width)", Range<std::int64_t>{1, 1 << 16}, kCritical),
     number<C>("heads", gpt(&GptOptions::heads), "gpt: attention heads (must divide --width)", Range<int>{1, 1024}, kCritical),
-    number<C>("seq-len", gpt(&GptOptions::seq_len), "gpt: tokens per sample (0: synthetic data: 16, hdf5 data: the data's; given, it must equal the data's)", Range<std::int64_t>{0, 1 << 20}, kCritical),
-    number<C>("vocab", gpt(&GptOptions::vocab), "gpt: vocabulary size; every token id and target must be in [0, vocab) (0: synthetic data: 32, hdf5 data: the largest token id + 1)", Range<std::int64_t>{0, kMaxClasses}, kCritical),
+    number<C>("seq-len", gpt(&GptOptions::seq_len), "gpt and tokens data: tokens per sample (0: synthetic data: 16, hdf5 data: the data's, tokens data: PATH.json's \"seq_len\"; given, it must equal the data's)", Range<std::int64_t>{0, 1 << 20}, kCritical),
+    number<C>("vocab", gpt(&GptOptions::vocab), "gpt and tokens data: vocabulary size; every token id and target must be in [0, vocab) (0: synthetic data: 32, tokens data: PATH.json's \"vocab\", else the largest token id + 1)", Range<std::int64_t>{0, kMaxClasses}, kCritical),
     flag<C>("tie-head", gpt(&GptOptions::tie_head), "gpt: the output head is tok_emb's weight, without a bias (GPT-2); off: a Linear head of its own", kCritical),
     choice<C>("init", gpt(&GptOptions::init), "gpt: torch | gpt2: libtorch's module initialisation, or GPT-2's (weights N(0, 0.02), residual projections N(0, 0.02/sqrt(2 x layers)), biases 0)", kCritical),
     choice<C>("precision", &C::precision, "fp32 | bf16: bf16 runs the forward pass (model and loss) under autocast to bfloat16 with float32 master parameters, gradients, reduction and optimizer state (docs/determinism.md)", kCritical),
@@ -204,10 +209,18 @@ Status validate_model_options(const C& c) {
   const GptOptions d;
   if (c.model.kind != ModelKind::kMlp && c.hidden != TrainConfig().hidden)
     return Status::BadInput("option '--hidden' applies to --model mlp, not " + c.model.text());
+  const bool tokens = c.data.kind == DataKind::kTokens;  // --seq-len and --vocab shape the data for any model
+  if (tokens && c.classes != 0)
+    return Status::BadInput("option '--classes' does not apply to tokens data: its width is the vocabulary, --vocab " +
+                            std::to_string(c.classes));
+  if (tokens && !c.sample_shape.empty())
+    return Status::BadInput("option '--sample-shape' does not apply to tokens data: its samples are --seq-len tokens");
+  if (c.data.kind != DataKind::kTokens && c.token_dtype != TokenDType::kAuto)
+    return Status::BadInput("option '--token-dtype' applies to --data tokens:PATH, not " + c.data.text());
   if (c.model.kind != ModelKind::kGpt) {
     for (const auto& [name, differs] : {std::pair<const char*, bool>{"layers", g.layers != d.layers},
                                         {"width", g.width != d.width}, {"heads", g.heads != d.heads},
-                                        {"seq-len", g.seq_len != d.seq_len}, {"vocab", g.vocab != d.vocab},
+                                        {"seq-len", !tokens && g.seq_len != d.seq_len}, {"vocab", !tokens && g.vocab != d.vocab},
                                         {"tie-head", g.tie_head != d.tie_head}, {"init", g.init != d.init}})
       if (differs)
         return Status::BadInput(std::string("option '--") + name + "' applies to --model gpt, not " + c.model.text());

@@ -37,33 +37,6 @@ std::string json_float(float v) {
 
 // ---- micro-shards ----
 
-const at::Tensor& Trainer::epoch_order(std::int64_t epoch) {
-  if (epoch == batches_.epoch) return batches_.order;
-  auto gen = at::detail::createCPUGenerator(cfg_.seed + static_cast<std::uint64_t>(epoch));
-  batches_.order = torch::randperm(data_.n, gen, torch::TensorOptions().dtype(torch::kLong));
-  batches_.epoch = epoch;
-  if (cfg_.detect.invariants) {
-    // Each sample once per epoch starts with a permutation.
-    std::vector<char> seen(static_cast<std::size_t>(data_.n), 0);
-    const std::int64_t* o = batches_.order.data_ptr<std::int64_t>();
-    for (std::int64_t i = 0; i < data_.n; ++i) {
-      if (o[i] < 0 || o[i] >= data_.n || seen[o[i]]) {
-        step_.facts.violated("the sample order of epoch " + std::to_string(epoch) + " is not a permutation");
-        break;
-      }
-      seen[o[i]] = 1;
-    }
-  }
-  return batches_.order;
-}
-
-at::Tensor Trainer::shard_indices(std::int64_t s, int k) {
-  const std::int64_t B = cfg_.global_batch, M = cfg_.micro_shards;
-  const std::int64_t steps_per_epoch = data_.n / B;
-  const at::Tensor& order = epoch_order((s - 1) / steps_per_epoch);
-  return order.narrow(0, ((s - 1) % steps_per_epoch) * B + k * (B / M), B / M);
-}
-
 at::Tensor Trainer::loss_of(const at::Tensor& out, const at::Tensor& y) const {
   // (sum of per-sample losses) / B; a sample's loss is the mean over its target elements.
   const double denom = static_cast<double>(cfg_.global_batch * std::max<std::int64_t>(1, data_.y_numel()));
@@ -105,8 +78,7 @@ void Trainer::compute_shard(const FireContext& c, int k, float* leaf) {
   at::Tensor idx = shard_indices(c.step, k);
   std::uint64_t seed = dropout_seed(cfg_.seed, c.step, k);
   faults_.on_inputs(c, k, &idx, &seed);
-  auto x = batches_.x.index_select(0, idx);
-  auto y = batches_.y.index_select(0, idx);
+  auto [x, y] = load_samples(c.step, k, idx);
   faults_.on_batch(c, k, x, data_.classes);
   step_.input_fp = tensor_fingerprint(x);
   if (cfg_.tracing() || c.mode == StepMode::kReplay) step_.sample_fps = sample_fingerprints(x);
@@ -219,6 +191,8 @@ void Trainer::compute_local_shards() {
   const ShardRange mine = shard_range(comm_.rank, comm_.size, cfg_.micro_shards);
   const std::int64_t s = step_.fire.step;
   const bool rows = cfg_.tracing() || step_.fire.mode == StepMode::kReplay;
+  // The next step's samples are read while this one computes (a replay reads what it is asked).
+  if (step_.fire.mode == StepMode::kTrain) read_ahead(s + 1);
   acc_->clear();
   for (int k = mine.lo; k < mine.hi; ++k) {
     float* leaf = acc_->leaf_buffer();
@@ -387,6 +361,10 @@ Status Trainer::run(std::int64_t start_step, const std::string& resumed_from) {
   const auto t0 = std::chrono::steady_clock::now();
   for (std::int64_t s = start_step + 1; s <= cfg_.steps && st.ok(); ++s) {
     step(s, StepMode::kTrain);
+    // A sample the data source refused (a data file changed under the run) ends the job on every
+    // rank, before any detector's verdict on a step that computed without it.
+    st = agree(comm_, data_status_);
+    if (!st.ok()) break;
     if (!detectors_.halt().ok()) {
       st = detectors_.halt();  // no checkpoint of a state the detectors rejected
       break;

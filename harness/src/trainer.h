@@ -22,6 +22,7 @@
 #include "detectors.h"
 #include "fault_plan.h"
 #include "layer_trace.h"
+#include "loader.h"
 #include "model.h"
 #include "optim_state.h"
 #include "runinfo.h"
@@ -40,11 +41,11 @@ struct FlatParams {
   std::vector<std::string> names() const;
 };
 
-// The samples: the whole data set as tensors and the current epoch's permutation.
-struct Batches {
-  at::Tensor x, y;
-  std::int64_t epoch = -1;
-  at::Tensor order;
+// The epochs' sample orders (--shuffle randperm): the last two drawn, since the read-ahead of an
+// epoch's first step runs while the previous epoch's last step computes.
+struct EpochOrders {
+  std::int64_t epoch[2] = {-1, -1};
+  at::Tensor order[2];
 };
 
 // What the step in progress has produced so far.
@@ -89,6 +90,8 @@ class Trainer {
   // the step; *wide: the float64 one; each P parameter values, then P optimizer state values.
   void update_f64(const ckpt::Checkpoint& start, std::vector<float>* now, std::vector<double>* wide);
   std::int64_t replayed() const { return done_; }
+  // The first sample the data source refused since the last call (a file changed under the run).
+  Status take_data_status() { return std::exchange(data_status_, Status::OK()); }
   void mark(ckpt::Checkpoint* c) const { snapshot(done_, c); }
   Status rewind(const ckpt::Checkpoint& c);
   std::vector<std::string> layer_names() const { return model_.layers(); }
@@ -119,6 +122,11 @@ class Trainer {
 
   // ---- micro-shard helpers (trainer.cpp) ----
   const at::Tensor& epoch_order(std::int64_t epoch);
+  // The samples `idx` of micro-shard k of step s as tensors (x, y) of this process's own, from the
+  // read-ahead when it holds them.
+  std::pair<at::Tensor, at::Tensor> load_samples(std::int64_t s, int k, const at::Tensor& idx);
+  std::pair<at::Tensor, at::Tensor> first_samples(std::int64_t n);  // samples 0..n-1 (setup's checks)
+  void read_ahead(std::int64_t s);  // this rank's micro-shards of step s, in the background
   at::Tensor loss_of(const at::Tensor& out, const at::Tensor& y) const;
   void zero_grads(const FireContext& c, int k);
   bool copy_grads(float* leaf) const;  // false: a value is not finite
@@ -146,7 +154,9 @@ class Trainer {
   std::unique_ptr<TreeAccumulator> acc_;
   std::vector<float> reduced_;  // the reduced gradient and loss (P + 1)
   TreeWorkspace tree_ws_;
-  Batches batches_;
+  EpochOrders orders_;
+  std::unique_ptr<SampleLoader> loader_;
+  Status data_status_;            // the first sample the data source refused (agreed after the step)
   FaultPlan faults_;
   StepDetectors detectors_;
   std::unique_ptr<LayerTrace> layers_;  // null: no layer hooks needed

@@ -109,15 +109,12 @@ Status Trainer::init(StepMode mode) {
   // The clipped gradient's buffer, written once now: its pages are not faulted in during a step.
   if (cfg_.optim.clip_grad_norm > 0)
     clipped_ = torch::zeros({flat_.size + 1}, torch::TensorOptions().dtype(torch::kFloat32).device(device_));
-  auto shape_with_n = [&](const std::vector<std::int64_t>& s) {
-    std::vector<std::int64_t> v{data_.n};
-    v.insert(v.end(), s.begin(), s.end());
-    return v;
-  };
-  batches_.x = torch::from_blob(const_cast<unsigned char*>(data_.x.data()), shape_with_n(data_.x_shape),
-                                torch::TensorOptions().dtype(to_scalar(data_.x_dtype)));
-  batches_.y = torch::from_blob(const_cast<unsigned char*>(data_.y.data()), shape_with_n(data_.y_shape),
-                                torch::TensorOptions().dtype(to_scalar(data_.y_dtype)));
+  // An HDF5 source reads where the run's other HDF5 calls are made: on the I/O thread once the run
+  // has one (start_run), until then here.
+  loader_ = std::make_unique<SampleLoader>(data_, run_checks(cfg_, data_), [this](std::function<Status()> job) {
+    if (pipeline_) pipeline_->submit(std::move(job));
+    else job();
+  });
   detectors_.configure(cfg_, comm_, flat_.names(), probe());
   const std::vector<std::string> model_layers = model_.layers();
   CULPRIT_RETURN_IF_ERROR(faults_.parse(cfg_.inject, model_layers, flat_.params, flat_.offsets, comm_.size, cfg_.seed, mode));
@@ -160,10 +157,11 @@ Status Trainer::check_training_pass() {
   at::Tensor loss;
   Status st = guarded(StatusCode::kBadInput, fwd, [&] {
     AutocastScope autocast(cfg_.precision, device_);
-    const at::Tensor out = model_.forward(batches_.x.narrow(0, 0, n).to(device_));
+    const auto [x, y] = first_samples(n);
+    const at::Tensor out = model_.forward(x.to(device_));
     if (!out.is_floating_point())
       return Status::BadInput(fwd + ": its output is " + std::string(c10::toString(out.scalar_type())));
-    loss = loss_of(out, batches_.y.narrow(0, 0, n).to(device_));
+    loss = loss_of(out, y.to(device_));
     if (!loss.is_floating_point() || loss.scalar_type() == at::kDouble || !loss.requires_grad())
       return Status::BadInput(fwd + ": its loss is " + std::string(c10::toString(loss.scalar_type())) +
                               (loss.requires_grad() ? "" : " and has no gradient"));
@@ -187,7 +185,7 @@ Status Trainer::check_model(StepMode mode) {
       [&] {
         torch::NoGradGuard ng;
         model_.set_training(false);
-        auto out = model_.forward(batches_.x.narrow(0, 0, 1).to(device_));
+        auto out = model_.forward(first_samples(1).first.to(device_));
         model_.set_training(true);
         std::vector<std::int64_t> want{1};
         want.insert(want.end(), data_.y_shape.begin(), data_.y_shape.end());
@@ -218,7 +216,7 @@ Status Trainer::check_model(StepMode mode) {
     BufferGuard keep(model_);
     CULPRIT_RETURN_IF_ERROR(guarded(StatusCode::kBadInput, "model " + cfg_.model.text(), [&] {
       torch::NoGradGuard ng;
-      model_.forward(batches_.x.narrow(0, 0, 2).to(device_));
+      model_.forward(first_samples(2).first.to(device_));
       return Status::OK();
     }));
     const auto bufs = model_.buffers();

@@ -216,14 +216,15 @@ class Errors(TempDirTest):
                               "option '--seq-len' is 16 but data hdf5:", "holds sequences of 8 tokens")
 
     def test_a_data_file_claiming_more_than_memory(self):
-        # A chunked, compressed dataset claims 4 TiB in a file of a few KiB: refused before any
-        # allocation, with the estimate and the machine's memory (was an abort in allocation).
+        # A chunked, compressed dataset claims 4 TiB in a file of a few KiB: its chunks were never
+        # written, so it is refused at open (no sample is read; was an abort in allocation when
+        # the whole data set was loaded).
         with h5py.File(self.path("claims.h5"), "w") as f:
             f.create_dataset("x", shape=(1 << 20, 1 << 20), dtype=np.float32, chunks=(64, 64), compression="gzip")
             f.create_dataset("y", shape=(1 << 20,), dtype=np.int64, chunks=(4096,), compression="gzip")
         self.assertLess(os.path.getsize(self.path("claims.h5")), 1 << 20)
         self.expect_bad_input(self.rd() + ["--data", "hdf5:" + self.path("claims.h5")], "dataset 'x'",
-                              "more than the")
+                              "stores 0 of its 268435456 chunks: the others were never written")
 
     def test_single_process_without_mpirun(self):
         res = run(["train", "--micro-shards", "3"], run_dir=self.path("single"))

@@ -208,7 +208,7 @@ TEST(Config, EveryRecordedOptionRoundTripsThroughIni) {
   const std::string help_text = table.help();
   for (const auto& o : table.options()) EXPECT_NE(help_text.find("--" + o.name), std::string::npos) << o.name;
   EXPECT_EQ(table.critical(), (std::vector<std::string>{"trace", "global-batch", "micro-shards", "seed", "model", "data",
-                                                        "hidden", "samples", "sample-shape", "classes", "layers", "width",
+                                                        "token-dtype", "shuffle", "hidden", "samples", "sample-shape", "classes", "layers", "width",
                                                         "heads", "seq-len", "vocab", "tie-head", "init", "precision", "optimizer",
                                                         "lr", "momentum", "nesterov", "weight-decay", "weight-decay-params",
                                                         "clip-grad-norm", "betas", "eps", "lr-schedule", "warmup-steps",
@@ -336,7 +336,7 @@ TEST(Config, ModelAndDataSources) {
   EXPECT_EQ(msg({"--model", "resnet"}), "option '--model': unknown model 'resnet' (valid: mlp, cnn, gpt, torchscript:PATH)");
   EXPECT_EQ(msg({"--model", "torchscript"}), "option '--model': unknown model 'torchscript' (valid: mlp, cnn, gpt, torchscript:PATH)");
   EXPECT_EQ(msg({"--model", "torchscript:"}), "option '--model': torchscript: needs a path");
-  EXPECT_EQ(msg({"--data", "csv:x"}), "option '--data': unknown data source 'csv:x' (valid: synthetic, hdf5:PATH)");
+  EXPECT_EQ(msg({"--data", "csv:x"}), "option '--data': unknown data source 'csv:x' (valid: synthetic, hdf5:PATH, tokens:PATH)");
   EXPECT_EQ(msg({"--data", "hdf5:"}), "option '--data': hdf5: needs a path");
   EXPECT_EQ(msg({"--sample-shape", "1,0"}),
             "option '--sample-shape': every dimension must be an integer in [1, 16777216], got '1,0'");

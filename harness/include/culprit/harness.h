@@ -76,13 +76,27 @@ struct ModelSpec {
   std::string text() const { return kind == ModelKind::kTorchScript ? "torchscript:" + path : name_of(kind); }
 };
 
-// --data synthetic | hdf5:PATH
-enum class DataKind { kSynthetic, kHdf5 };
+// --data synthetic | hdf5:PATH | tokens:PATH (docs/data.md)
+enum class DataKind { kSynthetic, kHdf5, kTokens };
 struct DataSpec {
   DataKind kind = DataKind::kSynthetic;
-  std::string path;  // hdf5
-  std::string text() const { return kind == DataKind::kHdf5 ? "hdf5:" + path : "synthetic"; }
+  std::string path;  // hdf5, tokens
+  std::string text() const {
+    return kind == DataKind::kHdf5 ? "hdf5:" + path : kind == DataKind::kTokens ? "tokens:" + path : "synthetic";
+  }
 };
+
+// --token-dtype: the ids of tokens:PATH (auto: from PATH.json).
+enum class TokenDType { kAuto, kUint16, kUint32 };
+inline constexpr NameRow<TokenDType> kTokenDTypeNames[] = {
+    {TokenDType::kAuto, "auto"}, {TokenDType::kUint16, "uint16"}, {TokenDType::kUint32, "uint32"}};
+constexpr NameTable<TokenDType> enum_names(TokenDType) { return {kTokenDTypeNames, std::size(kTokenDTypeNames), "token dtype"}; }
+
+// --shuffle: the epoch's sample order (docs/determinism.md, "1. Data order"): torch.randperm of a
+// generator seeded with seed + epoch, or a keyed Feistel bijection (O(1) memory per position).
+enum class Shuffle { kRandperm, kFeistel };
+inline constexpr NameRow<Shuffle> kShuffleNames[] = {{Shuffle::kRandperm, "randperm"}, {Shuffle::kFeistel, "feistel"}};
+constexpr NameTable<Shuffle> enum_names(Shuffle) { return {kShuffleNames, std::size(kShuffleNames), "order"}; }
 
 // Checkpoints: when, how many are kept, who writes.
 struct CheckpointOptions {
@@ -172,6 +186,9 @@ struct TrainConfig {
   std::uint64_t seed = 1234;
   ModelSpec model;
   DataSpec data;
+  TokenDType token_dtype = TokenDType::kAuto;
+  Shuffle shuffle = Shuffle::kRandperm;
+  bool shard_optimizer = false;    // each rank keeps the optimizer state of its slice (docs/determinism.md)
   std::int64_t samples = 2048;     // synthetic data set size
   std::int64_t hidden = 64;        // mlp: hidden width
   std::vector<std::int64_t> sample_shape;  // synthetic sample shape; empty: the model's default
@@ -219,5 +236,8 @@ Status train(const TrainConfig& cfg, const Comm& comm);
 // provides it (bisect::diagnose_after_halt); the executable wires the two together.
 using AfterHalt = std::function<int(const Comm& comm, const std::string& run_dir, int halt_code)>;
 cli::Command train_command(AfterHalt after_halt);
+// `culprit prepare-data` and `culprit verify-data`: a data file's record (docs/data.md).
+cli::Command prepare_data_command();
+cli::Command verify_data_command();
 
 }  // namespace culprit::harness

@@ -1,0 +1,292 @@
+#include "data_prepare.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "culprit/h5.h"
+#include "culprit/run_files.h"
+
+namespace culprit::harness {
+
+namespace {
+
+using json = nlohmann::json;
+
+std::string record_path(const DataSpec& d) { return d.path + kDataRecordSuffix; }
+
+Status stat_file(const std::string& path, std::uint64_t* bytes, std::int64_t* mtime_ns) {
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0 || !S_ISREG(st.st_mode))
+    return Status::BadInput("data file '" + path + "': " + (errno ? std::strerror(errno) : "not a regular file"));
+  *bytes = static_cast<std::uint64_t>(st.st_size);
+  *mtime_ns = static_cast<std::int64_t>(st.st_mtim.tv_sec) * 1000000000 + st.st_mtim.tv_nsec;
+  return Status::OK();
+}
+
+// Reads the file's bytes [offset, offset + n) (short at the end of the file).
+Status read_bytes(int fd, const std::string& path, std::uint64_t offset, std::size_t n, std::vector<unsigned char>* out) {
+  out->resize(n);
+  std::size_t got = 0;
+  while (got < n) {
+    const ssize_t r = ::pread(fd, out->data() + got, n - got, static_cast<off_t>(offset + got));
+    if (r < 0 && errno == EINTR) continue;
+    if (r < 0) return Status::IoError("cannot read data file '" + path + "': " + std::strerror(errno));
+    if (r == 0) break;
+    got += static_cast<std::size_t>(r);
+  }
+  out->resize(got);
+  return Status::OK();
+}
+
+// Calls f(i, fingerprint) for the blocks of the file that meet [lo, hi) (all: lo = 0, hi = size).
+template <class F>
+Status each_block(const std::string& path, std::uint64_t block, std::uint64_t size, std::uint64_t lo, std::uint64_t hi, F f) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return Status::BadInput("cannot open data file '" + path + "': " + std::strerror(errno));
+  std::vector<unsigned char> buf;
+  Status st;
+  for (std::uint64_t b = lo / block; st.ok() && b * block < std::min(hi, size); ++b) {
+    st = read_bytes(fd, path, b * block, static_cast<std::size_t>(std::min(block, size - b * block)), &buf);
+    if (st.ok()) f(static_cast<std::size_t>(b), fingerprint_bytes(buf.data(), buf.size()));
+  }
+  ::close(fd);
+  return st;
+}
+
+// The data opened as `culprit train` would open it, without the scan.
+Status open_unscanned(const TrainConfig& cfg, Dataset* d) {
+  *d = Dataset();
+  if (cfg.data.kind == DataKind::kHdf5) return open_hdf5(cfg, cfg.data.path, d);
+  if (cfg.data.kind == DataKind::kTokens) return open_tokens(cfg, cfg.data.path, d);
+  return Status::BadInput("synthetic data has no file to prepare or verify: give --data hdf5:PATH or tokens:PATH");
+}
+
+}  // namespace
+
+Status write_data_record(const std::string& path, const DataRecord& r) {
+  json j = {{"schema", kDataRecordSchema},       {"version", kDataRecordVersion}, {"data", r.data},
+            {"file_bytes", r.file_bytes},        {"mtime_ns", r.mtime_ns},        {"samples", r.samples},
+            {"max_label", r.max_label},          {"max_label_at", r.max_label_at}, {"max_token", r.max_token},
+            {"block_bytes", r.block_bytes},      {"blocks", json::array()}};
+  for (Fingerprint f : r.blocks) j["blocks"].push_back(fingerprint_hex(f));
+  return files::write_atomic(path, j.dump(1) + "\n");
+}
+
+Status read_data_record(const std::string& path, DataRecord* r) {
+  std::ifstream in(path);
+  if (!in) return Status::BadInput("no data record '" + path + "': run culprit prepare-data first");
+  const std::string where = "data record '" + path + "'";
+  try {
+    json j;
+    in >> j;
+    if (j.at("schema").get<std::string>() != kDataRecordSchema) return Status::Damaged(where + ": not a culprit data record");
+    if (j.at("version").get<int>() != kDataRecordVersion)
+      return Status::BadInput(where + " has version " + std::to_string(j.at("version").get<int>()) + "; this culprit reads " +
+                              std::to_string(kDataRecordVersion));
+    r->data = j.at("data").get<std::string>();
+    r->file_bytes = j.at("file_bytes").get<std::uint64_t>();
+    r->mtime_ns = j.at("mtime_ns").get<std::int64_t>();
+    r->samples = j.at("samples").get<std::int64_t>();
+    r->max_label = j.at("max_label").get<std::int64_t>();
+    r->max_label_at = j.at("max_label_at").get<std::int64_t>();
+    r->max_token = j.at("max_token").get<std::int64_t>();
+    r->block_bytes = j.at("block_bytes").get<std::uint64_t>();
+    r->blocks.clear();
+    for (const auto& h : j.at("blocks")) r->blocks.push_back(std::stoull(h.get<std::string>(), nullptr, 16));
+  } catch (const std::exception& e) {
+    return Status::Damaged(where + ": " + e.what());
+  }
+  if (r->block_bytes == 0 || r->blocks.size() != (r->file_bytes + r->block_bytes - 1) / r->block_bytes)
+    return Status::Damaged(where + ": its blocks do not cover the file's " + std::to_string(r->file_bytes) + " bytes");
+  return Status::OK();
+}
+
+bool find_prepared(const DataSpec& data, PreparedFacts* out) {
+  DataRecord r;
+  std::uint64_t bytes = 0;
+  std::int64_t mtime = 0;
+  if (data.kind == DataKind::kSynthetic || !read_data_record(record_path(data), &r).ok() || r.data != data.text() ||
+      !stat_file(data.path, &bytes, &mtime).ok() || bytes != r.file_bytes || mtime != r.mtime_ns)
+    return false;
+  out->max_label = r.max_label;
+  out->max_label_at = r.max_label_at;
+  out->max_token = r.max_token;
+  return true;
+}
+
+Status changed_samples(const TrainConfig& cfg, const std::vector<std::int64_t>& samples, std::vector<DamagedSample>* out) {
+  out->clear();
+  DataRecord r;
+  if (cfg.data.kind == DataKind::kSynthetic || !read_data_record(record_path(cfg.data), &r).ok()) return Status::OK();
+  std::uint64_t bytes = 0;
+  std::int64_t mtime = 0;
+  CULPRIT_RETURN_IF_ERROR(stat_file(cfg.data.path, &bytes, &mtime));
+  Dataset d;
+  CULPRIT_RETURN_IF_ERROR(open_unscanned(cfg, &d));
+  for (std::int64_t s : samples) {
+    if (s < 0 || s >= d.n) continue;
+    const SampleLocation loc = d.reader->locate(s);
+    std::uint64_t bad = UINT64_MAX;
+    CULPRIT_RETURN_IF_ERROR(each_block(cfg.data.path, r.block_bytes, bytes, loc.offset, loc.offset + loc.bytes,
+                                       [&](std::size_t b, Fingerprint fp) {
+                                         if (bad == UINT64_MAX && (b >= r.blocks.size() || r.blocks[b] != fp)) bad = b;
+                                       }));
+    if (bad != UINT64_MAX) out->push_back({s, loc, bad * r.block_bytes, std::min(r.block_bytes, bytes - bad * r.block_bytes)});
+  }
+  return Status::OK();
+}
+
+// ---- the commands ----
+
+namespace {
+
+struct DataArgs {
+  DataSpec data;
+  TokenDType token_dtype = TokenDType::kAuto;
+  std::int64_t seq_len = 0, vocab = 0;
+  std::int64_t block_bytes = 1 << 20;
+};
+
+opts::Table<DataArgs> data_options(bool prepare) {
+  using D = DataArgs;
+  std::vector<opts::Option<D>> rows = {
+      opts::custom<D>("data", "hdf5:PATH | tokens:PATH: the data file (as culprit train --data)",
+                      [](D* a, const std::string& t) {
+                        TrainConfig c;
+                        CULPRIT_RETURN_IF_ERROR(train_options().parse_ini("data = " + t + "\n", &c, false));
+                        a->data = c.data;
+                        return Status::OK();
+                      },
+                      [](const D& a) { return a.data.text(); }, opts::kRequired),
+      opts::choice<D>("token-dtype", &D::token_dtype, "tokens data: auto | uint16 | uint32 (auto: PATH.json's \"dtype\")"),
+      opts::number<D>("vocab", &D::vocab, "tokens data: the vocabulary, when PATH.json does not say it (0: unchecked)",
+                      opts::Range<std::int64_t>{0, kMaxClasses}),
+  };
+  if (prepare)
+    rows.push_back(opts::number<D>("block-bytes", &D::block_bytes,
+                                   "the file's bytes are fingerprinted in blocks of this size (a changed byte names its block)",
+                                   opts::Range<std::int64_t>{4096, std::int64_t{1} << 30}));
+  return opts::Table<D>("options", rows, /*config=*/false);
+}
+
+// The configuration that opens the data: tokens in windows of one token, so that every token of the
+// file is a sample's (the record must not depend on the --seq-len a run gives later).
+TrainConfig open_config(const DataArgs& a) {
+  TrainConfig c;
+  c.data = a.data;
+  c.token_dtype = a.token_dtype;
+  c.gpt.vocab = a.vocab;
+  if (a.data.kind == DataKind::kTokens) {
+    c.model.kind = ModelKind::kGpt;  // token ids are checked against the vocabulary
+    c.gpt.seq_len = 1;
+  }
+  return c;
+}
+
+Status prepare(const DataArgs& a) {
+  TrainConfig cfg = open_config(a);
+  DataRecord r;
+  r.data = a.data.text();
+  r.block_bytes = static_cast<std::uint64_t>(a.block_bytes);
+  CULPRIT_RETURN_IF_ERROR(stat_file(a.data.path, &r.file_bytes, &r.mtime_ns));
+  Dataset d;
+  // The scan at open, with no limit but kMaxClasses: the record says what the data holds; each run
+  // compares that with its own --classes or --vocab.
+  CULPRIT_RETURN_IF_ERROR(load_dataset(cfg, &d));
+  r.samples = a.data.kind == DataKind::kTokens ? d.n + 1 : d.n;
+  r.max_label = d.max_label;
+  r.max_label_at = d.max_label_at;
+  r.max_token = d.max_token;
+  if (a.data.kind == DataKind::kHdf5 && d.x_dtype == DType::kInt64) {
+    // gpt checks x's tokens too: the largest id of x, read once more.
+    cfg.model.kind = ModelKind::kGpt;
+    Dataset g;
+    if (load_dataset(cfg, &g).ok()) r.max_token = g.max_token;
+  }
+  CULPRIT_RETURN_IF_ERROR(each_block(a.data.path, r.block_bytes, r.file_bytes, 0, r.file_bytes,
+                                     [&](std::size_t, Fingerprint fp) { r.blocks.push_back(fp); }));
+  std::uint64_t bytes = 0;
+  std::int64_t mtime = 0;
+  CULPRIT_RETURN_IF_ERROR(stat_file(a.data.path, &bytes, &mtime));
+  if (bytes != r.file_bytes || mtime != r.mtime_ns)
+    return Status::IoError("data file '" + a.data.path + "' changed while it was read: run prepare-data again");
+  const std::string out = record_path(a.data);
+  CULPRIT_RETURN_IF_ERROR(write_data_record(out, r));
+  std::printf("prepare-data: %s: %lld samples, %llu bytes in %zu blocks of %llu, largest label %lld, largest token %lld\n"
+              "  record: %s\n",
+              r.data.c_str(), static_cast<long long>(d.n), static_cast<unsigned long long>(r.file_bytes), r.blocks.size(),
+              static_cast<unsigned long long>(r.block_bytes), static_cast<long long>(r.max_label),
+              static_cast<long long>(r.max_token), out.c_str());
+  return Status::OK();
+}
+
+std::string sample_ranges(const std::vector<std::pair<std::int64_t, std::int64_t>>& runs) {
+  if (runs.empty()) return "no sample (file metadata)";
+  std::string s;
+  for (const auto& [a, b] : runs) s += (s.empty() ? "" : ", ") + (a == b ? std::to_string(a) : std::to_string(a) + ".." + std::to_string(b));
+  return "samples " + s;
+}
+
+Status verify(const DataArgs& a, int* code) {
+  DataRecord r;
+  CULPRIT_RETURN_IF_ERROR(read_data_record(record_path(a.data), &r));
+  if (r.data != a.data.text())
+    return Status::BadInput("data record '" + record_path(a.data) + "' is the record of " + r.data + ", not " + a.data.text());
+  std::uint64_t bytes = 0;
+  std::int64_t mtime = 0;
+  CULPRIT_RETURN_IF_ERROR(stat_file(a.data.path, &bytes, &mtime));
+  Dataset d;
+  const TrainConfig cfg = open_config(a);
+  CULPRIT_RETURN_IF_ERROR(open_unscanned(cfg, &d));
+  std::size_t damaged = 0;
+  CULPRIT_RETURN_IF_ERROR(each_block(a.data.path, r.block_bytes, bytes, 0, bytes, [&](std::size_t b, Fingerprint fp) {
+    if (b < r.blocks.size() && r.blocks[b] == fp) return;
+    const std::uint64_t lo = b * r.block_bytes, hi = std::min(bytes, lo + r.block_bytes);
+    std::printf("damaged: block %zu, file offset %llu..%llu: fingerprint %s, recorded %s: %s\n", b,
+                static_cast<unsigned long long>(lo), static_cast<unsigned long long>(hi), fingerprint_hex(fp).c_str(),
+                b < r.blocks.size() ? fingerprint_hex(r.blocks[b]).c_str() : "none", sample_ranges(d.reader->samples_in(lo, hi)).c_str());
+    ++damaged;
+  }));
+  if (bytes != r.file_bytes)
+    std::printf("damaged: the file holds %llu bytes, the record %llu\n", static_cast<unsigned long long>(bytes),
+                static_cast<unsigned long long>(r.file_bytes)), ++damaged;
+  if (damaged) return Status::Damaged("data file '" + a.data.path + "': " + std::to_string(damaged) + " damaged block(s) since prepare-data");
+  std::printf("verify-data: %s: %zu blocks match the record\n", a.data.text().c_str(), r.blocks.size());
+  *code = 0;
+  return Status::OK();
+}
+
+template <class Body>
+cli::Command data_command(const std::string& name, const std::string& summary, bool prepare, Body body) {
+  const std::string usage = "culprit " + name + " --data hdf5:PATH|tokens:PATH [options]";
+  return {name, summary, [=] { return "usage: " + usage + "\n\n" + data_options(prepare).help(); },
+          [=](const std::vector<std::string>& args) {
+            const auto table = data_options(prepare);
+            return cli::run_local<DataArgs>(args, table, usage, nullptr, [=](const DataArgs& a, int* code) {
+              h5::init();
+              return body(a, code);
+            });
+          }};
+}
+
+}  // namespace
+
+cli::Command prepare_data_command() {
+  return data_command("prepare-data", "read a data file once: record its checks and block fingerprints (PATH.culprit.json)",
+                      true, [](const DataArgs& a, int*) { return prepare(a); });
+}
+
+cli::Command verify_data_command() {
+  return data_command("verify-data", "compare a data file with its record: the blocks that changed and their samples", false,
+                      [](const DataArgs& a, int* code) { return verify(a, code); });
+}
+
+}  // namespace culprit::harness
