@@ -120,12 +120,17 @@ NcclTreeWorkspace::~NcclTreeWorkspace() {
 template <class T>
 Status NcclTreeWorkspace::grow(Buffer* b, std::size_t bytes, T** p) {
   if (b->bytes < bytes) {
+    // Rare (the buffers only grow), so the simple way: the device finishes what may still read the
+    // old buffer, and the new one is cleared before any stream (non-blocking ones are not ordered
+    // after the legacy stream's memset) writes it.
+    CULPRIT_RETURN_IF_ERROR(cuda_ok(cudaDeviceSynchronize(), "waiting before growing the reduction's buffers"));
     if (b->p) cudaFree(b->p);
     b->p = nullptr;
     b->bytes = 0;
     CULPRIT_RETURN_IF_ERROR(cuda_ok(cudaMalloc(&b->p, bytes), "allocating the reduction's buffers"));
     // Defined bytes everywhere: the allgather's padding travels too (and initcheck stays quiet).
     CULPRIT_RETURN_IF_ERROR(cuda_ok(cudaMemset(b->p, 0, bytes), "clearing the reduction's buffers"));
+    CULPRIT_RETURN_IF_ERROR(cuda_ok(cudaDeviceSynchronize(), "clearing the reduction's buffers"));
     b->bytes = bytes;
   }
   *p = static_cast<T*>(b->p);
@@ -145,11 +150,12 @@ Status NcclTreeWorkspace::program(const TreePlan& plan, cudaStream_t stream, con
   int* d = nullptr;
   CULPRIT_RETURN_IF_ERROR(grow(&program_, plan.program.size() * sizeof(int), &d));
   if (program_world_ != plan.world || program_shards_ != plan.micro_shards) {
-    // Synchronous (pageable memory): the plan's vector may be gone when the stream gets there.
-    CULPRIT_RETURN_IF_ERROR(cuda_ok(cudaStreamSynchronize(stream), "waiting before the program's upload"));
-    CULPRIT_RETURN_IF_ERROR(cuda_ok(
-        cudaMemcpy(d, plan.program.data(), plan.program.size() * sizeof(int), cudaMemcpyHostToDevice),
-        "uploading the combine's program"));
+    // On the stream (after the combines that read the old program), waited for: the plan's vector
+    // is pageable memory and may be gone before a later copy would run.
+    CULPRIT_RETURN_IF_ERROR(cuda_ok(cudaMemcpyAsync(d, plan.program.data(), plan.program.size() * sizeof(int),
+                                                    cudaMemcpyHostToDevice, stream),
+                                    "uploading the combine's program"));
+    CULPRIT_RETURN_IF_ERROR(cuda_ok(cudaStreamSynchronize(stream), "uploading the combine's program"));
     program_world_ = plan.world;
     program_shards_ = plan.micro_shards;
   }

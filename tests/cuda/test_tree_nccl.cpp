@@ -158,6 +158,7 @@ TEST(NcclTree, EqualsTreeAllreduceBitwiseWithTheSameCommCheck) {
       for (const auto& e : acc.blocks()) blocks.emplace_back(e.data);
       for (const auto& b : blocks) ptrs.push_back(b.p);
       Dev out(n);
+      CUDA_ASSERT(cudaDeviceSynchronize());  // the uploads, on the legacy stream, before `stream` reads them
       OK_ASSERT(cuda::tree_allreduce_nccl(g_nccl, m, ptrs, n, out.p, stream, &ws, &gpu_check));
       OK_ASSERT(cuda::nccl_wait(&g_nccl, stream, 60));
       EXPECT_TRUE(same_bits(out.get(n), cpu)) << "rank " << comm.rank << " of " << comm.size << " M=" << m << " n=" << n;
@@ -188,6 +189,7 @@ TEST(NcclTree, BucketsInReverseOrderEqualTheWholeBuffer) {
   Dev whole(n), bucketed(n);
   std::vector<const float*> ptrs;
   for (const auto& b : blocks) ptrs.push_back(b.p);
+  CUDA_ASSERT(cudaDeviceSynchronize());  // the uploads, on the legacy stream, before `stream` reads them
   OK_ASSERT(cuda::tree_allreduce_nccl(g_nccl, m, ptrs, n, whole.p, stream, &ws));
   for (int k = 3; k >= 0; --k) {
     std::vector<const float*> part;

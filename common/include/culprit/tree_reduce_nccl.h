@@ -33,7 +33,8 @@ void nccl_destroy(NcclComm* nc);
 // null) and returns kSilentRank. The watchdog's part on the device path.
 Status nccl_wait(NcclComm* nc, cudaStream_t stream, double timeout_s);
 
-// Device buffers reused from call to call (grown as needed; freed with the workspace).
+// Device buffers reused from call to call (grown as needed; freed with the workspace). One stream
+// at a time: calls on one stream are ordered, so the next call may reuse what the last one used.
 class NcclTreeWorkspace {
  public:
   NcclTreeWorkspace() = default;
