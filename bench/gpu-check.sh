@@ -20,6 +20,8 @@
 # culprit built against that libtorch, `--device cuda` on 2 ranks twice (bitwise the same run to run)
 # and on 1 rank (the same bits at another world size), with a NaN injected on GPU tensors caught;
 # and `culprit screen --device cuda` clean (passes) and with a bit flipped in its GPU matmul (fails).
+# Not run here: the tree reduction over NCCL (docs/cuda.md) needs culprit's full configure with
+# -DCULPRIT_NCCL=ON and GTest; build culprit_nccl_tests, run `mpirun -np <GPUs> tests/culprit_nccl_tests`.
 # Exit code: the tests' (0 all passed).
 set -uo pipefail
 cd "$(dirname "$0")/.."
