@@ -169,6 +169,10 @@ void Trainer::step(std::int64_t s, StepMode mode, trace::StepRow* replayed) {
     detectors_.vote(step_.facts);
   }
   if (pipeline_ && detectors_.saw_fault()) pipeline_->pin_trace();  // its diagnosis needs the trace
+  // The data's cost: what the step waited for its samples (the read stall) and what reading them
+  // took (behind the previous step's compute when read ahead).
+  step_.data_wait = loader_->take_wait_seconds();
+  step_.data_read = loader_->take_read_seconds();
   write_metrics(lr, fp, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
 }
 
@@ -280,9 +284,10 @@ void Trainer::write_metrics(double lr, Fingerprint fp, double secs) {
   const float loss = reduced_[flat_.size];
   std::fprintf(metrics_,
                "{\"step\": %lld, \"loss\": %s, \"grad_norm\": %s, \"lr\": %s, \"fingerprint\": \"%s\", "
-               "\"seconds\": %.6f, \"detector_seconds\": %.6f%s%s}\n",
+               "\"seconds\": %.6f, \"detector_seconds\": %.6f, \"data_wait_seconds\": %.6f, \"data_read_seconds\": %.6f%s%s}\n",
                static_cast<long long>(f.step), json_float(loss).c_str(), format_json_number(f.grad_norm).c_str(),
-               format_json_number(lr).c_str(), fingerprint_hex(fp).c_str(), secs, f.seconds,
+               format_json_number(lr).c_str(), fingerprint_hex(fp).c_str(), secs, f.seconds, step_.data_wait,
+               step_.data_read,
                cfg_.optim.clip_grad_norm > 0 ? (", \"clip_factor\": " + json_float(step_.clip_factor) +
                                                  ", \"clip_seconds\": " + format_json_number(step_.clip_seconds)).c_str()
                                               : "",

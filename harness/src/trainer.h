@@ -58,6 +58,7 @@ struct StepState {
   std::vector<Fingerprint> sample_fps;  // and each of its samples' (with the trace, or replaying)
   float clip_factor = 1;  // --clip-grad-norm: what the reduced gradient was multiplied by
   double clip_seconds = 0;  // and how long clipping took
+  double data_wait = 0, data_read = 0;  // seconds waited for samples, and spent reading them
 };
 
 class Trainer {
