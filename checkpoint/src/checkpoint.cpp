@@ -27,6 +27,10 @@ std::int64_t RawTensor::numel() const {
   return n;
 }
 
+std::uint64_t RawTensor::full_bytes() const {
+  return sliced() ? static_cast<std::uint64_t>(numel()) * dtype_size(dtype) : bytes.size();
+}
+
 namespace {
 
 std::string hex(Fingerprint f) { return fingerprint_hex(f); }
@@ -104,6 +108,10 @@ Status write_tensor(int writer, int W, hid_t group, std::map<std::string, h5::Ha
   h5::Handle ds;
   CULPRIT_RETURN_IF_ERROR(h5::create_dataset(parent, leaf, t.dtype, t.shape, &ds));
   CULPRIT_RETURN_IF_ERROR(h5::write_attr_u64(ds.id(), kAttrFingerprint, t.fingerprint));
+  if (t.sliced()) {  // its holder writes its slice, writer or not
+    const std::int64_t n = static_cast<std::int64_t>(t.bytes.size() / dtype_size(t.dtype));
+    return n ? h5::write_range(ds, t.dtype, t.shape, t.slice_lo, n, t.bytes.data()) : Status::OK();
+  }
   if (writer < 0) return Status::OK();
   if (!t.shape.empty() && t.bytes.size() >= kSliceBytes && t.shape[0] >= W) {
     // Large: every writer writes its rows.
@@ -121,7 +129,8 @@ Status write_tensor(int writer, int W, hid_t group, std::map<std::string, h5::Ha
 
 void compute_fingerprints(Checkpoint* c) {
   for (auto* group : {&c->model, &c->optimizer, &c->rng})
-    for (auto& t : *group) t.fingerprint = fingerprint_bytes(t.bytes.data(), t.bytes.size());
+    for (auto& t : *group)
+      if (!t.sliced()) t.fingerprint = fingerprint_bytes(t.bytes.data(), t.bytes.size());
   c->state_fingerprint = state_fp(*c);
 }
 
@@ -188,7 +197,7 @@ std::uint64_t size_estimate(const Checkpoint& c) {
   std::uint64_t bytes = 0;
   std::size_t n = 0;
   for (const auto* group : {&c.model, &c.optimizer, &c.rng})
-    for (const auto& t : *group) bytes += t.bytes.size(), ++n;
+    for (const auto& t : *group) bytes += t.full_bytes(), ++n;
   return bytes + bytes / 32 + n * 512 + 32768;
 }
 
@@ -252,7 +261,7 @@ Status write(const Comm& comm, const std::string& final_path, const Checkpoint& 
       if (st.ok()) st = h5::create_group(file.id(), gname, &g);
       for (const auto& t : *tensors) {
         if (st.ok()) st = write_tensor(writer, W, g.id(), &groups, t, index++);
-        bytes += t.bytes.size();
+        bytes += t.full_bytes();
       }
       groups.clear();
     }

@@ -199,6 +199,7 @@ Status Writer::create(const std::string& path, const Header& h, const std::strin
                           Column{"world", H5T_NATIVE_INT32, 0}, Column{"chunk_fp", H5T_NATIVE_UINT64, 0},
                           Column{"opt_fp", H5T_NATIVE_UINT64, std::max<std::int64_t>(1, np)},
                           Column{"reduced_fp", H5T_NATIVE_UINT64, std::max<std::int64_t>(1, np)},
+                          Column{"shard", H5T_NATIVE_UINT64, kShardColumns},
                           Column{"row_check", H5T_NATIVE_UINT64, 0}})
     CULPRIT_RETURN_IF_ERROR(create_column(steps.id(), c));
   for (const Column& c : {Column{"step", H5T_NATIVE_INT64, 0}, Column{"shard", H5T_NATIVE_INT32, 0},
@@ -252,6 +253,9 @@ Status Writer::append_rows(const StepRow& s, const std::vector<ShardRow>& rows) 
   CULPRIT_RETURN_IF_ERROR(put(steps.id(), "chunk_fp", H5T_NATIVE_UINT64, steps_, 1, 0, &s.chunk_fp));
   CULPRIT_RETURN_IF_ERROR(put(steps.id(), "opt_fp", H5T_NATIVE_UINT64, steps_, 1, np, of.data()));
   CULPRIT_RETURN_IF_ERROR(put(steps.id(), "reduced_fp", H5T_NATIVE_UINT64, steps_, 1, np, rf.data()));
+  std::vector<std::uint64_t> slice = s.shard;
+  slice.resize(kShardColumns, 0);  // an unsharded run's zeros read back as no slice
+  CULPRIT_RETURN_IF_ERROR(put(steps.id(), "shard", H5T_NATIVE_UINT64, steps_, 1, kShardColumns, slice.data()));
   CULPRIT_RETURN_IF_ERROR(put(steps.id(), "row_check", H5T_NATIVE_UINT64, steps_, 1, 0, &check));
   const std::int64_t n = static_cast<std::int64_t>(rows.size());
   std::vector<std::int64_t> step(n);

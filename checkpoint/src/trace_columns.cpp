@@ -43,6 +43,7 @@ Fingerprint row_check(const StepRow& r, int rank, std::int64_t index) {
   b.add(r.step), b.add(r.loss), b.add(r.lr), b.add(r.grad_fp), b.add(r.param_fps);
   b.add(r.world), b.add(r.chunk_fp), b.add(r.opt_fps);
   b.add(r.reduced_fps);  // format 4; empty (no bytes) before
+  b.add(r.shard);        // format 5; empty unless sharded
   return b.check(rank, index);
 }
 

@@ -90,7 +90,8 @@ namespace {
 // The committed rows of /steps, each checked against its checksum (format 3).
 Status read_steps(hid_t sg, const std::string& sw, std::int64_t steps, TraceFile* out) {
   const std::int64_t np = std::max<std::int64_t>(1, static_cast<std::int64_t>(out->header.params.size()));
-  const bool v3 = out->header.format_version >= 3, v4 = out->header.format_version >= 4;
+  const bool v3 = out->header.format_version >= 3, v4 = out->header.format_version >= 4,
+             v5 = out->header.format_version >= 5;
   std::vector<unsigned char> a, b, c, d, e;
   std::int64_t ext = 0, ext_steps = 0;
   CULPRIT_RETURN_IF_ERROR(get(sg, sw, "step", H5T_NATIVE_INT64, 8, 0, steps, &a, &ext_steps));
@@ -106,6 +107,8 @@ Status read_steps(hid_t sg, const std::string& sw, std::int64_t steps, TraceFile
     CULPRIT_RETURN_IF_ERROR(get(sg, sw, "row_check", H5T_NATIVE_UINT64, 8, 0, steps, &sc, &ext));
   }
   if (v4) CULPRIT_RETURN_IF_ERROR(get(sg, sw, "reduced_fp", H5T_NATIVE_UINT64, 8, np, steps, &rf, &ext));
+  std::vector<unsigned char> sh;
+  if (v5) CULPRIT_RETURN_IF_ERROR(get(sg, sw, "shard", H5T_NATIVE_UINT64, 8, kShardColumns, steps, &sh, &ext));
   out->torn_steps = ext_steps - steps;
   for (std::int64_t i = 0; i < steps; ++i) {
     StepRow r;
@@ -123,6 +126,11 @@ Status read_steps(hid_t sg, const std::string& sw, std::int64_t steps, TraceFile
       if (v4) {
         r.reduced_fps.resize(out->header.params.size());
         std::memcpy(r.reduced_fps.data(), &rf[i * np * 8], 8 * r.reduced_fps.size());
+      }
+      if (v5) {
+        r.shard.resize(kShardColumns);
+        std::memcpy(r.shard.data(), &sh[i * kShardColumns * 8], 8 * kShardColumns);
+        if (std::all_of(r.shard.begin(), r.shard.end(), [](std::uint64_t v) { return v == 0; })) r.shard.clear();
       }
       Fingerprint want;
       std::memcpy(&want, &sc[i * 8], 8);

@@ -72,6 +72,8 @@ Fingerprint fingerprint_bytes(const void* data, std::size_t nbytes) {
   });
 }
 
+std::uint64_t chunk_hash(const void* data, std::size_t nbytes) { return XXH3_64bits(data, nbytes); }
+
 Fingerprint combine_chunk_hashes(const std::uint64_t* hashes, std::size_t nchunks) {
   return combine(nchunks, [&](std::size_t c) { return hashes[c]; });
 }

@@ -218,6 +218,57 @@ Status write_rows(const Handle& ds, DType t, const std::vector<std::int64_t>& sh
 }
 
 namespace {
+void range_boxes(const std::vector<std::int64_t>& shape, std::size_t d, std::vector<hsize_t> prefix, std::int64_t lo,
+                 std::int64_t hi, std::vector<std::pair<std::vector<hsize_t>, std::vector<hsize_t>>>* out);
+}  // namespace
+
+Status write_range(const Handle& ds, DType t, const std::vector<std::int64_t>& shape, std::int64_t first,
+                   std::int64_t count, const void* data) {
+  if (count <= 0) return Status::OK();
+  if (shape.empty()) return write_rows(ds, t, shape, 0, -1, data);
+  std::vector<std::pair<std::vector<hsize_t>, std::vector<hsize_t>>> boxes;
+  range_boxes(shape, 0, {}, first, first + count, &boxes);
+  Handle fspace(H5Dget_space(ds.id()), H5Sclose);
+  for (std::size_t i = 0; i < boxes.size(); ++i)
+    if (H5Sselect_hyperslab(fspace.id(), i ? H5S_SELECT_OR : H5S_SELECT_SET, boxes[i].first.data(), nullptr,
+                            boxes[i].second.data(), nullptr) < 0)
+      return Status::IoError("H5Sselect_hyperslab: " + error_stack());
+  const hsize_t n = static_cast<hsize_t>(count);
+  Handle mspace(H5Screate_simple(1, &n, nullptr), H5Sclose);
+  if (H5Dwrite(ds.id(), native_type(t), mspace.id(), fspace.id(), H5P_DEFAULT, data) < 0)
+    return Status::IoError("H5Dwrite: " + error_stack());
+  return Status::OK();
+}
+
+namespace {
+// The boxes (start, count per dimension) whose union is elements [lo, hi) of `shape` from
+// dimension d on, within the box `prefix` fixes for the dimensions before d.
+void range_boxes(const std::vector<std::int64_t>& shape, std::size_t d, std::vector<hsize_t> prefix, std::int64_t lo,
+                 std::int64_t hi, std::vector<std::pair<std::vector<hsize_t>, std::vector<hsize_t>>>* out) {
+  if (lo >= hi) return;
+  std::int64_t inner = 1;
+  for (std::size_t i = d + 1; i < shape.size(); ++i) inner *= shape[i];
+  auto box = [&](std::int64_t a, std::int64_t b) {  // rows [a, b) of dimension d, whole below
+    std::vector<hsize_t> start = prefix, count(prefix.size(), 1);
+    start.push_back(static_cast<hsize_t>(a));
+    count.push_back(static_cast<hsize_t>(b - a));
+    for (std::size_t i = d + 1; i < shape.size(); ++i) start.push_back(0), count.push_back(static_cast<hsize_t>(shape[i]));
+    out->push_back({start, count});
+  };
+  if (d + 1 == shape.size()) return box(lo, hi);
+  const std::int64_t r0 = lo / inner, r1 = hi / inner;
+  auto within = [&](std::int64_t row, std::int64_t a, std::int64_t b) {
+    std::vector<hsize_t> p = prefix;
+    p.push_back(static_cast<hsize_t>(row));
+    range_boxes(shape, d + 1, p, a, b, out);
+  };
+  if (r0 == r1) return within(r0, lo % inner, hi % inner);
+  std::int64_t full0 = r0;
+  if (lo % inner) within(r0, lo % inner, inner), full0 = r0 + 1;
+  if (full0 < r1) box(full0, r1);
+  if (hi % inner) within(r1, 0, hi % inner);
+}
+
 Status write_attr_raw(hid_t obj, const std::string& name, hid_t type, const void* value) {
   if (H5Aexists(obj, name.c_str()) > 0) H5Adelete(obj, name.c_str());
   Handle space(H5Screate(H5S_SCALAR), H5Sclose);

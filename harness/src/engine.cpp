@@ -127,6 +127,10 @@ class EngineImpl : public Engine {
     cfg_.detect.invariants = false;
     cfg_.detect.spot_check = 0;
     cfg_.trace = layer_trace ? TraceLevel::kLayer : TraceLevel::kOff;
+    // A replay holds the whole optimizer state on every rank: the same bits as sharded (and any
+    // world size, a step alone, the float64 arbiter work on it); the bisection compares a sharded
+    // run's slices with the replay's (trace::StepRow::shard).
+    cfg_.shard_optimizer = false;
     cfg_.quiet = true;
     setup_determinism(cfg_.threads);
     CULPRIT_RETURN_IF_ERROR(agree(comm, load_dataset(cfg_, &data_)));

@@ -251,8 +251,30 @@ void FaultPlan::after_update(const FireContext& c, const std::vector<NamedTensor
     const int pi = layer_param(f.layer);
     if (pi < 0 || f.kind == FaultKind::kStale) continue;
     if (fires(f, Phase::kParam, c, 0, false)) corrupt_in_place(f, params[pi].tensor);
-    if (fires(f, Phase::kOptimizer, c, 0, false)) corrupt_in_place(f, opt.primary(params[pi].tensor));
+    if (fires(f, Phase::kOptimizer, c, 0, false)) {
+      // The element of the layer's first parameter, in the part of it this rank holds (all of it,
+      // unless the optimizer is sharded).
+      const OptimizerSlot* s = opt.slot(static_cast<std::size_t>(pi));
+      const std::int64_t e = f.index % params[pi].tensor.numel();
+      if (!s || e < s->offset || e >= s->offset + s->tensor.numel()) continue;
+      FaultSpec local = f;
+      local.index = e - s->offset;
+      corrupt_in_place(local, opt.primary(s->tensor));
+    }
   }
+}
+
+Status FaultPlan::check_held(const std::function<bool(int, std::size_t, std::int64_t)>& held,
+                             const std::function<std::string(int)>& holds) const {
+  for (const auto& f : specs_) {
+    const int pi = layer_param(f.layer);
+    if (f.phase != Phase::kOptimizer || f.rank < 0 || pi < 0) continue;
+    if (!held(f.rank, static_cast<std::size_t>(pi), f.index))
+      return Status::BadInput("--inject " + f.text + ": with --shard-optimizer rank " + std::to_string(f.rank) +
+                              " holds no optimizer state of element " + std::to_string(f.index) + " of '" + f.layer +
+                              "' (" + holds(f.rank) + "); give an index in its slice");
+  }
+  return Status::OK();
 }
 
 }  // namespace culprit::harness

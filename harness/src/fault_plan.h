@@ -6,6 +6,7 @@
 #include <ATen/core/Tensor.h>
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <string>
 #include <utility>
@@ -55,6 +56,10 @@ class FaultPlan {
   // back into it, keep bits 16..31 of a float32: a bit flip there must name one of those. dtypes:
   // each layer's output dtype, as the start-up pass saw it.
   Status check_dtypes(const std::map<std::string, at::ScalarType>& dtypes) const;
+  // --shard-optimizer: an optimizer fault lands on state its rank holds (held(rank, param, index));
+  // holds(rank) says what that rank holds, for the message.
+  Status check_held(const std::function<bool(int, std::size_t, std::int64_t)>& held,
+                    const std::function<std::string(int)>& holds) const;
   // Whether a fault lands on a layer output (the model's layer hooks are needed).
   bool at_layer_outputs() const;
 

@@ -19,17 +19,48 @@ std::unique_ptr<optim::OptimizerOptions> options_of(const OptimizerOptions& o, d
 OptimizerState::OptimizerState(const OptimizerOptions& o, const std::vector<at::Tensor>& params,
                                const std::vector<bool>& decays)
     : o_(o) {
+  for (std::size_t i = 0; i < params.size(); ++i) slots_.push_back({i, 0, params[i]});
+  build(params, decays);
+}
+
+OptimizerState::OptimizerState(const OptimizerOptions& o, std::vector<OptimizerSlot> slots, const std::vector<bool>& decays)
+    : o_(o), slots_(std::move(slots)) {
+  std::vector<at::Tensor> tensors;
+  std::vector<bool> slot_decays;
+  for (const auto& s : slots_) {
+    tensors.push_back(s.tensor);
+    slot_decays.push_back(decays.at(s.param));
+  }
+  build(tensors, slot_decays);
+}
+
+void OptimizerState::build(const std::vector<at::Tensor>& params, const std::vector<bool>& decays) {
+  for (std::size_t k = 0; k < slots_.size(); ++k) {
+    if (slot_of_.size() <= slots_[k].param) slot_of_.resize(slots_[k].param + 1, -1);
+    slot_of_[slots_[k].param] = static_cast<int>(k);
+  }
   // Group 0: the parameters weight decay applies to; group 1: the others (weight decay 0). An
   // empty group is left out (libtorch refuses none, but it would be a group of nothing).
   std::vector<at::Tensor> decayed, plain;
   for (std::size_t i = 0; i < params.size(); ++i) (decays.at(i) ? decayed : plain).push_back(params[i]);
   std::vector<optim::OptimizerParamGroup> groups;
-  if (!decayed.empty()) groups.emplace_back(decayed, options_of(o, o.weight_decay));
-  if (!plain.empty()) groups.emplace_back(plain, options_of(o, 0.0));
-  if (o.kind == OptimizerKind::kSgd)
-    opt_ = std::make_unique<optim::SGD>(std::move(groups), static_cast<optim::SGDOptions&>(*options_of(o, o.weight_decay)));
+  if (!decayed.empty()) groups.emplace_back(decayed, options_of(o_, o_.weight_decay));
+  if (!plain.empty()) groups.emplace_back(plain, options_of(o_, 0.0));
+  if (o_.kind == OptimizerKind::kSgd)
+    opt_ = std::make_unique<optim::SGD>(std::move(groups), static_cast<optim::SGDOptions&>(*options_of(o_, o_.weight_decay)));
   else
-    opt_ = std::make_unique<optim::AdamW>(std::move(groups), static_cast<optim::AdamWOptions&>(*options_of(o, o.weight_decay)));
+    opt_ = std::make_unique<optim::AdamW>(std::move(groups), static_cast<optim::AdamWOptions&>(*options_of(o_, o_.weight_decay)));
+}
+
+const OptimizerSlot* OptimizerState::slot(std::size_t i) const {
+  return i < slot_of_.size() && slot_of_[i] >= 0 ? &slots_[static_cast<std::size_t>(slot_of_[i])] : nullptr;
+}
+
+std::int64_t OptimizerState::state_bytes() const {
+  std::int64_t n = 0;
+  for (const auto& s : slots_)
+    for (const auto& [suffix, t] : stored(s.tensor)) n += static_cast<std::int64_t>(t.nbytes());
+  return n;
 }
 
 void OptimizerState::set_lr(double lr) {

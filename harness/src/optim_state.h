@@ -30,12 +30,27 @@ typename StateMap::key_type optimizer_state_key(const StateMap&, const at::Tenso
   }
 }
 
+// The part of a parameter this rank's optimizer holds and updates: the whole parameter, or with
+// --shard-optimizer the 1-D view of the slice of it that lies in the rank's part of the flat buffer.
+struct OptimizerSlot {
+  std::size_t param = 0;    // state-dict index
+  std::int64_t offset = 0;  // the slice's first element in the parameter
+  at::Tensor tensor;
+};
+
 class OptimizerState {
  public:
   // --optimizer sgd (momentum, Nesterov, weight decay) or adamw over `params` (o must outlive it).
   // decays[i]: whether weight decay applies to params[i] (--weight-decay-params); the parameters
   // without it form a second parameter group whose weight decay is 0.
   OptimizerState(const OptimizerOptions& o, const std::vector<at::Tensor>& params, const std::vector<bool>& decays);
+  // The same over slots (decays: per parameter): what this rank holds under --shard-optimizer.
+  OptimizerState(const OptimizerOptions& o, std::vector<OptimizerSlot> slots, const std::vector<bool>& decays);
+  // The slot of parameter i on this rank (null: none here).
+  const OptimizerSlot* slot(std::size_t i) const;
+  const std::vector<OptimizerSlot>& slots() const { return slots_; }
+  // Bytes of optimizer state this rank holds.
+  std::int64_t state_bytes() const;
 
   void set_lr(double lr);
   double lr() const;
@@ -53,7 +68,10 @@ class OptimizerState {
               const std::function<at::Tensor(const std::string& param, const std::string& suffix)>& tensor_of);
 
  private:
+  void build(const std::vector<at::Tensor>& tensors, const std::vector<bool>& decays);
   const OptimizerOptions& o_;
+  std::vector<OptimizerSlot> slots_;
+  std::vector<int> slot_of_;  // per parameter: its slot's index, -1: none
   std::unique_ptr<torch::optim::Optimizer> opt_;
 };
 

@@ -11,7 +11,8 @@ namespace culprit::harness {
 
 // Copies the state into *c, reusing its buffers from the previous checkpoint: fresh pages cost a
 // page fault each, which dominates the copy on some machines.
-void Trainer::snapshot(std::int64_t step, ckpt::Checkpoint* cp, const std::vector<NamedTensor>* buffers) const {
+void Trainer::snapshot(std::int64_t step, ckpt::Checkpoint* cp, const std::vector<NamedTensor>* buffers,
+                       const ShardedState* sharded) const {
   ckpt::Checkpoint& c = *cp;
   c.step = step;
   auto put = [](std::vector<ckpt::RawTensor>& group, std::size_t& i, const std::string& name, const at::Tensor& t) {
@@ -31,10 +32,14 @@ void Trainer::snapshot(std::int64_t step, ckpt::Checkpoint* cp, const std::vecto
   std::size_t nm = 0, no = 0, nr = 0;
   for (const auto& p : flat_.params) put(c.model, nm, p.name, p.tensor);
   for (const auto& b : buffers ? *buffers : model_.buffers()) put(c.model, nm, b.name, b.tensor);
-  for (const auto& p : flat_.params)
-    for (const auto& [suffix, t] : opt_->stored(p.tensor)) put(c.optimizer, no, p.name + "/" + suffix, t);
+  if (sharded) {
+    snapshot_sharded_optimizer(*sharded, &c.optimizer);
+  } else {
+    for (const auto& p : flat_.params)
+      for (const auto& [suffix, t] : opt_->stored(p.tensor)) put(c.optimizer, no, p.name + "/" + suffix, t);
+    c.optimizer.resize(no);
+  }
   c.model.resize(nm);
-  c.optimizer.resize(no);
   // Every rank reseeds before each micro-shard, so the live generator differs by rank; what is
   // saved is the generator as micro-shard 0 of the next step starts it (the same on every rank).
   auto next = at::detail::createCPUGenerator(dropout_seed(cfg_.seed, step + 1, 0));
@@ -76,7 +81,13 @@ void Trainer::snapshot(std::int64_t step, ckpt::Checkpoint* cp, const std::vecto
 Status Trainer::save_checkpoint(std::int64_t step) {
   auto buffers = std::make_shared<std::vector<NamedTensor>>();
   for (const auto& b : model_.buffers()) buffers->push_back({b.name, b.tensor.detach().clone()});
-  return pipeline_->save(step, [this, buffers, step](ckpt::Checkpoint* c) { snapshot(step, c, buffers.get()); });
+  // Sharded state: what every rank must know of the others' slices is gathered here, on the main
+  // thread (the copy runs on the I/O thread, before the next update changes anything).
+  std::shared_ptr<ShardedState> gathered;
+  if (sharded()) gathered = std::make_shared<ShardedState>(gather_sharded_state());
+  return pipeline_->save(step, [this, buffers, step, gathered](ckpt::Checkpoint* c) {
+    snapshot(step, c, buffers.get(), gathered.get());
+  });
 }
 
 Status Trainer::restore(const ckpt::Checkpoint& c) {
@@ -105,14 +116,26 @@ Status Trainer::restore(const ckpt::Checkpoint& c) {
     ++used;
   }
   if (used != c.model.size()) return Status::BadInput("checkpoint holds tensors the model does not have");
+  // Each slot's state: the parameter's whole, or (--shard-optimizer) its slice of the stored tensor,
+  // whatever the world size and sharding that wrote the checkpoint.
   std::vector<std::pair<std::string, at::Tensor>> params;
-  for (const auto& p : flat_.params) params.push_back({p.name, p.tensor});
+  std::map<std::string, const OptimizerSlot*> slot_of;
+  for (const auto& sl : opt_->slots()) {
+    params.push_back({flat_.params[sl.param].name, sl.tensor});
+    slot_of[flat_.params[sl.param].name] = &sl;
+  }
   CULPRIT_RETURN_IF_ERROR(opt_->load(params, [&](const std::string& name, const std::string& suffix) -> at::Tensor {
     auto it = optim.find(name + "/" + suffix);
     if (it == optim.end()) return {};
-    auto t = torch::empty(it->second->shape, torch::TensorOptions().dtype(
-                                                 it->second->dtype == DType::kInt64 ? torch::kLong : torch::kFloat));
-    std::memcpy(t.data_ptr(), it->second->bytes.data(), it->second->bytes.size());
+    const ckpt::RawTensor& r = *it->second;
+    const OptimizerSlot& sl = *slot_of.at(name);
+    if (r.dtype == DType::kFloat32 && (sharded() || r.sliced())) {  // a slot is a 1-D slice
+      at::Tensor part = slot_part(r, sl.offset, sl.tensor.numel());
+      return part.defined() ? part.to(device_) : part;
+    }
+    if (r.sliced()) return {};
+    auto t = torch::empty(r.shape, torch::TensorOptions().dtype(r.dtype == DType::kInt64 ? torch::kLong : torch::kFloat));
+    std::memcpy(t.data_ptr(), r.bytes.data(), r.bytes.size());
     return t.to(device_);
   }));
   for (const auto& r : c.rng)

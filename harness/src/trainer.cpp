@@ -246,6 +246,7 @@ Fingerprint Trainer::record(double lr, trace::StepRow* row) {
     row->chunk_fp = reduced_fp(comm_.size, comm_.rank);
     row->opt_fps = optimizer_fps();
     row->reduced_fps = reduced_param_fps();
+    if (sharded()) row->shard = shard_record();
     f.opt_fps = row->opt_fps;
   }
   return fp;
@@ -260,6 +261,7 @@ Fingerprint Trainer::reduced_fp(int world, int c) const {
 std::vector<Fingerprint> Trainer::reduced_param_fps() const { return param_grad_fps(reduced_.data()); }
 
 std::vector<Fingerprint> Trainer::optimizer_fps() const {
+  if (sharded()) return sharded_optimizer_fps();  // collective: the slices' chunk hashes
   std::vector<Fingerprint> fps;
   for (const auto& prm : flat_.params) {
     const at::Tensor t = opt_->primary(prm.tensor);
@@ -284,10 +286,11 @@ void Trainer::write_metrics(double lr, Fingerprint fp, double secs) {
   const float loss = reduced_[flat_.size];
   std::fprintf(metrics_,
                "{\"step\": %lld, \"loss\": %s, \"grad_norm\": %s, \"lr\": %s, \"fingerprint\": \"%s\", "
-               "\"seconds\": %.6f, \"detector_seconds\": %.6f, \"data_wait_seconds\": %.6f, \"data_read_seconds\": %.6f%s%s}\n",
+               "\"seconds\": %.6f, \"detector_seconds\": %.6f, \"data_wait_seconds\": %.6f, \"data_read_seconds\": %.6f, "
+               "\"optimizer_bytes\": %lld%s%s}\n",
                static_cast<long long>(f.step), json_float(loss).c_str(), format_json_number(f.grad_norm).c_str(),
                format_json_number(lr).c_str(), fingerprint_hex(fp).c_str(), secs, f.seconds, step_.data_wait,
-               step_.data_read,
+               step_.data_read, static_cast<long long>(opt_->state_bytes()),
                cfg_.optim.clip_grad_norm > 0 ? (", \"clip_factor\": " + json_float(step_.clip_factor) +
                                                  ", \"clip_seconds\": " + format_json_number(step_.clip_seconds)).c_str()
                                               : "",

@@ -7,6 +7,8 @@
 #include <torch/torch.h>
 
 #include <cstdio>
+#include <functional>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -26,6 +28,7 @@
 #include "model.h"
 #include "optim_state.h"
 #include "runinfo.h"
+#include "shard.h"
 #include "tensors.h"
 
 namespace culprit::harness {
@@ -137,10 +140,29 @@ class Trainer {
   std::vector<Fingerprint> sample_fingerprints(const at::Tensor& x) const;  // per sample (row) of x
   int self() const { return device_rank_ < 0 ? comm_.rank : device_rank_; }
 
+  // ---- --shard-optimizer (sharded.cpp) ----
+  bool sharded() const { return cfg_.shard_optimizer; }
+  std::vector<OptimizerSlot> owned_slots() const;  // this rank's slices of the parameters
+  void gather_params();  // every rank's updated slice to every rank
+  // This rank's chunk hashes of one kind of optimizer state (gather: every rank's, in chunk order).
+  std::vector<std::uint64_t> state_chunk_hashes(const std::function<at::Tensor(const OptimizerSlot&)>& state_of,
+                                                bool gather) const;
+  std::vector<Fingerprint> sharded_optimizer_fps() const;  // collective: per parameter, as unsharded
+  std::vector<std::uint64_t> shard_record() const;  // trace::StepRow::shard
+  struct ShardedState {
+    std::vector<std::int64_t> info;  // per parameter: 0 no state yet; AdamW's step count; 1 (SGD)
+    std::map<std::string, std::vector<std::uint64_t>> hashes;  // per state tensor: every chunk's hash
+  };
+  ShardedState gather_sharded_state() const;  // collective
+  void snapshot_sharded_optimizer(const ShardedState& g, std::vector<ckpt::RawTensor>* out) const;
+  at::Tensor slot_part(const ckpt::RawTensor& r, std::int64_t offset, std::int64_t numel) const;
+
   // ---- state (state.cpp) ----
   // Copies the state into *c; buffers: the model's buffers as copied when the checkpoint was taken
   // (null: copy them now).
-  void snapshot(std::int64_t step, ckpt::Checkpoint* c, const std::vector<NamedTensor>* buffers = nullptr) const;
+  // sharded: --shard-optimizer's gathered facts (null: the optimizer state is whole on this rank).
+  void snapshot(std::int64_t step, ckpt::Checkpoint* c, const std::vector<NamedTensor>* buffers = nullptr,
+                const ShardedState* sharded = nullptr) const;
   Status save_checkpoint(std::int64_t step);
   trace::Header trace_header() const;
 
@@ -152,6 +174,7 @@ class Trainer {
   std::string device_name_ = "cpu";
   FlatParams flat_;
   std::unique_ptr<OptimizerState> opt_;
+  ShardLayout shards_;            // --shard-optimizer: rank c owns flat elements [lo(c), hi(c))
   std::unique_ptr<TreeAccumulator> acc_;
   std::vector<float> reduced_;  // the reduced gradient and loss (P + 1)
   TreeWorkspace tree_ws_;

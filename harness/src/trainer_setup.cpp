@@ -101,9 +101,14 @@ void Trainer::build_flat_params() {
 Status Trainer::init(StepMode mode) {
   CULPRIT_RETURN_IF_ERROR(select_device());
   build_flat_params();
-  std::vector<at::Tensor> tensors;
-  for (const auto& p : flat_.params) tensors.push_back(p.tensor);
-  opt_ = std::make_unique<OptimizerState>(cfg_.optim, tensors, flat_.decay);
+  if (sharded()) {
+    shards_ = ShardLayout(flat_.offsets, flat_.sizes, comm_.size);
+    opt_ = std::make_unique<OptimizerState>(cfg_.optim, owned_slots(), flat_.decay);
+  } else {
+    std::vector<at::Tensor> tensors;
+    for (const auto& p : flat_.params) tensors.push_back(p.tensor);
+    opt_ = std::make_unique<OptimizerState>(cfg_.optim, tensors, flat_.decay);
+  }
   acc_ = std::make_unique<TreeAccumulator>(static_cast<std::size_t>(flat_.size + 1));
   reduced_.assign(static_cast<std::size_t>(flat_.size + 1), 0.0f);
   // The clipped gradient's buffer, written once now: its pages are not faulted in during a step.
@@ -118,6 +123,15 @@ Status Trainer::init(StepMode mode) {
   detectors_.configure(cfg_, comm_, flat_.names(), probe());
   const std::vector<std::string> model_layers = model_.layers();
   CULPRIT_RETURN_IF_ERROR(faults_.parse(cfg_.inject, model_layers, flat_.params, flat_.offsets, comm_.size, cfg_.seed, mode));
+  // A device's optimizer fault lands on the state it holds: with --shard-optimizer, its slice.
+  if (sharded() && mode == StepMode::kTrain)
+    CULPRIT_RETURN_IF_ERROR(faults_.check_held([this](int rank, std::size_t param, std::int64_t element) {
+      const std::int64_t e = flat_.offsets[param] + element % flat_.sizes[param];
+      return e >= shards_.lo(rank) && e < shards_.hi(rank);
+    }, [this](int rank) {
+      return "rank " + std::to_string(rank) + " holds flat elements [" + std::to_string(shards_.lo(rank)) + ", " +
+             std::to_string(shards_.hi(rank)) + ")";
+    }));
   if (cfg_.trace == TraceLevel::kLayer || faults_.at_layer_outputs()) {
     layers_ = std::make_unique<LayerTrace>(&faults_, model_layers, cfg_.trace == TraceLevel::kLayer);
     model_.set_observer(layers_.get());

@@ -21,12 +21,15 @@ void Trainer::update(double lr) {
     Stopwatch sw(&step_.clip_seconds);
     grads = clip(grads);
   }
-  for (std::size_t i = 0; i < flat_.params.size(); ++i) {
-    auto& t = flat_.params[i].tensor;
-    t.mutable_grad() = grads.narrow(0, flat_.offsets[i], t.numel()).view(t.sizes());
+  // Each slot is a parameter, or with --shard-optimizer this rank's slice of one.
+  for (const auto& s : opt_->slots()) {
+    auto t = s.tensor;
+    t.mutable_grad() = grads.narrow(0, flat_.offsets[s.param] + s.offset, t.numel()).view(t.sizes());
   }
   const auto lost = faults_.before_update(step_.fire, flat_.params);
   opt_->step();
+  // The slices meet before the faults at rest: those land on this rank's copy, as unsharded.
+  if (sharded()) gather_params();
   faults_.after_update(step_.fire, flat_.params, lost, *opt_);
 }
 

@@ -20,7 +20,14 @@ struct RawTensor {
   std::vector<std::int64_t> shape;
   ByteBuffer bytes;
   Fingerprint fingerprint = 0;  // computed on write; the stored one on read
+  // A slice (--shard-optimizer): `bytes` hold the tensor's elements [slice_lo, slice_lo + n) in
+  // row-major order, and `fingerprint` is the whole tensor's, set by the caller (the holders'
+  // gather). The ranks' slices of a tensor are disjoint and cover it; each rank writes its own.
+  // -1: the whole tensor.
+  std::int64_t slice_lo = -1;
+  bool sliced() const { return slice_lo >= 0; }
   std::int64_t numel() const;
+  std::uint64_t full_bytes() const;  // of the whole tensor
 };
 
 struct Checkpoint {
@@ -34,7 +41,8 @@ struct Checkpoint {
   Fingerprint state_fingerprint = 0;
 };
 
-// Fills every tensor's fingerprint and the state fingerprint (docs/checkpoint-format.md).
+// Fills every tensor's fingerprint (a slice keeps the one it was given) and the state fingerprint
+// (docs/checkpoint-format.md).
 void compute_fingerprints(Checkpoint* c);
 
 struct WriteStats {
@@ -43,8 +51,9 @@ struct WriteStats {
 };
 
 // Collective over comm: writes `c` to final_path atomically (temporary name, fsync, rename, fsync
-// of the directory). Every rank holds the whole state; the writers (ranks of comm, ascending; empty:
-// all) write disjoint slices of large tensors through MPI-IO and take the small ones in turn.
+// of the directory). Every rank lists the same tensors; a whole one is held by every rank and the
+// writers (ranks of comm, ascending; empty: all) write disjoint slices of large ones through MPI-IO
+// and take the small ones in turn; a sliced one is written by each rank holding a slice of it.
 // `local`: this rank's failure before the write (its trace's sync), agreed before the file exists.
 Status write(const Comm& comm, const std::string& final_path, const Checkpoint& c, WriteStats* stats = nullptr,
              const std::vector<int>& writers = {}, const Status& local = Status::OK());

@@ -38,8 +38,10 @@ constexpr std::uint64_t kSliceBytes = 1 << 20;
 // ---- trace: RUN/trace/rank-RRRRR.h5, one file per rank ----
 // 2: micro-shard input and parameter-gradient fingerprints; 3: every row's checksum, the writer's
 // world, its reduced chunk's and optimizer state's fingerprints, every sample's fingerprint; 4: the
-// reduced gradient's fingerprint per parameter.
-constexpr std::int64_t kTraceVersion = 4;
+// reduced gradient's fingerprint per parameter; 5: the rank's --shard-optimizer slice (column
+// "shard": lo, hi, its parameters' and optimizer state's fingerprints; zeros when not sharded).
+constexpr std::int64_t kTraceVersion = 5;
+constexpr std::int64_t kShardColumns = 4;
 constexpr std::int64_t kTraceOldestReadable = 2;  // read without row checksums (TraceFile::verified)
 constexpr const char* kTraceDir = "trace";
 constexpr const char* kTracePrefix = "rank-";

@@ -59,6 +59,10 @@ struct StepRow {
   // Format 4 (empty in older files):
   std::vector<Fingerprint> reduced_fps;  // per parameter: its slice of the reduced gradient, as this
                                          // rank holds it (names the layer a reduction fault hit)
+  // Format 5 (empty in older files and unsharded runs): --shard-optimizer's slice of this rank:
+  // {lo, hi} of the flat buffer, the fingerprint of its parameters after the update and of its
+  // optimizer state's primary tensor (each XXH3 over its fp1 chunk hashes; harness shard.h).
+  std::vector<std::uint64_t> shard;
 };
 
 // One micro-shard as computed by one rank.

@@ -35,6 +35,10 @@ Fingerprint fingerprint_bytes(const void* data, std::size_t nbytes);
 // path hashes the chunks on the device and combines them here). nchunks = 0: the empty input's.
 Fingerprint combine_chunk_hashes(const std::uint64_t* hashes, std::size_t nchunks);
 
+// The hash of one chunk (at most kFingerprintChunkBytes): XXH3-64, seed 0. A tensor held in slices
+// by several ranks is fingerprinted from its slices' chunk hashes (culprit_harness's shard.h).
+std::uint64_t chunk_hash(const void* data, std::size_t nbytes);
+
 // "0123456789abcdef": 16 lowercase hex digits.
 std::string fingerprint_hex(Fingerprint fp);
 

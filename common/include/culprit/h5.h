@@ -74,6 +74,11 @@ Status create_dataset(hid_t parent, const std::string& name, DType t, const std:
 Status write_rows(const Handle& ds, DType t, const std::vector<std::int64_t>& shape, std::int64_t row0,
                   std::int64_t rows, const void* data);
 
+// Writes elements [first, first + count) of a dataset in row-major order (the union of the few
+// boxes that range makes in `shape`). Independent I/O.
+Status write_range(const Handle& ds, DType t, const std::vector<std::int64_t>& shape, std::int64_t first,
+                   std::int64_t count, const void* data);
+
 // Attributes (collective when the file was opened via MPI-IO). Overwrites an existing one.
 Status write_attr(hid_t obj, const std::string& name, const std::string& value);
 Status write_attr(hid_t obj, const std::string& name, std::int64_t value);

@@ -1,0 +1,173 @@
+// --shard-optimizer (ZeRO-1; docs/determinism.md, "Sharded optimizer state"): each rank keeps the
+// optimizer state of one slice of the flat parameter buffer (shard.h) and updates only that slice;
+// the ranks then gather the parameters. Every rank still holds the whole reduced gradient, which the
+// detectors, clipping and the trace read. Part of the Trainer (trainer.h).
+#include <torch/torch.h>
+
+#include <algorithm>
+
+#include "culprit/watchdog.h"
+#include "trainer.h"
+
+namespace culprit::harness {
+
+// This rank's part of every parameter that meets its slice: 1-D views into the flat buffer.
+std::vector<OptimizerSlot> Trainer::owned_slots() const {
+  std::vector<OptimizerSlot> slots;
+  const std::int64_t lo = shards_.lo(comm_.rank), hi = shards_.hi(comm_.rank);
+  for (std::size_t i = 0; i < flat_.params.size(); ++i) {
+    const std::int64_t a = std::max(lo, flat_.offsets[i]), b = std::min(hi, flat_.offsets[i] + flat_.sizes[i]);
+    if (a < b) slots.push_back({i, a - flat_.offsets[i], flat_.flat.narrow(0, a, b - a)});
+  }
+  return slots;
+}
+
+// Every rank's updated slice to every rank, in place. On a GPU through host memory (the slice
+// goes to the host, the gathered buffer comes back).
+void Trainer::gather_params() {
+  if (comm_.size == 1) return;
+  std::vector<int> count(comm_.size), displ(comm_.size);
+  for (int c = 0; c < comm_.size; ++c) {
+    displ[c] = static_cast<int>(shards_.lo(c));
+    count[c] = static_cast<int>(shards_.hi(c) - shards_.lo(c));
+  }
+  torch::NoGradGuard ng;
+  at::Tensor host = flat_.flat.is_cuda() ? flat_.flat.cpu() : flat_.flat;
+  CULPRIT_COLLECTIVE(comm_, "the parameter gather (--shard-optimizer)",
+                     MPI_Iallgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, host.data_ptr<float>(), count.data(),
+                                     displ.data(), MPI_FLOAT, comm_.comm, &_culprit_req));
+  if (flat_.flat.is_cuda()) flat_.flat.copy_(host);
+}
+
+// The chunk hashes of this rank's slice of one optimizer state tensor (state_of: a slot's tensor of
+// that kind, undefined before the first update: hashes 0), gathered from every rank.
+std::vector<std::uint64_t> Trainer::state_chunk_hashes(const std::function<at::Tensor(const OptimizerSlot&)>& state_of,
+                                                       bool gather) const {
+  std::vector<std::uint64_t> mine;
+  const std::size_t first = shards_.first_chunk(comm_.rank), last = shards_.first_chunk(comm_.rank + 1);
+  at::Tensor state;
+  const OptimizerSlot* held = nullptr;
+  for (std::size_t k = first; k < last; ++k) {
+    const ParamChunk& ch = shards_.chunks()[k];
+    const OptimizerSlot* s = opt_->slot(static_cast<std::size_t>(ch.param));
+    if (s != held) {
+      held = s;
+      state = s ? state_of(*s) : at::Tensor();
+      if (state.defined()) state = state.detach().to(at::kCPU).contiguous();
+    }
+    if (!state.defined()) {
+      mine.push_back(0);
+      continue;
+    }
+    const std::int64_t at = ch.begin - (flat_.offsets[ch.param] + s->offset);
+    mine.push_back(chunk_hash(state.data_ptr<float>() + at, static_cast<std::size_t>(ch.end - ch.begin) * sizeof(float)));
+  }
+  return gather ? gather_chunk_hashes(comm_, shards_, mine, "the optimizer state's fingerprints") : mine;
+}
+
+std::vector<Fingerprint> Trainer::sharded_optimizer_fps() const {
+  const auto hashes = state_chunk_hashes([this](const OptimizerSlot& s) { return opt_->primary(s.tensor); }, true);
+  std::vector<Fingerprint> fps;
+  for (std::size_t i = 0; i < flat_.params.size(); ++i) fps.push_back(shards_.param_fp(hashes, i));
+  return fps;
+}
+
+// This rank's slice as it computed it: its parameters after the update and its optimizer state
+// (trace::StepRow::shard): what a replay checks to name the owner of a wrong slice.
+std::vector<std::uint64_t> Trainer::shard_record() const {
+  const std::int64_t lo = shards_.lo(comm_.rank), hi = shards_.hi(comm_.rank);
+  std::vector<std::uint64_t> params;
+  const at::Tensor flat = flat_.flat.detach().to(at::kCPU).contiguous();
+  for (std::size_t k = shards_.first_chunk(comm_.rank); k < shards_.first_chunk(comm_.rank + 1); ++k) {
+    const ParamChunk& ch = shards_.chunks()[k];
+    params.push_back(chunk_hash(flat.data_ptr<float>() + ch.begin, static_cast<std::size_t>(ch.end - ch.begin) * sizeof(float)));
+  }
+  const auto opt = state_chunk_hashes([this](const OptimizerSlot& s) { return opt_->primary(s.tensor); }, false);
+  return {static_cast<std::uint64_t>(lo), static_cast<std::uint64_t>(hi), combine_chunk_hashes(params.data(), params.size()),
+          combine_chunk_hashes(opt.data(), opt.size())};
+}
+
+// What a checkpoint of sharded state needs every rank to know (state.cpp): per parameter, whether
+// it has optimizer state yet and AdamW's step count; per state tensor, every chunk's hash.
+Trainer::ShardedState Trainer::gather_sharded_state() const {
+  ShardedState g;
+  g.info.assign(flat_.params.size(), 0);
+  for (const auto& s : opt_->slots()) {
+    for (const auto& [suffix, t] : opt_->stored(s.tensor))
+      g.info[s.param] = suffix == "step" ? std::max<std::int64_t>(1, t.item<std::int64_t>()) : std::max<std::int64_t>(1, g.info[s.param]);
+  }
+  if (comm_.size > 1)
+    CULPRIT_COLLECTIVE(comm_, "the optimizer state's checkpoint facts",
+                       MPI_Iallreduce(MPI_IN_PLACE, g.info.data(), static_cast<int>(g.info.size()), MPI_INT64_T, MPI_MAX,
+                                      comm_.comm, &_culprit_req));
+  for (const char* suffix : {"momentum_buffer", "exp_avg", "exp_avg_sq"}) {
+    const bool used = cfg_.optim.kind == OptimizerKind::kSgd ? std::string(suffix) == "momentum_buffer"
+                                                              : std::string(suffix) != "momentum_buffer";
+    if (!used) continue;
+    g.hashes[suffix] = state_chunk_hashes(
+        [this, suffix](const OptimizerSlot& s) {
+          for (const auto& [name, t] : opt_->stored(s.tensor))
+            if (name == suffix) return t;
+          return at::Tensor();
+        },
+        true);
+  }
+  return g;
+}
+
+// The optimizer part of a sharded checkpoint: every parameter's state tensors in stored order, on
+// every rank (the file's datasets are made collectively), each holding this rank's slice only, with
+// the whole tensor's fingerprint.
+void Trainer::snapshot_sharded_optimizer(const ShardedState& g, std::vector<ckpt::RawTensor>* out) const {
+  std::size_t n = 0;
+  auto next = [&]() -> ckpt::RawTensor& {
+    if (out->size() <= n) out->resize(n + 1);
+    return (*out)[n++];
+  };
+  for (std::size_t i = 0; i < flat_.params.size(); ++i) {
+    if (g.info[i] == 0) continue;  // no state yet
+    const auto& p = flat_.params[i];
+    const OptimizerSlot* s = opt_->slot(i);
+    const auto held = s ? opt_->stored(s->tensor) : std::vector<std::pair<std::string, at::Tensor>>();
+    std::vector<std::string> suffixes = cfg_.optim.kind == OptimizerKind::kSgd
+                                            ? std::vector<std::string>{"momentum_buffer"}
+                                            : std::vector<std::string>{"step", "exp_avg", "exp_avg_sq"};
+    for (const auto& suffix : suffixes) {
+      ckpt::RawTensor& r = next();
+      r.name = p.name + "/" + suffix;
+      if (suffix == "step") {  // a scalar every rank knows: written whole
+        r.dtype = DType::kInt64;
+        r.shape.clear();
+        r.slice_lo = -1;
+        r.bytes.resize(8);
+        std::memcpy(r.bytes.data(), &g.info[i], 8);
+        r.fingerprint = fingerprint_bytes(r.bytes.data(), 8);
+        continue;
+      }
+      r.dtype = DType::kFloat32;
+      r.shape.assign(p.tensor.sizes().begin(), p.tensor.sizes().end());
+      r.slice_lo = s ? s->offset : 0;
+      r.fingerprint = shards_.param_fp(g.hashes.at(suffix), i);
+      r.bytes.clear();
+      for (const auto& [name, t] : held)
+        if (name == suffix) {
+          const at::Tensor c = t.detach().to(at::kCPU).contiguous();
+          r.bytes.resize(c.nbytes());
+          std::memcpy(r.bytes.data(), c.data_ptr(), c.nbytes());
+        }
+    }
+  }
+  out->resize(n);
+}
+
+// A slot's part of a stored optimizer tensor (whole, or a slice that covers the slot's).
+at::Tensor Trainer::slot_part(const ckpt::RawTensor& r, std::int64_t offset, std::int64_t numel) const {
+  const std::int64_t held_lo = r.sliced() ? r.slice_lo : 0;
+  const std::int64_t held = static_cast<std::int64_t>(r.bytes.size() / sizeof(float));
+  if (offset < held_lo || offset + numel > held_lo + held) return {};
+  auto t = torch::empty({numel}, torch::kFloat32);
+  std::memcpy(t.data_ptr<float>(), r.bytes.data() + (offset - held_lo) * sizeof(float), static_cast<std::size_t>(numel) * sizeof(float));
+  return t;
+}
+
+}  // namespace culprit::harness
