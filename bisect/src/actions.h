@@ -75,6 +75,14 @@ struct Context {
     if (opt_recorded) v.insert(v.end(), opt.begin(), opt.end());
     return v;
   }
+  // Whether the run's records of step s are --shard-optimizer slices (trace format 5).
+  bool sharded_at(std::int64_t s) const {
+    for (int r : run.trace.ranks) {
+      auto it = run.trace.steps.find({r, s});
+      if (it != run.trace.steps.end() && !it->second.shard.empty()) return true;
+    }
+    return false;
+  }
   // The first incident names a rank of this world at step s.
   bool incident_names(std::int64_t s) const;
   // Where rank r ran in the original run (its first micro-shard's record).

@@ -34,13 +34,65 @@ struct UpdateVote {
     return static_cast<int>(distinct.size()) - 1;
   }
 };
-UpdateVote vote_update(const Context& ctx, std::int64_t s, const StepResult& sr) {
-  UpdateVote u;
-  for (const auto& p : gather_updates(ctx, sr)) u.o.replay.push_back(u.id(p));
+// --shard-optimizer: a rank computed only its slice of the update (trace::StepRow::shard) and holds
+// the rest as the gather gave it, so its record vouches for its slice and for its copy. Its opinion
+// is the replay's state when its slice is as some replay computed it and its copy is either the
+// replay's or every rank's (a wrong slice of another rank, spread by the gather); else a value of
+// its own. Every replaying rank's view of every record's slice is gathered: the same on every rank.
+void sharded_records(const Context& ctx, std::int64_t s, const std::vector<std::vector<Fingerprint>>& replays,
+                     UpdateVote* u) {
+  std::vector<const trace::StepRow*> rows;
+  std::vector<std::uint64_t> mine;
   for (int r : ctx.run.trace.ranks) {
     auto it = ctx.run.trace.steps.find({r, s});
-    if (it != ctx.run.trace.steps.end())
-      u.o.records.push_back({r, u.id(ctx.update_state(it->second.param_fps, it->second.opt_fps))});
+    rows.push_back(it == ctx.run.trace.steps.end() ? nullptr : &it->second);
+    const auto slice = rows.back() && !rows.back()->shard.empty()
+                           ? ctx.engine->slice_record(static_cast<std::int64_t>(rows.back()->shard[0]),
+                                                      static_cast<std::int64_t>(rows.back()->shard[1]))
+                           : std::vector<std::uint64_t>(4, 0);
+    mine.insert(mine.end(), slice.begin(), slice.end());
+  }
+  std::vector<std::uint64_t> all(mine.size() * static_cast<std::size_t>(ctx.W));
+  CULPRIT_MPI_CHECK(MPI_Allgather(mine.data(), static_cast<int>(mine.size()), MPI_UINT64_T, all.data(),
+                                  static_cast<int>(mine.size()), MPI_UINT64_T, ctx.comm.comm));
+  const std::size_t np = ctx.schema.params.size();
+  auto copy_of = [&](const std::vector<Fingerprint>& state) { return std::vector<Fingerprint>(state.begin(), state.begin() + np); };
+  for (std::size_t k = 0; k < rows.size(); ++k) {
+    if (!rows[k]) continue;
+    const int r = ctx.run.trace.ranks[k];
+    int agreeing = -1;  // a replaying rank that computed r's slice as r recorded it
+    for (int q = 0; q < ctx.W && agreeing < 0; ++q)
+      if (std::equal(rows[k]->shard.begin(), rows[k]->shard.end(), all.begin() + (q * rows.size() + k) * 4)) agreeing = q;
+    bool copy_ok = agreeing >= 0 && copy_of(replays[agreeing]) == rows[k]->param_fps;
+    if (!copy_ok && agreeing >= 0) {  // unlike the replay: fine if every other rank's copy is the same
+      int others = 0;
+      bool same = true;
+      for (std::size_t j = 0; j < rows.size(); ++j)
+        if (j != k && rows[j]) ++others, same = same && rows[j]->param_fps == rows[k]->param_fps;
+      copy_ok = others > 0 && same;
+    }
+    if (agreeing >= 0 && copy_ok) {
+      u->o.records.push_back({r, u->id(replays[agreeing])});
+    } else {
+      std::vector<Fingerprint> own = ctx.update_state(rows[k]->param_fps, rows[k]->opt_fps);
+      own.push_back(static_cast<Fingerprint>(r) + 1);  // a value no other record shares
+      u->o.records.push_back({r, u->id(own)});
+    }
+  }
+}
+
+UpdateVote vote_update(const Context& ctx, std::int64_t s, const StepResult& sr) {
+  UpdateVote u;
+  const auto replays = gather_updates(ctx, sr);
+  for (const auto& p : replays) u.o.replay.push_back(u.id(p));
+  if (ctx.sharded_at(s)) {
+    sharded_records(ctx, s, replays, &u);
+  } else {
+    for (int r : ctx.run.trace.ranks) {
+      auto it = ctx.run.trace.steps.find({r, s});
+      if (it != ctx.run.trace.steps.end())
+        u.o.records.push_back({r, u.id(ctx.update_state(it->second.param_fps, it->second.opt_fps))});
+    }
   }
   u.s = settle(u.o);
   return u;

@@ -192,6 +192,9 @@ class EngineImpl : public Engine {
     return st;
   }
   std::vector<Fingerprint> reduced_param_fps() const override { return trainer_->reduced_param_fps(); }
+  std::vector<std::uint64_t> slice_record(std::int64_t lo, std::int64_t hi) const override {
+    return trainer_->slice_record(lo, hi);
+  }
   std::vector<std::int64_t> shard_samples(int k) override { return shard_samples_of(step() + 1, k); }
   std::vector<std::int64_t> shard_samples_of(std::int64_t s, int k) override {
     const at::Tensor idx = trainer_->shard_indices(s, k).contiguous();

@@ -240,9 +240,9 @@ std::vector<std::pair<std::size_t, at::Tensor>> FaultPlan::before_update(const F
 }
 
 void FaultPlan::after_update(const FireContext& c, const std::vector<NamedTensor>& params,
-                             const std::vector<std::pair<std::size_t, at::Tensor>>& lost,
-                             const OptimizerState& opt) const {
-  {
+                             const std::vector<std::pair<std::size_t, at::Tensor>>& lost, const OptimizerState& opt,
+                             RestPart part, const std::function<bool(std::size_t, std::int64_t)>& held) const {
+  if (part != RestPart::kCopy) {
     torch::NoGradGuard ng;
     for (const auto& [i, old] : lost) params[i].tensor.copy_(old);
   }
@@ -250,7 +250,10 @@ void FaultPlan::after_update(const FireContext& c, const std::vector<NamedTensor
   for (const auto& f : specs_) {
     const int pi = layer_param(f.layer);
     if (pi < 0 || f.kind == FaultKind::kStale) continue;
-    if (fires(f, Phase::kParam, c, 0, false)) corrupt_in_place(f, params[pi].tensor);
+    const bool mine = !held || held(static_cast<std::size_t>(pi), f.index % params[pi].tensor.numel());
+    if (fires(f, Phase::kParam, c, 0, false) && (part == RestPart::kAll || mine == (part == RestPart::kHeld)))
+      corrupt_in_place(f, params[pi].tensor);
+    if (part == RestPart::kCopy) continue;
     if (fires(f, Phase::kOptimizer, c, 0, false)) {
       // The element of the layer's first parameter, in the part of it this rank holds (all of it,
       // unless the optimizer is sharded).

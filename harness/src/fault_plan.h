@@ -82,8 +82,16 @@ class FaultPlan {
   std::vector<std::pair<std::size_t, at::Tensor>> before_update(const FireContext& c,
                                                                 const std::vector<NamedTensor>& params) const;
   // param, optimizer: the update's lost parameters put back, then faults at rest.
+  // With --shard-optimizer the update runs in two parts around the parameter gather: `part` kHeld
+  // (before it: the lost update, the optimizer faults, and parameter faults on an element the rank
+  // holds, its master copy, which the gather spreads) and kCopy (after it: parameter faults on an
+  // element it does not hold, its own copy until the next gather). held(param, element): whether
+  // the rank holds it.
+  enum class RestPart { kAll, kHeld, kCopy };
   void after_update(const FireContext& c, const std::vector<NamedTensor>& params,
-                    const std::vector<std::pair<std::size_t, at::Tensor>>& lost, const OptimizerState& opt) const;
+                    const std::vector<std::pair<std::size_t, at::Tensor>>& lost, const OptimizerState& opt,
+                    RestPart part = RestPart::kAll,
+                    const std::function<bool(std::size_t, std::int64_t)>& held = nullptr) const;
 
  private:
   bool fires(const FaultSpec& f, Phase phase, const FireContext& c, int occurrence, bool per_shard) const;

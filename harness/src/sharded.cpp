@@ -87,6 +87,27 @@ std::vector<std::uint64_t> Trainer::shard_record() const {
           combine_chunk_hashes(opt.data(), opt.size())};
 }
 
+std::vector<std::uint64_t> Trainer::slice_record(std::int64_t lo, std::int64_t hi) const {
+  const ShardLayout whole(flat_.offsets, flat_.sizes, 1);  // the chunks do not depend on the world
+  const at::Tensor flat = flat_.flat.detach().to(at::kCPU).contiguous();
+  std::vector<std::uint64_t> params, opt;
+  std::size_t held = SIZE_MAX;
+  at::Tensor state;
+  for (const ParamChunk& ch : whole.chunks()) {
+    if (ch.begin < lo || ch.end > hi) continue;
+    params.push_back(chunk_hash(flat.data_ptr<float>() + ch.begin, static_cast<std::size_t>(ch.end - ch.begin) * sizeof(float)));
+    if (held != static_cast<std::size_t>(ch.param)) {
+      held = static_cast<std::size_t>(ch.param);
+      state = opt_->primary(flat_.params[held].tensor);
+      if (state.defined()) state = state.detach().to(at::kCPU).contiguous();
+    }
+    const std::int64_t at = ch.begin - flat_.offsets[held];
+    opt.push_back(state.defined() ? chunk_hash(state.data_ptr<float>() + at, static_cast<std::size_t>(ch.end - ch.begin) * sizeof(float)) : 0);
+  }
+  return {static_cast<std::uint64_t>(lo), static_cast<std::uint64_t>(hi), combine_chunk_hashes(params.data(), params.size()),
+          combine_chunk_hashes(opt.data(), opt.size())};
+}
+
 // What a checkpoint of sharded state needs every rank to know (state.cpp): per parameter, whether
 // it has optimizer state yet and AdamW's step count; per state tensor, every chunk's hash.
 Trainer::ShardedState Trainer::gather_sharded_state() const {

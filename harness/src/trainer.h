@@ -149,6 +149,12 @@ class Trainer {
                                                 bool gather) const;
   std::vector<Fingerprint> sharded_optimizer_fps() const;  // collective: per parameter, as unsharded
   std::vector<std::uint64_t> shard_record() const;  // trace::StepRow::shard
+ public:
+  // Flat elements [lo, hi) as a sharded rank would record them, from this rank's whole state
+  // (the replay engine's: unsharded).
+  std::vector<std::uint64_t> slice_record(std::int64_t lo, std::int64_t hi) const;
+
+ private:
   struct ShardedState {
     std::vector<std::int64_t> info;  // per parameter: 0 no state yet; AdamW's step count; 1 (SGD)
     std::map<std::string, std::vector<std::uint64_t>> hashes;  // per state tensor: every chunk's hash

@@ -28,9 +28,19 @@ void Trainer::update(double lr) {
   }
   const auto lost = faults_.before_update(step_.fire, flat_.params);
   opt_->step();
-  // The slices meet before the faults at rest: those land on this rank's copy, as unsharded.
-  if (sharded()) gather_params();
-  faults_.after_update(step_.fire, flat_.params, lost, *opt_);
+  if (!sharded()) {
+    faults_.after_update(step_.fire, flat_.params, lost, *opt_);
+    return;
+  }
+  // A fault of this rank's slice (its master copy) is in what the gather spreads; one elsewhere
+  // hits this rank's copy, which the next gather refreshes.
+  const auto held = [this](std::size_t i, std::int64_t e) {
+    const std::int64_t at = flat_.offsets[i] + e;
+    return at >= shards_.lo(comm_.rank) && at < shards_.hi(comm_.rank);
+  };
+  faults_.after_update(step_.fire, flat_.params, lost, *opt_, FaultPlan::RestPart::kHeld, held);
+  gather_params();
+  faults_.after_update(step_.fire, flat_.params, {}, *opt_, FaultPlan::RestPart::kCopy, held);
 }
 
 // --clip-grad-norm X: the reduced gradient scaled exactly as torch.nn.utils.clip_grad_norm_(params,
