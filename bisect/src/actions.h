@@ -109,6 +109,8 @@ struct Finding {
   int blamed = -1;              // the blamed rank
   std::vector<int> candidates;  // no rank could be blamed: one of these is at fault
   std::int64_t sample = -1;     // data: the data set index of the first sample loaded wrongly
+  std::string sample_file;      // data: where it is stored (none: synthetic data)
+  std::int64_t sample_offset = -1;
   std::optional<Phase> phase;   // --inject's phase
   std::string layer;            // and layer
   ShardResult reference;        // the faulty computation (as recorded, or as the blamed rank computed it)
@@ -119,6 +121,8 @@ struct Finding {
 Status open_context(Context* ctx);
 // Opens the engine for the plan's next part; *none: there is none (bisect.cpp).
 Status open_segment(Context* ctx, bool* none);
+// The replay engine from the checkpoint `pick` finds before step `before`; *path: its file.
+Status open_from(Context* ctx, std::int64_t before, ckpt::Pick pick, std::string* path);
 // The run's coverage from ctx.examined, with reasons for the steps not examined (report.cpp);
 // `found`: the first faulty step (-1: none).
 records::Coverage coverage(const Context& ctx, std::int64_t found);

@@ -53,8 +53,6 @@ void Context::placement(int r, std::string* host, std::string* device) const {
     }
 }
 
-namespace {
-
 // The engine from a checkpoint after which every step has a record when there is one (a
 // --trace-keep run has retired older rows: replaying them would examine nothing), else from any.
 Status open_from(Context* ctx, std::int64_t before, ckpt::Pick pick, std::string* path) {
@@ -64,8 +62,6 @@ Status open_from(Context* ctx, std::int64_t before, ckpt::Pick pick, std::string
   if (st.ok() || from == 0 || st.code() != StatusCode::kBadInput) return st;  // bad input: no candidate
   return replay::open_engine_before(ctx->run, ctx->comm, before, pick, ctx->layer, 1, &ctx->engine, path);
 }
-
-}  // namespace
 
 // After a finding whose device fires again: the engine from the oldest valid checkpoint of the
 // steps [ctx->start - back, ctx->start), as the search's part 1 (find_step replays up to where

@@ -132,6 +132,57 @@ void nothing_differs(Context& ctx, Finding* f, Evidence* ev) {
   }
 }
 
+// Every step reproduced: the data it read may still not be the data that was prepared. The samples
+// of the step in question (a reproduced NaN or spike, the first incident; else every step the
+// search examined) against the data file's record (docs/data.md); each rank reads the same file,
+// and the first changed sample is agreed.
+Status check_data(Context& ctx, Finding* f, Evidence* ev) {
+  if (ctx.searching_back || !harness::Engine::has_data_record(ctx.run.cfg)) return Status::OK();
+  if (!ctx.engine) {  // the search is over: an engine for the run's sample order and data
+    std::string path;
+    CULPRIT_RETURN_IF_ERROR(open_from(&ctx, ckpt::kAnyStep, ckpt::Pick::kOldest, &path));
+  }
+  std::vector<std::int64_t> steps;
+  if (f->step > 0) steps.push_back(f->step);
+  else if (ctx.first && ctx.first->step > 0) steps.push_back(ctx.first->step);
+  else
+    for (const auto& r : coverage(ctx, -1).examined)
+      for (std::int64_t t = r.from; t <= r.to; ++t) steps.push_back(t);
+  // The micro-shards of a step in the order of their recorded loss, the worst first (a damaged
+  // sample shows in its micro-shard's loss): of several changed samples, the first is named.
+  std::vector<std::int64_t> samples, step_of;
+  for (std::int64_t t : steps) {
+    std::vector<std::pair<double, int>> order;
+    for (int k = 0; k < ctx.M; ++k) {
+      auto row = ctx.run.trace.shards.find({t, k});
+      const double loss = row == ctx.run.trace.shards.end() ? 0.0 : row->second.loss;
+      order.push_back({std::isfinite(loss) ? -loss : -INFINITY, k});
+    }
+    std::stable_sort(order.begin(), order.end());
+    for (const auto& [loss, k] : order)
+      for (std::int64_t i : ctx.engine->shard_samples_of(t, k)) samples.push_back(i), step_of.push_back(t);
+  }
+  std::vector<harness::ChangedSample> changed;
+  CULPRIT_RETURN_IF_ERROR(agree(ctx.comm, ctx.engine->changed_samples(samples, &changed)));
+  // changed_samples keeps the order it was given: the first is the worst micro-shard's.
+  std::int64_t at = changed.empty() ? INT64_MAX
+                                    : std::find(samples.begin(), samples.end(), changed[0].sample) - samples.begin();
+  CULPRIT_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &at, 1, MPI_INT64_T, MPI_MIN, ctx.comm.comm));
+  if (at == INT64_MAX) return Status::OK();
+  const std::int64_t first = samples[static_cast<std::size_t>(at)];
+  ev->data_changed = true;
+  f->sample = first;
+  f->step = step_of[static_cast<std::size_t>(at)];
+  f->blamed = -1;
+  const harness::ChangedSample c = changed.empty() ? harness::ChangedSample{} : changed[0];
+  ctx.engine->sample_location(first, &f->sample_file, &f->sample_offset);
+  ctx.note("sample " + std::to_string(first) + " of step " + std::to_string(f->step) + " (" + c.where +
+           ") lies in bytes " + std::to_string(c.block_offset) + ".." + std::to_string(c.block_offset + c.block_bytes) +
+           " of the data file, which changed since prepare-data recorded it (" + std::to_string(changed.size()) +
+           " sample(s) of the step(s) in question are in changed blocks): the run trained on a damaged data file");
+  return Status::OK();
+}
+
 }  // namespace
 
 std::string Finding::Update::describe() const {
@@ -257,6 +308,7 @@ Status find_step(Context& ctx, Finding* f, Evidence* ev) {
     if (none) break;
   }
   nothing_differs(ctx, f, ev);
+  CULPRIT_RETURN_IF_ERROR(check_data(ctx, f, ev));
   // Steps not examined make the search inconclusive; after a reproduced NaN or spike, only those
   // before it (what came after cannot have made it).
   const auto gaps = coverage(ctx, -1).not_examined;

@@ -169,7 +169,10 @@ void name_sample(Context& ctx, const ShardVote& sv, Finding* f) {
   for (std::size_t i = 0; i < got.size() && i < want.size(); ++i)
     if (got[i] != want[i]) {
       const auto idx = ctx.engine->shard_samples(f->bad_shard);
-      if (i < idx.size()) f->sample = idx[i];
+      if (i < idx.size()) {
+        f->sample = idx[i];
+        ctx.engine->sample_location(f->sample, &f->sample_file, &f->sample_offset);
+      }
       ctx.note("micro-shard " + std::to_string(f->bad_shard) + ": sample " + std::to_string(i) + " of the micro-shard (" +
                "data set index " + std::to_string(f->sample) + ") was loaded unlike the healthy ranks loaded it");
       return;

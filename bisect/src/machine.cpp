@@ -6,6 +6,9 @@ Transition next(State s, const Evidence& e) {
   switch (s) {
     case State::kFindStep:
       if (e.step_found) return {State::kLocalize, Verdict::kNone};
+      // Every step reproduced from the data as it is now, and the data is not what was prepared:
+      // the run trained on a damaged file (whatever else could not be examined).
+      if (e.data_changed) return {State::kDone, Verdict::kData};
       // Steps that could not be examined come first: a NaN or spike reproduced from a state those
       // steps produced is no proof that the model, not an earlier fault, made it.
       if (e.unexamined) return {State::kDone, Verdict::kInconclusive};

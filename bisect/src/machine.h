@@ -26,6 +26,8 @@ struct Evidence {
   bool step_found = false;            // a step whose replay disagrees with the trace
   bool nonfinite_reproduced = false;  // none did, and a recorded NaN/Inf or spike reproduced bitwise
   bool unexamined = false;            // none did, but part of the run could not be replayed
+  bool data_changed = false;          // none did, and samples of the step in question lie in bytes of
+                                      // the data file that changed since prepare-data recorded it
   // kLocalize
   bool replay_fault = false;          // every rank's recomputation agrees with the record: the
                                       // search's own replay computed wrongly (redo the step)

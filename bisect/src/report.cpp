@@ -231,7 +231,11 @@ void conclude(const Context& ctx, const Finding& f, Verdict v, Diagnosis* d) {
   const bool found = v != Verdict::kNone && v != Verdict::kInconclusive;
   d->coverage = coverage(ctx, found ? f.step : -1);
   d->candidates = f.candidates;
-  if (v == Verdict::kData) d->sample = f.sample;
+  if (v == Verdict::kData) {
+    d->sample = f.sample;
+    d->sample_file = f.sample_file;
+    d->sample_offset = f.sample_offset;
+  }
   if (found) d->step = f.step;
   if (is_hardware(v) || v == Verdict::kData) {
     d->rank = f.blamed;
@@ -255,6 +259,8 @@ void print_summary(const Diagnosis& d, const std::string& run_dir) {
   if (d.phase) std::printf("phase:   %s\n", name_of(*d.phase));
   if (!d.layer.empty()) std::printf("layer:   %s\n", d.layer.c_str());
   if (d.sample >= 0) std::printf("sample:  %lld\n", static_cast<long long>(d.sample));
+  if (!d.sample_file.empty())
+    std::printf("stored:  file '%s' offset %lld\n", d.sample_file.c_str(), static_cast<long long>(d.sample_offset));
   if (d.rank >= 0) std::printf("rank:    %d (host %s, device %s)\n", d.rank, d.host.c_str(), d.device.c_str());
   if (!d.candidates.empty()) {
     std::string c;

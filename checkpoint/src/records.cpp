@@ -160,6 +160,8 @@ json to_json(const Diagnosis& d) {
   j["device"] = d.device;
   j["candidates"] = d.candidates;
   j["sample"] = d.sample;
+  j["sample_file"] = d.sample_file;
+  j["sample_offset"] = d.sample_offset;
   j["reruns"] = d.reruns;
   j["reproduced"] = d.reproduced;
   json cov = {{"first_step", d.coverage.first_step}, {"last_step", d.coverage.last_step}};
@@ -190,6 +192,8 @@ Diagnosis diagnosis_from(const json& j) {
   // Version 2's fields; a version 0 or 1 record has none of them.
   d.candidates = field_or<std::vector<int>>(j, "candidates", {});
   d.sample = field_or<std::int64_t>(j, "sample", -1);
+  d.sample_file = field_or(j, "sample_file", std::string());
+  d.sample_offset = field_or<std::int64_t>(j, "sample_offset", -1);
   d.reruns = j.at("reruns").get<int>();
   d.reproduced = j.at("reproduced").get<int>();
   if (j.contains("coverage")) {

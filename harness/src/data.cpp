@@ -181,6 +181,8 @@ Status scan(const SampleChecks& k, Dataset* d) {
 
 }  // namespace
 
+Status scan_dataset(const TrainConfig& cfg, Dataset* d) { return scan(checks_for(cfg, *d), d); }
+
 SampleChecks run_checks(const TrainConfig& cfg, const Dataset& d) {
   SampleChecks k = checks_for(cfg, d);
   if (d.classification() && k.classes == 0) {

@@ -86,6 +86,10 @@ struct SampleChecks {
 Status check_samples(const Dataset& d, const SampleChecks& checks, const std::int64_t* idx, std::int64_t first,
                      std::size_t count, const unsigned char* x, const unsigned char* y, Dataset* stats = nullptr);
 
+// The scan at open alone: every sample of opened data checked once, its largest label and token
+// found (prepare-data's; load_dataset runs it unless a record stands for it).
+Status scan_dataset(const TrainConfig& cfg, Dataset* d);
+
 // The checks of every later read of the run's opened data: the limits it was opened with.
 SampleChecks run_checks(const TrainConfig& cfg, const Dataset& d);
 
@@ -93,6 +97,8 @@ SampleChecks run_checks(const TrainConfig& cfg, const Dataset& d);
 // reader; the scan at open is load_dataset's.
 Status open_synthetic(const TrainConfig& cfg, Dataset* out);
 Status open_hdf5(const TrainConfig& cfg, const std::string& path, Dataset* out);
-Status open_tokens(const TrainConfig& cfg, const std::string& path, Dataset* out);
+// window: the sequence length whatever the options and PATH.json say (prepare-data reads every
+// token, in windows of one); 0: theirs.
+Status open_tokens(const TrainConfig& cfg, const std::string& path, Dataset* out, std::int64_t window = 0);
 
 }  // namespace culprit::harness

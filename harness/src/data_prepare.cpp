@@ -8,6 +8,7 @@
 #include <cerrno>
 #include <cstring>
 #include <fstream>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <sstream>
 
@@ -65,7 +66,7 @@ Status each_block(const std::string& path, std::uint64_t block, std::uint64_t si
 Status open_unscanned(const TrainConfig& cfg, Dataset* d) {
   *d = Dataset();
   if (cfg.data.kind == DataKind::kHdf5) return open_hdf5(cfg, cfg.data.path, d);
-  if (cfg.data.kind == DataKind::kTokens) return open_tokens(cfg, cfg.data.path, d);
+  if (cfg.data.kind == DataKind::kTokens) return open_tokens(cfg, cfg.data.path, d, cfg.gpt.seq_len);
   return Status::BadInput("synthetic data has no file to prepare or verify: give --data hdf5:PATH or tokens:PATH");
 }
 
@@ -131,14 +132,19 @@ Status changed_samples(const TrainConfig& cfg, const std::vector<std::int64_t>& 
   CULPRIT_RETURN_IF_ERROR(stat_file(cfg.data.path, &bytes, &mtime));
   Dataset d;
   CULPRIT_RETURN_IF_ERROR(open_unscanned(cfg, &d));
+  std::map<std::uint64_t, bool> changed;  // each block read once, however many samples share it
   for (std::int64_t s : samples) {
     if (s < 0 || s >= d.n) continue;
     const SampleLocation loc = d.reader->locate(s);
     std::uint64_t bad = UINT64_MAX;
-    CULPRIT_RETURN_IF_ERROR(each_block(cfg.data.path, r.block_bytes, bytes, loc.offset, loc.offset + loc.bytes,
-                                       [&](std::size_t b, Fingerprint fp) {
-                                         if (bad == UINT64_MAX && (b >= r.blocks.size() || r.blocks[b] != fp)) bad = b;
-                                       }));
+    for (std::uint64_t b = loc.offset / r.block_bytes; b * r.block_bytes < std::min(bytes, loc.offset + loc.bytes); ++b) {
+      if (!changed.count(b))
+        CULPRIT_RETURN_IF_ERROR(each_block(cfg.data.path, r.block_bytes, bytes, b * r.block_bytes, (b + 1) * r.block_bytes,
+                                           [&](std::size_t i, Fingerprint fp) {
+                                             changed[b] = i >= r.blocks.size() || r.blocks[i] != fp;
+                                           }));
+      if (changed[b] && bad == UINT64_MAX) bad = b;
+    }
     if (bad != UINT64_MAX) out->push_back({s, loc, bad * r.block_bytes, std::min(r.block_bytes, bytes - bad * r.block_bytes)});
   }
   return Status::OK();
@@ -173,7 +179,7 @@ opts::Table<DataArgs> data_options(bool prepare) {
   if (prepare)
     rows.push_back(opts::number<D>("block-bytes", &D::block_bytes,
                                    "the file's bytes are fingerprinted in blocks of this size (a changed byte names its block)",
-                                   opts::Range<std::int64_t>{4096, std::int64_t{1} << 30}));
+                                   opts::Range<std::int64_t>{512, std::int64_t{1} << 30}));
   return opts::Table<D>("options", rows, /*config=*/false);
 }
 
@@ -200,17 +206,15 @@ Status prepare(const DataArgs& a) {
   Dataset d;
   // The scan at open, with no limit but kMaxClasses: the record says what the data holds; each run
   // compares that with its own --classes or --vocab.
-  CULPRIT_RETURN_IF_ERROR(load_dataset(cfg, &d));
+  // Integer x of an HDF5 file is checked as gpt checks tokens: its largest id is recorded too.
+  if (a.data.kind == DataKind::kHdf5) cfg.model.kind = ModelKind::kGpt;
+  Status st = open_unscanned(cfg, &d);
+  if (st.ok()) st = scan_dataset(cfg, &d);
+  if (!st.ok()) return st.code() == StatusCode::kDamaged ? Status::BadInput(st.message()) : st;
   r.samples = a.data.kind == DataKind::kTokens ? d.n + 1 : d.n;
   r.max_label = d.max_label;
   r.max_label_at = d.max_label_at;
   r.max_token = d.max_token;
-  if (a.data.kind == DataKind::kHdf5 && d.x_dtype == DType::kInt64) {
-    // gpt checks x's tokens too: the largest id of x, read once more.
-    cfg.model.kind = ModelKind::kGpt;
-    Dataset g;
-    if (load_dataset(cfg, &g).ok()) r.max_token = g.max_token;
-  }
   CULPRIT_RETURN_IF_ERROR(each_block(a.data.path, r.block_bytes, r.file_bytes, 0, r.file_bytes,
                                      [&](std::size_t, Fingerprint fp) { r.blocks.push_back(fp); }));
   std::uint64_t bytes = 0;

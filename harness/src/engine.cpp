@@ -7,6 +7,7 @@
 #include "culprit/run_files.h"
 #include "culprit/tree_reduce.h"
 #include "data.h"
+#include "data_prepare.h"
 #include "model.h"
 #include "rundir.h"
 #include "trainer.h"
@@ -192,6 +193,21 @@ class EngineImpl : public Engine {
     return st;
   }
   std::vector<Fingerprint> reduced_param_fps() const override { return trainer_->reduced_param_fps(); }
+  Status changed_samples(const std::vector<std::int64_t>& samples, std::vector<ChangedSample>* out) override {
+    std::vector<DamagedSample> damaged;
+    CULPRIT_RETURN_IF_ERROR(harness::changed_samples(cfg_, samples, &damaged));
+    out->clear();
+    for (const auto& d : damaged)
+      out->push_back({d.sample, d.where.file, d.where.offset, d.block_offset, d.block_bytes, d.where.text()});
+    return Status::OK();
+  }
+  std::string sample_location(std::int64_t i, std::string* file, std::int64_t* offset) override {
+    if (i < 0 || i >= data_.n) return "";
+    const SampleLocation loc = data_.reader->locate(i);
+    if (file) *file = loc.file;
+    if (offset) *offset = loc.file.empty() ? -1 : static_cast<std::int64_t>(loc.offset);
+    return loc.file.empty() ? "" : loc.text();
+  }
   std::vector<std::uint64_t> slice_record(std::int64_t lo, std::int64_t hi) const override {
     return trainer_->slice_record(lo, hi);
   }
@@ -246,6 +262,12 @@ Status Engine::open(const TrainConfig& cfg, const Comm& comm, const ckpt::Checkp
   CULPRIT_RETURN_IF_ERROR(e->init(cfg, comm, start, path, layer_trace, rotate));
   *out = std::move(e);
   return Status::OK();
+}
+
+bool Engine::has_data_record(const TrainConfig& cfg) {
+  PreparedFacts facts;
+  DataRecord r;
+  return cfg.data.kind != DataKind::kSynthetic && read_data_record(cfg.data.path + kDataRecordSuffix, &r).ok();
 }
 
 int Engine::replay_rank(int k, int micro_shards, int world, int rotate) {

@@ -178,6 +178,8 @@ struct Diagnosis {
   std::string host, device;
   std::vector<int> candidates;  // ranks one of which is at fault when `rank` cannot be told (-1)
   std::int64_t sample = -1;     // data: the first differing sample's index in the data set
+  std::string sample_file;      // data: the file that stores it ("" for synthetic data)
+  std::int64_t sample_offset = -1;  // data: its first byte's offset in that file (an HDF5 chunk's)
   int reruns = 0, reproduced = 0;
   Coverage coverage;
   std::vector<ReplayFault> replay_faults;

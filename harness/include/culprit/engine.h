@@ -49,6 +49,15 @@ struct StepResult {
   std::vector<std::pair<int, int>> comm_faults;
 };
 
+// A sample whose stored bytes changed since `culprit prepare-data` recorded its file (docs/data.md).
+struct ChangedSample {
+  std::int64_t sample = -1;
+  std::string file;
+  std::uint64_t offset = 0;                    // the sample's first byte (an HDF5 chunk's)
+  std::uint64_t block_offset = 0, block_bytes = 0;  // the recorded block that no longer matches
+  std::string where;                           // for people: "file 'F' offset N (tokens ...)"
+};
+
 class Engine {
  public:
   // Collective. Restores `start`, a checkpoint every rank has read and verified (ckpt::find_valid),
@@ -60,6 +69,8 @@ class Engine {
   // in every result stay those of the process's own rank.
   static Status open(const TrainConfig& cfg, const Comm& comm, const ckpt::Checkpoint& start, const std::string& path,
                      bool layer_trace, std::unique_ptr<Engine>* out, int rotate = 0);
+  // Whether `culprit prepare-data` recorded the run's data file (docs/data.md).
+  static bool has_data_record(const TrainConfig& cfg);
   // The rank whose run_step computes micro-shard k (depends on the world size and `rotate` only).
   static int replay_rank(int k, int micro_shards, int world, int rotate);
   virtual ~Engine() = default;
@@ -101,6 +112,12 @@ class Engine {
   virtual std::vector<std::int64_t> shard_samples(int k) = 0;
   // Local: the data set indices of micro-shard k of any 1-based step (the run's sample order).
   virtual std::vector<std::int64_t> shard_samples_of(std::int64_t step, int k) = 0;
+  // Local: those of `samples` whose stored bytes changed since prepare-data recorded the data file
+  // (none without a record, or with synthetic data).
+  virtual Status changed_samples(const std::vector<std::int64_t>& samples, std::vector<ChangedSample>* out) = 0;
+  // Local: where sample i is stored, for people ("" for synthetic data); *file, *offset: its file
+  // and first byte.
+  virtual std::string sample_location(std::int64_t i, std::string* file = nullptr, std::int64_t* offset = nullptr) = 0;
   // Keeps the current state in memory; rewind() returns to it (local, no I/O).
   virtual Status mark() = 0;
   virtual Status rewind() = 0;

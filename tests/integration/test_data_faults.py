@@ -1,0 +1,124 @@
+"""A damaged data file (docs/data.md, "The data record") under real mpirun, scored against the
+injected truth: the bytes of one sample of a token file, or of one HDF5 chunk, are changed after
+`culprit prepare-data` recorded the file; the run trains on them without a detector noticing, and
+`culprit bisect` calls it `data`, naming that sample, its file and offset, and nobody to exclude;
+`culprit verify-data` names the block. A file changed after the run read it is `data` too (its
+replay loads the sample unlike the record). The clean twin bisects to none (negative control)."""
+import json
+import os
+import shutil
+import sys
+
+import h5py
+import numpy as np
+import torch
+
+sys.path.insert(0, os.path.dirname(__file__))
+from culprit_testlib import TempDirTest, run  # noqa: E402
+from test_localize import CODES, diagnosis  # noqa: E402
+
+SEED, B, M, STEPS = 7, 8, 4, 6
+T, VOCAB, N = 256, 64, 600  # 512 bytes a window of uint16: a 512-byte record block holds one sample
+
+
+def order(n, seed=SEED, epoch=0):
+    """The epoch's sample order (docs/determinism.md, "1. Data order", randperm)."""
+    g = torch.Generator()
+    g.manual_seed(seed + epoch)
+    return torch.randperm(n, generator=g).tolist()
+
+
+def pick(n, before):
+    """A sample of step 3 whose neighbour below is not read in the run (it shares one token with it)."""
+    o = order(n)
+    used = set(o[:STEPS * B])
+    for i in o[2 * B:3 * B]:
+        if i - 1 not in used and i > 0:
+            return i
+    raise AssertionError("no sample to damage")
+
+
+class DataFaults(TempDirTest):
+    def train(self, name, args, world=2):
+        res = run(["train", "--quiet", "--seed", str(SEED), "--global-batch", str(B), "--micro-shards", str(M),
+                   "--steps", str(STEPS), "--checkpoint-every", "3", "--on-detect", "warn"] + args,
+                  world=world, run_dir=self.path(name))
+        self.assertEqual(res.code, 0, res.out + res.err)
+        return self.path(name)
+
+    def bisect(self, run_dir, verdict):
+        res = run(["bisect", "--run-dir", run_dir], world=2, use_mpirun=True)
+        self.assertEqual(res.code, CODES[verdict], res.out + res.err)
+        return diagnosis(run_dir), res.out
+
+    def tokens(self, name):
+        rng = np.random.default_rng(1)
+        path = self.path(name)
+        rng.integers(0, VOCAB, N * T + 1, dtype=np.uint16).tofile(path)
+        with open(path + ".json", "w") as f:
+            json.dump({"dtype": "uint16", "vocab": VOCAB, "seq_len": T}, f)
+        res = run(["prepare-data", "--data", "tokens:" + path, "--block-bytes", "512"])
+        self.assertEqual(res.code, 0, res.err)
+        return path
+
+    def damage(self, path, offset, data):
+        with open(path, "r+b") as f:
+            f.seek(offset)
+            f.write(data)
+
+    def test_a_damaged_token_window_is_data_naming_the_sample(self):
+        gpt = ["--model", "gpt", "--width", "16", "--heads", "2", "--layers", "1", "--optimizer", "adamw", "--lr", "0.003"]
+        clean = self.tokens("clean.bin")
+        bad = self.path("bad.bin")
+        shutil.copy(clean, bad)
+        shutil.copy(clean + ".json", bad + ".json")
+        self.assertEqual(run(["prepare-data", "--data", "tokens:" + bad, "--block-bytes", "512"]).code, 0)
+        i = pick(N, 3)
+        first = i * T * 2  # window i's first byte
+        self.damage(bad, first + 20, np.full(50, 3, dtype=np.uint16).tobytes())  # tokens inside window i
+        # verify-data names the changed block and a sample range that holds window i.
+        res = run(["verify-data", "--data", "tokens:" + bad])
+        self.assertEqual(res.code, 4, res.out + res.err)
+        self.assertIn("file offset %d..%d" % (first, first + 512), res.out)
+        self.assertEqual(run(["verify-data", "--data", "tokens:" + clean]).code, 0)
+        d = self.train("bad", gpt + ["--data", "tokens:" + bad])
+        got, out = self.bisect(d, "data")
+        self.assertEqual((got["step"], got["sample"], got["sample_file"], got["sample_offset"], got["rank"]),
+                         (3, i, bad, first, -1), out)
+        self.assertEqual(got["phase"], "data")
+        # Negative control: the same run on the file as prepared finds nothing.
+        twin = self.train("clean", gpt + ["--data", "tokens:" + clean])
+        self.assertEqual(self.bisect(twin, "none")[0]["verdict"], "none")
+
+    def test_a_damaged_hdf5_chunk_is_data_naming_its_sample_and_offset(self):
+        rng = np.random.default_rng(2)
+        x = rng.standard_normal((N, 32)).astype(np.float32)
+        y = rng.integers(0, 10, N)
+        path = self.path("chunked.h5")
+        with h5py.File(path, "w") as f:
+            f.create_dataset("x", data=x, chunks=(1, 32))  # one sample a chunk
+            f.create_dataset("y", data=y, chunks=(64,))
+        self.assertEqual(run(["prepare-data", "--data", "hdf5:" + path, "--block-bytes", "512"]).code, 0)
+        i = pick(N, 3)
+        with h5py.File(path, "r") as f:
+            info = f["x"].id.get_chunk_info_by_coord((i, 0))
+        self.damage(path, info.byte_offset + 8, np.full(4, 1e3, dtype=np.float32).tobytes())
+        d = self.train("h5", ["--model", "mlp", "--data", "hdf5:" + path])
+        got, out = self.bisect(d, "data")
+        self.assertEqual((got["step"], got["sample"], got["sample_file"], got["sample_offset"], got["rank"]),
+                         (3, i, path, info.byte_offset, -1), out)
+
+    def test_a_file_changed_after_the_run_read_it_is_data(self):
+        gpt = ["--model", "gpt", "--width", "16", "--heads", "2", "--layers", "1"]
+        path = self.tokens("late.bin")
+        d = self.train("late", gpt + ["--data", "tokens:" + path])
+        i = order(N)[2 * B + 1]  # a sample of step 3
+        self.damage(path, i * T * 2 + 40, np.full(8, 5, dtype=np.uint16).tobytes())
+        got, out = self.bisect(d, "data")
+        self.assertEqual((got["step"], got["sample"], got["sample_file"], got["sample_offset"]),
+                         (3, i, path, i * T * 2), out)
+
+
+if __name__ == "__main__":
+    import unittest
+    unittest.main(verbosity=2)
