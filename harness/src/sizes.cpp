@@ -37,11 +37,15 @@ double synthetic_classes(const TrainConfig& c) {
   return c.classes ? c.classes : 10;
 }
 
-// Bytes of the synthetic samples, labels and (classification by a random teacher) its weights.
+// Bytes the synthetic data needs: no sample is held, but the loader's two steps of micro-shards
+// (at most two global batches) and the labelling teacher's weights are; and with --shuffle
+// randperm the orders of two epochs (8 bytes a sample each).
 double synthetic_data_bytes(const TrainConfig& c) {
   const double n = static_cast<double>(c.samples), d = product(synthetic_shape(c));
-  if (c.model.kind == ModelKind::kGpt) return n * d * 16;  // int64 tokens and next-token targets
-  return n * d * 4 + n * 8 + synthetic_classes(c) * d * 8;
+  const double b = 2.0 * static_cast<double>(c.global_batch);
+  const double order = c.shuffle == Shuffle::kRandperm ? 16 * n : 0;
+  if (c.model.kind == ModelKind::kGpt) return order + b * d * 16;  // int64 tokens and next-token targets
+  return order + b * (d * 4 + 8) + synthetic_classes(c) * d * 8;
 }
 
 // gpt's activations kept for backward, per micro-shard: the attention scores (heads x T x T, three
@@ -119,6 +123,14 @@ Status check_model_size(const TrainConfig& c, const std::vector<std::int64_t>& x
                                count_text(params) + " parameters, " + std::to_string(out) +
                                " outputs) with its training state",
                            bytes);
+}
+
+Status check_order_size(const TrainConfig& c, std::int64_t n) {
+  if (c.shuffle != Shuffle::kRandperm) return Status::OK();
+  return check_fits_memory("the sample order of " + std::to_string(n) +
+                               " samples (--shuffle randperm keeps two epochs' orders, 8 bytes a sample each; "
+                               "--shuffle feistel needs none)",
+                           16.0 * static_cast<double>(n));
 }
 
 }  // namespace culprit::harness

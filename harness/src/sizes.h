@@ -28,4 +28,7 @@ Status check_synthetic_sizes(const TrainConfig& c);
 // A built-in model for loaded data against the machine's memory (make_model(): before it is built).
 Status check_model_size(const TrainConfig& c, const std::vector<std::int64_t>& x_shape, std::int64_t out);
 
+// --shuffle randperm holds two epochs' orders (8 bytes a sample each): refused when they would not fit.
+Status check_order_size(const TrainConfig& c, std::int64_t n);
+
 }  // namespace culprit::harness

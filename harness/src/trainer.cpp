@@ -18,6 +18,7 @@
 #include "finite.h"
 #include "rng.h"
 #include "rundir.h"
+#include "sizes.h"
 #include "trainer.h"
 
 namespace culprit::harness {
@@ -448,6 +449,7 @@ Status train(const TrainConfig& given, const Comm& world) {
   CULPRIT_RETURN_IF_ERROR(establish_run_id(cfg, comm, &cfg.run_id));
   Dataset data;
   CULPRIT_RETURN_IF_ERROR(agree(comm, load_dataset(cfg, &data)));
+  CULPRIT_RETURN_IF_ERROR(agree(comm, check_order_size(cfg, data.n)));
   if (cfg.global_batch > data.n)
     return agree(comm, Status::BadInput("--global-batch " + std::to_string(cfg.global_batch) + " exceeds the " +
                                      std::to_string(data.n) + " samples of the data"));
