@@ -37,7 +37,7 @@ class Result:
 
 
 # metrics.jsonl's timers, the only fields that may differ between two runs of the same steps.
-TIMINGS = ("seconds", "detector_seconds", "clip_seconds")
+TIMINGS = ("seconds", "detector_seconds", "clip_seconds", "data_wait_seconds", "data_read_seconds")
 
 
 def run(args, world=1, run_dir=None, timeout=TIMEOUT, use_mpirun=None, env=None):
