@@ -464,6 +464,48 @@ class DataRecord(DataTest):
         self.assertTrue(lo <= offset < hi)
         self.assertEqual(hi, lo + self.BLOCK)
 
+    def test_a_record_stands_for_the_scan(self):
+        # 40 windows of 16 tokens, batch 8: step 3 reads positions 16..23 of epoch 0's order.
+        T, N, B = 16, 40, 8
+        path = self.path("t.bin")
+        tokens = np.random.default_rng(10).integers(0, 64, T * N + 1)
+        write_tokens(path, tokens)
+        opts = ["--token-dtype", "uint16", "--vocab", "64"]
+        self.prepare("tokens:" + path, opts)
+        # After prepare-data, a token past the vocabulary in a window that step 3 reads, the file's
+        # modification time kept: the record still vouches for the file, so the run does not scan it
+        # at open; the check of every read finds it when step 3 reads that window.
+        sample = randperm(SEED, 0, N)[2 * B + 3]
+        bad = tokens.copy()
+        bad[sample * T + 5] = 100
+        keep_mtime(path, lambda p: write_tokens(p, bad))
+        args = ["train", "--quiet", "--model", "gpt", "--data", "tokens:" + path, "--seq-len", str(T), "--global-batch",
+                str(B), "--micro-shards", "4", "--steps", "5", "--checkpoint-every", "1"] + opts
+        codes, out, err = self.each_rank(args + ["--run-dir", self.path("read")], 2)
+        self.assertEqual(codes, [2, 2], err)
+        lines = [l for l in err.splitlines() if l.startswith("culprit: error:")]
+        self.assertEqual(len(lines), 1, err)
+        self.assertIn("100 at sample %d " % sample, lines[0])
+        for marker in ("terminate called", "Exception raised from", "Aborted"):
+            self.assertNotIn(marker, err)
+        with open(self.path("read", "metrics.jsonl")) as f:
+            steps = [json.loads(l)["step"] for l in f]
+        self.assertIn(steps, ([1, 2], [1, 2, 3]))  # steps 1 and 2 trained; none after 3
+        self.assertEqual(sorted(os.listdir(self.path("read", "checkpoints")))[-1], "step-00000002.h5")
+        # A record of another size is not this file's: the scan at open runs and finds the token
+        # before any step.
+        record = path + ".culprit.json"
+        with open(record) as f:
+            r = json.load(f)
+        r["file_bytes"] += 2
+        with open(record, "w") as f:
+            json.dump(r, f)
+        codes, out, err = self.each_rank(args + ["--run-dir", self.path("open")], 2)
+        self.assertEqual(codes, [2, 2], err)
+        self.assertIn("100 at sample %d " % sample, err)
+        self.assertFalse(os.path.exists(self.path("open", "metrics.jsonl")) and
+                         os.path.getsize(self.path("open", "metrics.jsonl")) > 0)
+
 
 if __name__ == "__main__":
     unittest.main(verbosity=2)
