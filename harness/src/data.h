@@ -82,6 +82,8 @@ struct SampleChecks {
   const char* token_option = "vocab";
   bool token_option_given = false;
   DataSource* source = nullptr;   // names a bad sample's place in its file
+  bool token_windows = false;     // tokens data: a sample is one window of T + 1 tokens (x its first T,
+                                  // y its last T); a bad token is named by its place in the window
 };
 Status check_samples(const Dataset& d, const SampleChecks& checks, const std::int64_t* idx, std::int64_t first,
                      std::size_t count, const unsigned char* x, const unsigned char* y, Dataset* stats = nullptr);

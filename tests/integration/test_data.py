@@ -230,7 +230,8 @@ class TokenData(DataTest):
         write_tokens(big, t, "uint32")
         self.expect_bad(["--run-dir", self.path("big"), "--model", "gpt", "--data", "tokens:" + big,
                          "--token-dtype", "uint32", "--vocab", "70000", "--seq-len", "16", "--global-batch", "8",
-                         "--micro-shards", "2"], ["70000", "sample 3"])
+                         "--micro-shards", "2"],
+                        ["token id 70000 at sample 3 (position 2 ", "offset %d," % (4 * (16 * 3 + 2))])
 
     def test_sidecar_and_options(self):
         bare = self.path("bare.bin")
@@ -267,7 +268,22 @@ class TokenData(DataTest):
         with open(os.path.join(data, "odd.bin"), "wb") as f:
             f.write(t.astype("<u2").tobytes() + b"\x01")
         write_tokens(os.path.join(data, "short.bin"), t[:10])
+        # Token 4 of window 12 (token 196 of the file, bytes 392..393) past the vocabulary: named by its
+        # sample, its place in the window and its own file offset (it is also y[3] of that window).
+        high = t.copy()
+        high[12 * 16 + 4] = 64
+        write_tokens(os.path.join(data, "high.bin"), high)
+        # The window's last token (position 16: y[15]) is the next window's first (x[0]): the first
+        # window holding it names it.
+        last = t.copy()
+        last[7 * 16 + 16] = 65
+        write_tokens(os.path.join(data, "last.bin"), last)
         cases = [
+            (["--data", "tokens:" + os.path.join(data, "high.bin")] + opts,
+             ["token id 64 at sample 12 (position 4 of its window of 17 tokens: x[4], y[3]); valid token ids are [0, 64)",
+              "offset 392, token 196 of the file"]),
+            (["--data", "tokens:" + os.path.join(data, "last.bin")] + opts,
+             ["token id 65 at sample 7 (position 16 of its window of 17 tokens: y[15])", "offset 256, token 128 "]),
             (["--data", "tokens:" + os.path.join(data, "odd.bin")] + opts,
              ["its 963 bytes are not a whole number of uint16 token ids (2 bytes each)"]),
             (["--data", "tokens:" + os.path.join(data, "short.bin")] + opts,
@@ -485,7 +501,7 @@ class DataRecord(DataTest):
         self.assertEqual(codes, [2, 2], err)
         lines = [l for l in err.splitlines() if l.startswith("culprit: error:")]
         self.assertEqual(len(lines), 1, err)
-        self.assertIn("100 at sample %d " % sample, lines[0])
+        self.assertIn("token id 100 at sample %d (position 5 " % sample, lines[0])
         for marker in ("terminate called", "Exception raised from", "Aborted"):
             self.assertNotIn(marker, err)
         with open(self.path("read", "metrics.jsonl")) as f:
@@ -502,7 +518,7 @@ class DataRecord(DataTest):
             json.dump(r, f)
         codes, out, err = self.each_rank(args + ["--run-dir", self.path("open")], 2)
         self.assertEqual(codes, [2, 2], err)
-        self.assertIn("100 at sample %d " % sample, err)
+        self.assertIn("token id 100 at sample %d (position 5 " % sample, err)
         self.assertFalse(os.path.exists(self.path("open", "metrics.jsonl")) and
                          os.path.getsize(self.path("open", "metrics.jsonl")) > 0)
 
