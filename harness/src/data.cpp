@@ -235,17 +235,18 @@ SampleChecks run_checks(const TrainConfig& cfg, const Dataset& d) {
   return k;
 }
 
-Status load_dataset(const TrainConfig& cfg, Dataset* out) {
+Status load_dataset(const TrainConfig& cfg, Dataset* out, const OpenOptions& how) {
   *out = Dataset();
   if (cfg.data.kind == DataKind::kSynthetic) return open_synthetic(cfg, out);
-  Status st = cfg.data.kind == DataKind::kHdf5 ? open_hdf5(cfg, cfg.data.path, out) : open_tokens(cfg, cfg.data.path, out);
+  Status st = cfg.data.kind == DataKind::kHdf5 ? open_hdf5(cfg, cfg.data.path, out)
+                                               : open_tokens(cfg, cfg.data.path, out, how.token_window);
   SampleChecks k;
   if (st.ok()) {
     k = checks_for(cfg, *out);
     // prepare-data's record of this very file stands for the scan (docs/data.md); otherwise every
     // sample is read once now, so a bad label or value is one line before any training.
     PreparedFacts facts;
-    if (find_prepared(cfg.data, &facts) && facts.checked(k.classes, k.token_limit)) {
+    if (!how.scan && find_prepared(cfg.data, &facts) && facts.checked(k.classes, k.token_limit)) {
       out->max_label = facts.max_label;
       out->max_label_at = facts.max_label_at;
       out->max_token = facts.max_token;

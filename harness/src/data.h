@@ -60,10 +60,18 @@ struct Dataset {
   std::size_t y_bytes() const { return static_cast<std::size_t>(y_numel()) * dtype_size(y_dtype); }
 };
 
+// How a data file is opened: `culprit train` takes the defaults; prepare-data and verify-data do not.
+struct OpenOptions {
+  // > 0: a tokens file is cut into windows of this many tokens, whatever --seq-len or PATH.json's
+  // seq_len say (prepare-data: 1, so that every token of the file is in a window it checks).
+  std::int64_t token_window = 0;
+  bool scan = false;  // scan even where a data record vouches for the file (prepare-data makes the record)
+};
+
 // Opens the run's data (--data): its shape, its checks (every label, token and value once, at
 // open, streamed through a small buffer — unless `culprit prepare-data` recorded them for this very
 // file, docs/data.md), and a reader. Nothing of the data stays in memory.
-Status load_dataset(const TrainConfig& cfg, Dataset* out);
+Status load_dataset(const TrainConfig& cfg, Dataset* out, const OpenOptions& how = {});
 
 std::string shape_str(const std::vector<std::int64_t>& shape);
 
@@ -95,6 +103,6 @@ SampleChecks run_checks(const TrainConfig& cfg, const Dataset& d);
 // reader; the scan at open is load_dataset's.
 Status open_synthetic(const TrainConfig& cfg, Dataset* out);
 Status open_hdf5(const TrainConfig& cfg, const std::string& path, Dataset* out);
-Status open_tokens(const TrainConfig& cfg, const std::string& path, Dataset* out);
+Status open_tokens(const TrainConfig& cfg, const std::string& path, Dataset* out, std::int64_t window = 0);
 
 }  // namespace culprit::harness

@@ -130,7 +130,7 @@ class TokenSource : public DataSource {
 
 }  // namespace
 
-Status open_tokens(const TrainConfig& cfg, const std::string& path, Dataset* d) {
+Status open_tokens(const TrainConfig& cfg, const std::string& path, Dataset* d, std::int64_t window) {
   d->source = "tokens:" + path;
   const std::string what = "data 'tokens:" + path + "'";
   TokenMeta meta;
@@ -138,7 +138,10 @@ Status open_tokens(const TrainConfig& cfg, const std::string& path, Dataset* d) 
   std::string dtype;
   std::int64_t seq_len = 0, vocab = 0;
   CULPRIT_RETURN_IF_ERROR(pick<std::string>(path, "token-dtype", "dtype", cfg.token_dtype == TokenDType::kAuto ? std::string() : name_of(cfg.token_dtype), meta.dtype, "", &dtype));
-  CULPRIT_RETURN_IF_ERROR(pick<std::int64_t>(path, "seq-len", "seq_len", cfg.gpt.seq_len, meta.seq_len, 0, &seq_len));
+  if (window > 0)
+    seq_len = window;  // prepare-data and verify-data: windows of their own, the run's length aside
+  else
+    CULPRIT_RETURN_IF_ERROR(pick<std::int64_t>(path, "seq-len", "seq_len", cfg.gpt.seq_len, meta.seq_len, 0, &seq_len));
   CULPRIT_RETURN_IF_ERROR(pick<std::int64_t>(path, "vocab", "vocab", cfg.gpt.vocab, meta.vocab, 0, &vocab));
   if (dtype.empty())
     return Status::BadInput(what + ": the token dtype is not known: give --token-dtype uint16|uint32 or write it in " + path + ".json");

@@ -408,9 +408,10 @@ def sample_runs(text):
 class DataRecord(DataTest):
     BLOCK = 4096
 
-    def prepare(self, data, extra=()):
-        res = run(["prepare-data", "--data", data, "--block-bytes", str(self.BLOCK)] + list(extra))
-        self.assertEqual(res.code, 0, res.err)
+    def prepare(self, data, extra=(), cwd=None):
+        res = subprocess.run([CULPRIT, "prepare-data", "--data", data, "--block-bytes", str(self.BLOCK)] + list(extra),
+                             capture_output=True, text=True, timeout=TIMEOUT, cwd=cwd)
+        self.assertEqual(res.returncode, 0, res.stderr)
         return res
 
     def verify(self, data, extra=()):
@@ -461,24 +462,47 @@ class DataRecord(DataTest):
         none = self.verify("hdf5:" + self.path("nothing.h5"))
         self.assertEqual(none.code, 2, none.err)
 
-    def test_token_file(self):
-        T = 16
-        tokens = np.random.default_rng(8).integers(0, 500, 30000 + 1)
-        path = self.path("t.bin")
-        write_tokens(path, tokens)
-        opts = ["--token-dtype", "uint16", "--vocab", "500"]
-        self.prepare("tokens:" + path, opts)
-        clean = self.verify("tokens:" + path, opts[:2])
-        self.assertEqual(clean.code, 0, clean.out + clean.err)
-        sample, pos = 1234, 7
-        offset = (sample * T + pos) * 2  # the low byte of token 7 of window 1234
-        flip_byte(path, offset)
-        lines = self.damaged_lines(self.verify("tokens:" + path, opts[:2]))
-        self.assertEqual(len(lines), 1, [l.group(0) for l in lines])
-        block, lo, hi = (int(v) for v in lines[0].groups()[:3])
-        self.assertEqual(lo, offset // self.BLOCK * self.BLOCK)
-        self.assertTrue(lo <= offset < hi)
-        self.assertEqual(hi, lo + self.BLOCK)
+    def test_token_files(self):
+        # scripts/tokenize.py's corpus (its sidecar says dtype, vocab and seq_len 64), and a file that
+        # has no sidecar (the options say it; verify-data's --seq-len names the samples).
+        bare = self.path("t.bin")
+        write_tokens(bare, np.random.default_rng(8).integers(0, 500, 30000 + 1))
+        corpus = self.path("corpus.bin")
+        shutil.copyfile(CORPUS, corpus)
+        shutil.copyfile(CORPUS + ".json", corpus + ".json")
+        cases = (("corpus", corpus, CORPUS_T, [], []),
+                 ("bare", bare, 16, ["--token-dtype", "uint16", "--vocab", "500"], ["--token-dtype", "uint16", "--seq-len", "16"]))
+        for name, path, T, prepare_opts, verify_opts in cases:
+            with self.subTest(file=name):
+                self.prepare("tokens:" + path, prepare_opts)
+                clean = self.verify("tokens:" + path, verify_opts)
+                self.assertEqual(clean.code, 0, clean.out + clean.err)
+                self.assertIn("blocks match the record", clean.out)
+                sample, pos = 1234 if name == "bare" else 1000, 7
+                token = sample * T + pos
+                offset = token * 2  # the low byte of token 7 of the window
+                flip_byte(path, offset)
+                lines = self.damaged_lines(self.verify("tokens:" + path, verify_opts))
+                self.assertEqual(len(lines), 1, [l.group(0) for l in lines])
+                block, lo, hi = (int(v) for v in lines[0].groups()[:3])
+                self.assertEqual((block, lo), (offset // self.BLOCK, offset // self.BLOCK * self.BLOCK))
+                self.assertTrue(lo <= offset < hi)
+                self.assertEqual(hi, min(lo + self.BLOCK, os.path.getsize(path)))
+                # The samples named are the windows of T tokens that hold the block's tokens: the
+                # damaged window among them, and no window outside the block.
+                runs = sample_runs(lines[0].group(4))
+                self.assertEqual(len(runs), 1, lines[0].group(0))
+                first, last = runs[0]
+                self.assertTrue(first <= sample <= last, (sample, runs))
+                self.assertEqual(first, max(0, (lo // 2 - 1) // T) if lo else 0)
+                self.assertEqual(last, min((len(tokens_of(path, "uint16")) - 1) // T - 1, (hi // 2 - 1) // T))
+                self.assertIn("tokens %d..%d" % (lo // 2, hi // 2 - 1), lines[0].group(4))
+        # Without a window length, verify-data names the block's tokens.
+        flat = self.verify("tokens:" + bare, ["--token-dtype", "uint16"])
+        lines = self.damaged_lines(flat)
+        self.assertNotIn("samples", lines[0].group(4))
+        lo, hi = int(lines[0].group(2)), int(lines[0].group(3))
+        self.assertEqual(lines[0].group(4), "tokens %d..%d" % (lo // 2, hi // 2 - 1))
 
     def test_a_record_stands_for_the_scan(self):
         # 40 windows of 16 tokens, batch 8: step 3 reads positions 16..23 of epoch 0's order.
