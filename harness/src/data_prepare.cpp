@@ -70,6 +70,13 @@ Status open_unscanned(const TrainConfig& cfg, Dataset* d, std::int64_t window = 
   return Status::BadInput("synthetic data has no file to prepare or verify: give --data hdf5:PATH or tokens:PATH");
 }
 
+// The record beside a file is that file's, whatever path reached it (relative or absolute, through
+// a link, moved with its record): only the kind of source it was made for must match.
+bool same_kind(const std::string& recorded, const DataSpec& data) {
+  const std::string want = data.text();
+  return recorded.substr(0, recorded.find(':')) == want.substr(0, want.find(':'));
+}
+
 }  // namespace
 
 Status write_data_record(const std::string& path, const DataRecord& r) {
@@ -114,7 +121,7 @@ bool find_prepared(const DataSpec& data, PreparedFacts* out) {
   DataRecord r;
   std::uint64_t bytes = 0;
   std::int64_t mtime = 0;
-  if (data.kind == DataKind::kSynthetic || !read_data_record(record_path(data), &r).ok() || r.data != data.text() ||
+  if (data.kind == DataKind::kSynthetic || !read_data_record(record_path(data), &r).ok() || !same_kind(r.data, data) ||
       !stat_file(data.path, &bytes, &mtime).ok() || bytes != r.file_bytes || mtime != r.mtime_ns)
     return false;
   out->max_label = r.max_label;
@@ -266,7 +273,7 @@ std::string block_holds(const DataArgs& a, Dataset& d, bool windows, std::uint64
 Status verify(const DataArgs& a, int* code) {
   DataRecord r;
   CULPRIT_RETURN_IF_ERROR(read_data_record(record_path(a.data), &r));
-  if (r.data != a.data.text())
+  if (!same_kind(r.data, a.data))
     return Status::BadInput("data record '" + record_path(a.data) + "' is the record of " + r.data + ", not " + a.data.text());
   std::uint64_t bytes = 0;
   std::int64_t mtime = 0;

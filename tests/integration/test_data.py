@@ -511,7 +511,9 @@ class DataRecord(DataTest):
         tokens = np.random.default_rng(10).integers(0, 64, T * N + 1)
         write_tokens(path, tokens)
         opts = ["--token-dtype", "uint16", "--vocab", "64"]
-        self.prepare("tokens:" + path, opts)
+        # The record is made with a relative path (from the file's directory) and read by a run given
+        # the absolute one: it is the record beside the file either way.
+        self.prepare("tokens:t.bin", opts, cwd=self.tmp)
         # After prepare-data, a token past the vocabulary in a window that step 3 reads, the file's
         # modification time kept: the record still vouches for the file, so the run does not scan it
         # at open; the check of every read finds it when step 3 reads that window.
