@@ -71,6 +71,10 @@ class TokenSource : public DataSource {
   Status read(const std::int64_t* idx, std::size_t count, unsigned char* x, unsigned char* y) override {
     auto* xs = reinterpret_cast<std::int64_t*>(x);
     auto* ys = reinterpret_cast<std::int64_t*>(y);
+    // The bytes read and not yet released: windows that meet or touch merge, so the scan at open
+    // (consecutive windows) releases once per call, not once per window (prepare-data's windows of
+    // one token made that a syscall per token: minutes for 100 MB).
+    std::size_t lo = 0, hi = 0;
     for (std::size_t r = 0; r < count; ++r) {
       const std::size_t first = static_cast<std::size_t>(idx[r]) * static_cast<std::size_t>(t_);
       for (std::int64_t j = 0; j <= t_; ++j) {
@@ -78,8 +82,20 @@ class TokenSource : public DataSource {
         if (j < t_) xs[r * t_ + j] = tok;
         if (j > 0) ys[r * t_ + j - 1] = tok;
       }
-      release(first);
+      const std::size_t a = first * each_, b = (first + static_cast<std::size_t>(t_) + 1) * each_;
+      if (hi > lo && (a > hi || b < lo)) {
+        release(lo, hi);
+        hi = lo;
+      }
+      if (hi > lo) {
+        lo = std::min(lo, a);
+        hi = std::max(hi, b);
+      } else {
+        lo = a;
+        hi = b;
+      }
     }
+    if (hi > lo) release(lo, hi);
     return Status::OK();
   }
 
@@ -112,13 +128,14 @@ class TokenSource : public DataSource {
                                      static_cast<std::uint32_t>(p[2]) << 16 | static_cast<std::uint32_t>(p[3]) << 24);
   }
 
-  // The window's pages leave this process once copied: a mapped page that was read stays in the
-  // process's resident set (RssFile) until the kernel reclaims it, so without this a pass over a
-  // file larger than memory would show as the process growing. The page cache keeps them.
-  void release(std::size_t first_token) {
+  // The pages of the file's bytes [lo, hi) leave this process once copied: a mapped page that was
+  // read stays in the process's resident set (RssFile) until the kernel reclaims it, so without this
+  // a pass over a file larger than memory would show as the process growing. The page cache keeps
+  // them.
+  void release(std::size_t lo, std::size_t hi) {
     static const std::size_t page = static_cast<std::size_t>(::sysconf(_SC_PAGESIZE));
-    const std::size_t lo = first_token * each_ / page * page;
-    const std::size_t hi = std::min(size_, (first_token + static_cast<std::size_t>(t_) + 1) * each_);
+    lo = lo / page * page;
+    hi = std::min(size_, hi);
     if (hi > lo) ::madvise(const_cast<unsigned char*>(map_) + lo, hi - lo, MADV_DONTNEED);
   }
 
