@@ -75,6 +75,7 @@ class TokenSource : public DataSource {
     // (consecutive windows) releases once per call, not once per window (prepare-data's windows of
     // one token made that a syscall per token: minutes for 100 MB).
     std::size_t lo = 0, hi = 0;
+    prefetch(idx, count);
     for (std::size_t r = 0; r < count; ++r) {
       const std::size_t first = static_cast<std::size_t>(idx[r]) * static_cast<std::size_t>(t_);
       for (std::int64_t j = 0; j <= t_; ++j) {
@@ -126,6 +127,19 @@ class TokenSource : public DataSource {
     if (each_ == 2) return static_cast<std::int64_t>(p[0] | p[1] << 8);
     return static_cast<std::int64_t>(static_cast<std::uint32_t>(p[0]) | static_cast<std::uint32_t>(p[1]) << 8 |
                                      static_cast<std::uint32_t>(p[2]) << 16 | static_cast<std::uint32_t>(p[3]) << 24);
+  }
+
+  // Windows are read in the epoch's order (MADV_RANDOM: a fault reads its page only), but the scan
+  // at open reads consecutive windows, a few MiB a call: asked for at once, they come in large reads
+  // (a cold 100 MB file: 3.5 s page by page).
+  void prefetch(const std::int64_t* idx, std::size_t count) {
+    if (count < 2 || idx[count - 1] - idx[0] != static_cast<std::int64_t>(count) - 1) return;
+    for (std::size_t r = 1; r < count; ++r)
+      if (idx[r] != idx[r - 1] + 1) return;
+    static const std::size_t page = static_cast<std::size_t>(::sysconf(_SC_PAGESIZE));
+    const std::size_t lo = static_cast<std::size_t>(idx[0]) * static_cast<std::size_t>(t_) * each_ / page * page;
+    const std::size_t hi = std::min(size_, (static_cast<std::size_t>(idx[count - 1]) + 1) * static_cast<std::size_t>(t_) * each_ + each_);
+    if (hi > lo) ::madvise(const_cast<unsigned char*>(map_) + lo, hi - lo, MADV_WILLNEED);
   }
 
   // The pages of the file's bytes [lo, hi) leave this process once copied: a mapped page that was
