@@ -118,11 +118,37 @@ Status check_tokens(const SampleChecks& k, const std::int64_t* tok, std::int64_t
   return Status::OK();
 }
 
-}  // namespace
+// Tokens data: sample i is the window of tokens [i*T, i*T + T] of its file, x its first T and y its
+// last T, so a token out of range shows in both. It is named once, as what it is: a token of the
+// window at its position, and its own place in the file (the window's offset plus its position).
+Status check_windows(const SampleChecks& k, std::int64_t t, std::int64_t sample_of_row0, const std::int64_t* idx,
+                     std::size_t rows, const std::int64_t* x, const std::int64_t* y) {
+  for (std::size_t r = 0; r < rows; ++r) {
+    for (std::int64_t p = 0; p <= t; ++p) {
+      const std::int64_t tok = p < t ? x[static_cast<std::int64_t>(r) * t + p] : y[static_cast<std::int64_t>(r) * t + t - 1];
+      if (tok >= 0 && tok < k.token_limit) continue;
+      const std::int64_t sample = idx ? idx[r] : sample_of_row0 + static_cast<std::int64_t>(r);
+      std::string where;
+      if (k.source) {
+        const SampleLocation loc = k.source->locate(sample);
+        if (!loc.file.empty())
+          where = " (file '" + loc.file + "' offset " +
+                  std::to_string(loc.offset + static_cast<std::uint64_t>(p) * (loc.bytes / static_cast<std::uint64_t>(t + 1))) +
+                  ", token " + std::to_string(sample * t + p) + " of the file)";
+      }
+      return Status::BadInput(k.data + ": token id " + std::to_string(tok) + " at sample " + std::to_string(sample) +
+                              " (position " + std::to_string(p) + " of its window of " + std::to_string(t + 1) +
+                              " tokens: " + (p < t ? "x[" + std::to_string(p) + "]" : std::string()) +
+                              (p > 0 && p < t ? ", " : "") + (p > 0 ? "y[" + std::to_string(p - 1) + "]" : std::string()) +
+                              "); valid token ids are [0, " + std::to_string(k.token_limit) + ")" +
+                              (k.token_option_given ? " (vocab " + std::to_string(k.token_limit) + ")" : "") + where);
+    }
+  }
+  return Status::OK();
+}
 
-Status check_samples(const Dataset& d, const SampleChecks& k, const std::int64_t* idx, std::int64_t first,
-                     std::size_t count, const unsigned char* x, const unsigned char* y, Dataset* stats) {
-  if (first >= 0) idx = nullptr;
+Status check_all(const Dataset& d, const SampleChecks& k, const std::int64_t* idx, std::int64_t first,
+                 std::size_t count, const unsigned char* x, const unsigned char* y, Dataset* stats) {
   const std::int64_t xn = std::max<std::int64_t>(1, d.x_numel()), yn = std::max<std::int64_t>(1, d.y_numel());
   if (d.x_dtype == DType::kFloat32)
     CULPRIT_RETURN_IF_ERROR(check_finite(k, "x", reinterpret_cast<const float*>(x), xn, first, idx, count));
@@ -133,6 +159,23 @@ Status check_samples(const Dataset& d, const SampleChecks& k, const std::int64_t
   if (d.x_dtype == DType::kInt64 && k.token_limit > 0)
     return check_tokens(k, reinterpret_cast<const std::int64_t*>(x), xn, first, idx, count, stats);
   return Status::OK();
+}
+
+}  // namespace
+
+Status check_samples(const Dataset& d, const SampleChecks& k, const std::int64_t* idx, std::int64_t first,
+                     std::size_t count, const unsigned char* x, const unsigned char* y, Dataset* stats) {
+  if (first >= 0) idx = nullptr;
+  Status st = check_all(d, k, idx, first, count, x, y, stats);
+  // The checks above pass over x and y as two arrays; a token file's refusal is worded by the window
+  // (only on failure: the good path costs nothing more).
+  if (!st.ok() && k.token_windows && k.token_limit > 0 && d.x_dtype == DType::kInt64 && d.y_dtype == DType::kInt64 &&
+      d.x_shape.size() == 1 && d.x_shape == d.y_shape) {
+    Status w = check_windows(k, d.x_shape[0], first, idx, count, reinterpret_cast<const std::int64_t*>(x),
+                             reinterpret_cast<const std::int64_t*>(y));
+    if (!w.ok()) return w;
+  }
+  return st;
 }
 
 namespace {
@@ -148,6 +191,7 @@ SampleChecks checks_for(const TrainConfig& cfg, const Dataset& d) {
     k.class_option = "vocab";
     k.token_limit = d.classes > 0 ? d.classes : kMaxClasses;
     k.token_option_given = d.classes > 0;
+    k.token_windows = true;
     return k;
   }
   const bool gpt = cfg.model.kind == ModelKind::kGpt;
@@ -193,17 +237,18 @@ SampleChecks run_checks(const TrainConfig& cfg, const Dataset& d) {
   return k;
 }
 
-Status load_dataset(const TrainConfig& cfg, Dataset* out) {
+Status load_dataset(const TrainConfig& cfg, Dataset* out, const OpenOptions& how) {
   *out = Dataset();
   if (cfg.data.kind == DataKind::kSynthetic) return open_synthetic(cfg, out);
-  Status st = cfg.data.kind == DataKind::kHdf5 ? open_hdf5(cfg, cfg.data.path, out) : open_tokens(cfg, cfg.data.path, out);
+  Status st = cfg.data.kind == DataKind::kHdf5 ? open_hdf5(cfg, cfg.data.path, out)
+                                               : open_tokens(cfg, cfg.data.path, out, how.token_window);
   SampleChecks k;
   if (st.ok()) {
     k = checks_for(cfg, *out);
     // prepare-data's record of this very file stands for the scan (docs/data.md); otherwise every
     // sample is read once now, so a bad label or value is one line before any training.
     PreparedFacts facts;
-    if (find_prepared(cfg.data, &facts) && facts.checked(k.classes, k.token_limit)) {
+    if (!how.scan && find_prepared(cfg.data, &facts) && facts.checked(k.classes, k.token_limit)) {
       out->max_label = facts.max_label;
       out->max_label_at = facts.max_label_at;
       out->max_token = facts.max_token;

@@ -60,10 +60,18 @@ struct Dataset {
   std::size_t y_bytes() const { return static_cast<std::size_t>(y_numel()) * dtype_size(y_dtype); }
 };
 
+// How a data file is opened: `culprit train` takes the defaults; prepare-data and verify-data do not.
+struct OpenOptions {
+  // > 0: a tokens file is cut into windows of this many tokens, whatever --seq-len or PATH.json's
+  // seq_len say (prepare-data: 1, so that every token of the file is in a window it checks).
+  std::int64_t token_window = 0;
+  bool scan = false;  // scan even where a data record vouches for the file (prepare-data makes the record)
+};
+
 // Opens the run's data (--data): its shape, its checks (every label, token and value once, at
 // open, streamed through a small buffer — unless `culprit prepare-data` recorded them for this very
 // file, docs/data.md), and a reader. Nothing of the data stays in memory.
-Status load_dataset(const TrainConfig& cfg, Dataset* out);
+Status load_dataset(const TrainConfig& cfg, Dataset* out, const OpenOptions& how = {});
 
 std::string shape_str(const std::vector<std::int64_t>& shape);
 
@@ -82,6 +90,8 @@ struct SampleChecks {
   const char* token_option = "vocab";
   bool token_option_given = false;
   DataSource* source = nullptr;   // names a bad sample's place in its file
+  bool token_windows = false;     // tokens data: a sample is one window of T + 1 tokens (x its first T,
+                                  // y its last T); a bad token is named by its place in the window
 };
 Status check_samples(const Dataset& d, const SampleChecks& checks, const std::int64_t* idx, std::int64_t first,
                      std::size_t count, const unsigned char* x, const unsigned char* y, Dataset* stats = nullptr);

@@ -62,12 +62,20 @@ Status each_block(const std::string& path, std::uint64_t block, std::uint64_t si
   return st;
 }
 
-// The data opened as `culprit train` would open it, without the scan.
-Status open_unscanned(const TrainConfig& cfg, Dataset* d) {
+// The data opened as `culprit train` would open it, without the scan (window > 0: a tokens file in
+// windows of that many tokens).
+Status open_unscanned(const TrainConfig& cfg, Dataset* d, std::int64_t window = 0) {
   *d = Dataset();
   if (cfg.data.kind == DataKind::kHdf5) return open_hdf5(cfg, cfg.data.path, d);
-  if (cfg.data.kind == DataKind::kTokens) return open_tokens(cfg, cfg.data.path, d, cfg.gpt.seq_len);
+  if (cfg.data.kind == DataKind::kTokens) return open_tokens(cfg, cfg.data.path, d, window);
   return Status::BadInput("synthetic data has no file to prepare or verify: give --data hdf5:PATH or tokens:PATH");
+}
+
+// The record beside a file is that file's, whatever path reached it (relative or absolute, through
+// a link, moved with its record): only the kind of source it was made for must match.
+bool same_kind(const std::string& recorded, const DataSpec& data) {
+  const std::string want = data.text();
+  return recorded.substr(0, recorded.find(':')) == want.substr(0, want.find(':'));
 }
 
 }  // namespace
@@ -114,7 +122,7 @@ bool find_prepared(const DataSpec& data, PreparedFacts* out) {
   DataRecord r;
   std::uint64_t bytes = 0;
   std::int64_t mtime = 0;
-  if (data.kind == DataKind::kSynthetic || !read_data_record(record_path(data), &r).ok() || r.data != data.text() ||
+  if (data.kind == DataKind::kSynthetic || !read_data_record(record_path(data), &r).ok() || !same_kind(r.data, data) ||
       !stat_file(data.path, &bytes, &mtime).ok() || bytes != r.file_bytes || mtime != r.mtime_ns)
     return false;
   out->max_label = r.max_label;
@@ -176,6 +184,11 @@ opts::Table<DataArgs> data_options(bool prepare) {
       opts::number<D>("vocab", &D::vocab, "tokens data: the vocabulary, when PATH.json does not say it (0: unchecked)",
                       opts::Range<std::int64_t>{0, kMaxClasses}),
   };
+  if (!prepare)
+    rows.push_back(opts::number<D>("seq-len", &D::seq_len,
+                                   "tokens data: the samples' length T, which names the samples of a damaged block "
+                                   "(0: PATH.json's seq_len; unknown: the block's tokens are named)",
+                                   opts::Range<std::int64_t>{0, 1 << 20}));
   if (prepare)
     rows.push_back(opts::number<D>("block-bytes", &D::block_bytes,
                                    "the file's bytes are fingerprinted in blocks of this size (a changed byte names its block)",
@@ -183,17 +196,16 @@ opts::Table<DataArgs> data_options(bool prepare) {
   return opts::Table<D>("options", rows, /*config=*/false);
 }
 
-// The configuration that opens the data: tokens in windows of one token, so that every token of the
-// file is a sample's (the record must not depend on the --seq-len a run gives later).
+// The configuration that opens the data. prepare-data reads a tokens file in windows of one token
+// (OpenOptions::token_window), so that every token of the file is a sample's: the record does not
+// depend on the length of a run's samples.
 TrainConfig open_config(const DataArgs& a) {
   TrainConfig c;
   c.data = a.data;
   c.token_dtype = a.token_dtype;
   c.gpt.vocab = a.vocab;
-  if (a.data.kind == DataKind::kTokens) {
-    c.model.kind = ModelKind::kGpt;  // token ids are checked against the vocabulary
-    c.gpt.seq_len = 1;
-  }
+  c.gpt.seq_len = a.seq_len;
+  if (a.data.kind == DataKind::kTokens) c.model.kind = ModelKind::kGpt;  // token ids are checked against the vocabulary
   return c;
 }
 
@@ -204,17 +216,23 @@ Status prepare(const DataArgs& a) {
   r.block_bytes = static_cast<std::uint64_t>(a.block_bytes);
   CULPRIT_RETURN_IF_ERROR(stat_file(a.data.path, &r.file_bytes, &r.mtime_ns));
   Dataset d;
-  // The scan at open, with no limit but kMaxClasses: the record says what the data holds; each run
-  // compares that with its own --classes or --vocab.
-  // Integer x of an HDF5 file is checked as gpt checks tokens: its largest id is recorded too.
-  if (a.data.kind == DataKind::kHdf5) cfg.model.kind = ModelKind::kGpt;
-  Status st = open_unscanned(cfg, &d);
-  if (st.ok()) st = scan_dataset(cfg, &d);
-  if (!st.ok()) return st.code() == StatusCode::kDamaged ? Status::BadInput(st.message()) : st;
+  // The scan at open, with no limit but kMaxClasses (tokens: the vocabulary of --vocab or PATH.json):
+  // the record says what the data holds; each run compares that with its own --classes or --vocab.
+  // Always a scan: an earlier record of the file is what this one replaces.
+  OpenOptions how;
+  how.scan = true;
+  if (a.data.kind == DataKind::kTokens) how.token_window = 1;
+  CULPRIT_RETURN_IF_ERROR(load_dataset(cfg, &d, how));
   r.samples = a.data.kind == DataKind::kTokens ? d.n + 1 : d.n;
   r.max_label = d.max_label;
   r.max_label_at = d.max_label_at;
   r.max_token = d.max_token;
+  if (a.data.kind == DataKind::kHdf5 && d.x_dtype == DType::kInt64) {
+    // gpt checks x's tokens too: the largest id of x, read once more.
+    cfg.model.kind = ModelKind::kGpt;
+    Dataset g;
+    if (load_dataset(cfg, &g, how).ok()) r.max_token = g.max_token;
+  }
   CULPRIT_RETURN_IF_ERROR(each_block(a.data.path, r.block_bytes, r.file_bytes, 0, r.file_bytes,
                                      [&](std::size_t, Fingerprint fp) { r.blocks.push_back(fp); }));
   std::uint64_t bytes = 0;
@@ -224,11 +242,17 @@ Status prepare(const DataArgs& a) {
     return Status::IoError("data file '" + a.data.path + "' changed while it was read: run prepare-data again");
   const std::string out = record_path(a.data);
   CULPRIT_RETURN_IF_ERROR(write_data_record(out, r));
-  std::printf("prepare-data: %s: %lld samples, %llu bytes in %zu blocks of %llu, largest label %lld, largest token %lld\n"
-              "  record: %s\n",
-              r.data.c_str(), static_cast<long long>(d.n), static_cast<unsigned long long>(r.file_bytes), r.blocks.size(),
-              static_cast<unsigned long long>(r.block_bytes), static_cast<long long>(r.max_label),
-              static_cast<long long>(r.max_token), out.c_str());
+  if (a.data.kind == DataKind::kTokens)
+    std::printf("prepare-data: %s: %lld tokens, %llu bytes in %zu blocks of %llu, largest token %lld\n  record: %s\n",
+                r.data.c_str(), static_cast<long long>(r.samples), static_cast<unsigned long long>(r.file_bytes),
+                r.blocks.size(), static_cast<unsigned long long>(r.block_bytes),
+                static_cast<long long>(std::max(r.max_token, r.max_label)), out.c_str());
+  else
+    std::printf("prepare-data: %s: %lld samples, %llu bytes in %zu blocks of %llu, largest label %lld, largest token %lld\n"
+                "  record: %s\n",
+                r.data.c_str(), static_cast<long long>(d.n), static_cast<unsigned long long>(r.file_bytes), r.blocks.size(),
+                static_cast<unsigned long long>(r.block_bytes), static_cast<long long>(r.max_label),
+                static_cast<long long>(r.max_token), out.c_str());
   return Status::OK();
 }
 
@@ -239,24 +263,45 @@ std::string sample_ranges(const std::vector<std::pair<std::int64_t, std::int64_t
   return "samples " + s;
 }
 
+// What the file's bytes [lo, hi) hold: an HDF5 file's samples (rows of x and y); a tokens file's
+// tokens and, when the samples' length T is known, the windows of T + 1 tokens that hold them.
+std::string block_holds(const DataArgs& a, Dataset& d, bool windows, std::uint64_t lo, std::uint64_t hi) {
+  if (a.data.kind != DataKind::kTokens) return sample_ranges(d.reader->samples_in(lo, hi));
+  const std::int64_t t = d.x_shape.at(0);
+  const std::uint64_t each = d.reader->locate(0).bytes / static_cast<std::uint64_t>(t + 1);
+  const std::string tokens = "tokens " + std::to_string(lo / each) + ".." + std::to_string((hi - 1) / each);
+  if (!windows) return tokens;
+  const auto runs = d.reader->samples_in(lo, hi);
+  if (runs.empty()) return tokens + " (after the last sample's window)";
+  return sample_ranges(runs) + " (windows of " + std::to_string(t) + " tokens), " + tokens;
+}
+
 Status verify(const DataArgs& a, int* code) {
   DataRecord r;
   CULPRIT_RETURN_IF_ERROR(read_data_record(record_path(a.data), &r));
-  if (r.data != a.data.text())
+  if (!same_kind(r.data, a.data))
     return Status::BadInput("data record '" + record_path(a.data) + "' is the record of " + r.data + ", not " + a.data.text());
   std::uint64_t bytes = 0;
   std::int64_t mtime = 0;
   CULPRIT_RETURN_IF_ERROR(stat_file(a.data.path, &bytes, &mtime));
   Dataset d;
   const TrainConfig cfg = open_config(a);
-  CULPRIT_RETURN_IF_ERROR(open_unscanned(cfg, &d));
+  // A tokens file's samples are windows of --seq-len or PATH.json's seq_len; with neither (or a file
+  // too short for one), the damaged blocks are named by their tokens.
+  bool windows = true;
+  Status opened = open_unscanned(cfg, &d);
+  if (!opened.ok() && a.data.kind == DataKind::kTokens && a.seq_len == 0) {
+    windows = false;
+    opened = open_unscanned(cfg, &d, 1);
+  }
+  CULPRIT_RETURN_IF_ERROR(opened);
   std::size_t damaged = 0;
   CULPRIT_RETURN_IF_ERROR(each_block(a.data.path, r.block_bytes, bytes, 0, bytes, [&](std::size_t b, Fingerprint fp) {
     if (b < r.blocks.size() && r.blocks[b] == fp) return;
     const std::uint64_t lo = b * r.block_bytes, hi = std::min(bytes, lo + r.block_bytes);
     std::printf("damaged: block %zu, file offset %llu..%llu: fingerprint %s, recorded %s: %s\n", b,
                 static_cast<unsigned long long>(lo), static_cast<unsigned long long>(hi), fingerprint_hex(fp).c_str(),
-                b < r.blocks.size() ? fingerprint_hex(r.blocks[b]).c_str() : "none", sample_ranges(d.reader->samples_in(lo, hi)).c_str());
+                b < r.blocks.size() ? fingerprint_hex(r.blocks[b]).c_str() : "none", block_holds(a, d, windows, lo, hi).c_str());
     ++damaged;
   }));
   if (bytes != r.file_bytes)

@@ -71,6 +71,11 @@ class TokenSource : public DataSource {
   Status read(const std::int64_t* idx, std::size_t count, unsigned char* x, unsigned char* y) override {
     auto* xs = reinterpret_cast<std::int64_t*>(x);
     auto* ys = reinterpret_cast<std::int64_t*>(y);
+    // The bytes read and not yet released: windows that meet or touch merge, so the scan at open
+    // (consecutive windows) releases once per call, not once per window (prepare-data's windows of
+    // one token made that a syscall per token: minutes for 100 MB).
+    std::size_t lo = 0, hi = 0;
+    prefetch(idx, count);
     for (std::size_t r = 0; r < count; ++r) {
       const std::size_t first = static_cast<std::size_t>(idx[r]) * static_cast<std::size_t>(t_);
       for (std::int64_t j = 0; j <= t_; ++j) {
@@ -78,8 +83,20 @@ class TokenSource : public DataSource {
         if (j < t_) xs[r * t_ + j] = tok;
         if (j > 0) ys[r * t_ + j - 1] = tok;
       }
-      release(first);
+      const std::size_t a = first * each_, b = (first + static_cast<std::size_t>(t_) + 1) * each_;
+      if (hi > lo && (a > hi || b < lo)) {
+        release(lo, hi);
+        hi = lo;
+      }
+      if (hi > lo) {
+        lo = std::min(lo, a);
+        hi = std::max(hi, b);
+      } else {
+        lo = a;
+        hi = b;
+      }
     }
+    if (hi > lo) release(lo, hi);
     return Status::OK();
   }
 
@@ -112,13 +129,27 @@ class TokenSource : public DataSource {
                                      static_cast<std::uint32_t>(p[2]) << 16 | static_cast<std::uint32_t>(p[3]) << 24);
   }
 
-  // The window's pages leave this process once copied: a mapped page that was read stays in the
-  // process's resident set (RssFile) until the kernel reclaims it, so without this a pass over a
-  // file larger than memory would show as the process growing. The page cache keeps them.
-  void release(std::size_t first_token) {
+  // Windows are read in the epoch's order (MADV_RANDOM: a fault reads its page only), but the scan
+  // at open reads consecutive windows, a few MiB a call: asked for at once, they come in large reads
+  // (a cold 100 MB file: 3.5 s page by page).
+  void prefetch(const std::int64_t* idx, std::size_t count) {
+    if (count < 2 || idx[count - 1] - idx[0] != static_cast<std::int64_t>(count) - 1) return;
+    for (std::size_t r = 1; r < count; ++r)
+      if (idx[r] != idx[r - 1] + 1) return;
     static const std::size_t page = static_cast<std::size_t>(::sysconf(_SC_PAGESIZE));
-    const std::size_t lo = first_token * each_ / page * page;
-    const std::size_t hi = std::min(size_, (first_token + static_cast<std::size_t>(t_) + 1) * each_);
+    const std::size_t lo = static_cast<std::size_t>(idx[0]) * static_cast<std::size_t>(t_) * each_ / page * page;
+    const std::size_t hi = std::min(size_, (static_cast<std::size_t>(idx[count - 1]) + 1) * static_cast<std::size_t>(t_) * each_ + each_);
+    if (hi > lo) ::madvise(const_cast<unsigned char*>(map_) + lo, hi - lo, MADV_WILLNEED);
+  }
+
+  // The pages of the file's bytes [lo, hi) leave this process once copied: a mapped page that was
+  // read stays in the process's resident set (RssFile) until the kernel reclaims it, so without this
+  // a pass over a file larger than memory would show as the process growing. The page cache keeps
+  // them.
+  void release(std::size_t lo, std::size_t hi) {
+    static const std::size_t page = static_cast<std::size_t>(::sysconf(_SC_PAGESIZE));
+    lo = lo / page * page;
+    hi = std::min(size_, hi);
     if (hi > lo) ::madvise(const_cast<unsigned char*>(map_) + lo, hi - lo, MADV_DONTNEED);
   }
 
@@ -138,8 +169,10 @@ Status open_tokens(const TrainConfig& cfg, const std::string& path, Dataset* d, 
   std::string dtype;
   std::int64_t seq_len = 0, vocab = 0;
   CULPRIT_RETURN_IF_ERROR(pick<std::string>(path, "token-dtype", "dtype", cfg.token_dtype == TokenDType::kAuto ? std::string() : name_of(cfg.token_dtype), meta.dtype, "", &dtype));
-  if (window > 0) seq_len = window;
-  else CULPRIT_RETURN_IF_ERROR(pick<std::int64_t>(path, "seq-len", "seq_len", cfg.gpt.seq_len, meta.seq_len, 0, &seq_len));
+  if (window > 0)
+    seq_len = window;  // prepare-data and verify-data: windows of their own, the run's length aside
+  else
+    CULPRIT_RETURN_IF_ERROR(pick<std::int64_t>(path, "seq-len", "seq_len", cfg.gpt.seq_len, meta.seq_len, 0, &seq_len));
   CULPRIT_RETURN_IF_ERROR(pick<std::int64_t>(path, "vocab", "vocab", cfg.gpt.vocab, meta.vocab, 0, &vocab));
   if (dtype.empty())
     return Status::BadInput(what + ": the token dtype is not known: give --token-dtype uint16|uint32 or write it in " + path + ".json");

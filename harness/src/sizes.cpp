@@ -107,7 +107,7 @@ Status check_synthetic_sizes(const TrainConfig& c) {
   std::string dims;
   if (c.model.kind == ModelKind::kMlp) dims = ", --hidden " + std::to_string(c.hidden);
   if (c.model.kind == ModelKind::kGpt)
-    dims = ", " + std::to_string(c.gpt.layers) + " x " + std::to_string(c.gpt.width) + ", attention over sequences of " +
+    dims = ", " + std::to_string(c.gpt.layers) + " x " + std::to_string(c.gpt.width) + ", attention over --seq-len " +
            count_text(product(shape)) + " tokens";
   return check_fits_memory("model " + c.model.text() + " (about " + count_text(params) + " parameters" + dims +
                                ") with its training state and data",

@@ -64,7 +64,20 @@ at::Tensor rows(std::shared_ptr<const ShardSamples> keep, const std::vector<unsi
 std::pair<at::Tensor, at::Tensor> Trainer::load_samples(std::int64_t s, int k, const at::Tensor& idx) {
   const at::Tensor c = idx.contiguous();
   auto got = loader_->fetch(s, k, c.data_ptr<std::int64_t>(), static_cast<std::size_t>(c.numel()));
-  if (!got->status.ok() && data_status_.ok()) data_status_ = got->status;
+  if (!got->status.ok()) {
+    // A read the checks refused (a data file changed under the run: a token past the vocabulary,
+    // a label out of range, a NaN) never reaches the model: an embedding would throw on the token
+    // (the process aborted) and a NaN would look like the model's instability. The micro-shard
+    // computes on zeros, a valid token, label and value for every source, and the job ends after
+    // this step on every rank with the data's error (Trainer::run agrees on it before any
+    // detector's verdict; no checkpoint follows).
+    if (data_status_.ok()) data_status_ = got->status;
+    std::vector<std::int64_t> xs{c.numel()}, ys{c.numel()};
+    xs.insert(xs.end(), data_.x_shape.begin(), data_.x_shape.end());
+    ys.insert(ys.end(), data_.y_shape.begin(), data_.y_shape.end());
+    return {torch::zeros(xs, torch::TensorOptions().dtype(to_scalar(data_.x_dtype))),
+            torch::zeros(ys, torch::TensorOptions().dtype(to_scalar(data_.y_dtype)))};
+  }
   // The step's own copies: a data fault corrupts its batch in place, never the loader's.
   return {rows(got, got->x, c.numel(), data_.x_shape, data_.x_dtype).clone(),
           rows(got, got->y, c.numel(), data_.y_shape, data_.y_dtype).clone()};

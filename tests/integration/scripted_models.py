@@ -80,7 +80,21 @@ class Zeta(torch.nn.Module):
         return torch.special.zeta(h.abs() + 2.0, h.abs() + 1.0)
 
 
-MODELS = {"erfcx": Erfcx, "zeta": Zeta, "mlp_dropout": MlpDropout, "regressor": Regressor, "mlp_bn": MlpBatchNorm, "embed": EmbedClassifier}
+class TokenLM(torch.nn.Module):
+    """A tiny language model over tokens data: ids [B, T] -> embedding -> tanh -> linear -> logits
+    [B, T, V] (V = 512, scripts/tokenize.py's vocabulary)."""
+
+    def __init__(self, vocab: int = 512, d: int = 16):
+        super().__init__()
+        self.emb = torch.nn.Embedding(vocab, d)
+        self.head = torch.nn.Linear(d, vocab)
+
+    def forward(self, x):
+        return self.head(torch.tanh(self.emb(x)))
+
+
+MODELS = {"erfcx": Erfcx, "zeta": Zeta, "mlp_dropout": MlpDropout, "regressor": Regressor, "mlp_bn": MlpBatchNorm, "embed": EmbedClassifier,
+          "token_lm": TokenLM}
 
 if __name__ == "__main__":
     torch.manual_seed(7)

@@ -1,0 +1,566 @@
+"""Training data at real scale (docs/data.md), under real mpirun: token files (`--data tokens:PATH`)
+against an independent numpy reader of the window contract and PyTorch, the feistel order, streamed
+HDF5 (chunked, compressed), the data record (`prepare-data` / `verify-data`) and the read stall."""
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import unittest
+
+import h5py
+import numpy as np
+import torch
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+from culprit_testlib import CULPRIT, MPIRUN, TIMEOUT, TempDirTest, run  # noqa: E402
+from feistel import FeistelOrder  # noqa: E402
+from reference_trainer import fingerprint_bytes  # noqa: E402
+
+PY = "/usr/bin/python3"
+ROOT = os.path.join(HERE, "..", "..")
+SEED = 1234  # culprit train's default --seed
+
+# scripts/tokenize.py's corpus (the repository's README.md and docs/*.md): made once for the module.
+CORPUS = None
+CORPUS_T, CORPUS_V = 64, 512
+GPT = ["--model", "gpt", "--optimizer", "adamw", "--lr", "0.003", "--global-batch", "16", "--micro-shards", "4"]
+
+
+def setUpModule():
+    global CORPUS, _CORPUS_DIR
+    _CORPUS_DIR = tempfile.mkdtemp(prefix="culprit-test-corpus-")
+    CORPUS = os.path.join(_CORPUS_DIR, "corpus.bin")
+    subprocess.run([PY, os.path.join(ROOT, "scripts", "tokenize.py"), CORPUS], check=True, capture_output=True,
+                   timeout=120)
+
+
+def tearDownModule():
+    shutil.rmtree(_CORPUS_DIR, ignore_errors=True)
+
+
+# ---- the window contract, read independently of culprit ----
+
+def tokens_of(path, dtype):
+    return np.fromfile(path, dtype="<u2" if dtype == "uint16" else "<u4").astype(np.int64)
+
+
+def windows(tokens, t):
+    """Sample i of a token file: x = tokens [i*T, i*T + T), y = tokens [i*T + 1, i*T + T + 1)."""
+    n = (len(tokens) - 1) // t
+    x = np.stack([tokens[i * t: i * t + t] for i in range(n)])
+    y = np.stack([tokens[i * t + 1: i * t + t + 1] for i in range(n)])
+    return x, y
+
+
+def randperm(seed, epoch, n):
+    g = torch.Generator()
+    g.manual_seed(seed + epoch)
+    return torch.randperm(n, generator=g).tolist()
+
+
+def write_tokens(path, tokens, dtype="uint16", meta=None):
+    np.asarray(tokens, dtype="<u2" if dtype == "uint16" else "<u4").tofile(path)
+    if meta is not None:
+        with open(path + ".json", "w") as f:
+            json.dump(meta, f)
+
+
+def comparable(res):
+    """What must be bitwise equal between two runs: step, loss (float32 bits), grad_norm, fingerprint."""
+    return [(m["step"], np.float32(m["loss"]).tobytes(), m["grad_norm"], m["fingerprint"]) for m in res.metrics()]
+
+
+def step_one_sample_fps(run_dir):
+    """{micro-shard: [fingerprint of each sample's input row]} of step 1, from every rank's trace."""
+    out = {}
+    trace = os.path.join(run_dir, "trace")
+    for name in sorted(os.listdir(trace)):
+        with h5py.File(os.path.join(trace, name), "r") as f:
+            n = int(f.attrs["shards_committed"])
+            steps, shards, fps = f["shards/step"][:n], f["shards/shard"][:n], f["shards/sample_fp"][:n]
+            for s, k, row in zip(steps, shards, fps):
+                if s == 1:
+                    out[int(k)] = [int(v) for v in row]
+    return out
+
+
+def keep_mtime(path, change):
+    """Applies change(path) and puts the file's modification time back (a change a record cannot see)."""
+    st = os.stat(path)
+    change(path)
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+
+
+def flip_byte(path, offset, mask=0x01):
+    with open(path, "r+b") as f:
+        f.seek(offset)
+        b = f.read(1)[0]
+        f.seek(offset)
+        f.write(bytes([b ^ mask]))
+
+
+def listing(*dirs):
+    """Every file under dirs with its size and modification time."""
+    out = {}
+    for d in dirs:
+        for base, _, files in os.walk(d):
+            for n in files:
+                p = os.path.join(base, n)
+                st = os.stat(p)
+                out[p] = (st.st_size, st.st_mtime_ns)
+    return out
+
+
+class DataTest(TempDirTest):
+    def check_timers(self, res):
+        """metrics.jsonl's read stall: both fields on every line, never negative."""
+        for m in res.metrics():
+            self.assertGreaterEqual(m["data_wait_seconds"], 0.0, m)
+            self.assertGreaterEqual(m["data_read_seconds"], 0.0, m)
+
+    def train(self, name, extra, world=1):
+        res = super().train(name, extra, world)
+        self.check_timers(res)
+        return res
+
+    def each_rank(self, args, world, cwd=None, tag="w"):
+        """Runs culprit ARGS under mpirun from cwd: (every rank's exit code, stdout, stderr)."""
+        codes_dir = tempfile.mkdtemp(prefix=tag, dir=self.tmp)
+        script = os.path.join(codes_dir, "rank.sh")
+        with open(script, "w") as f:
+            f.write('#!/bin/sh\n"$@"\necho $? > "%s/rc.$OMPI_COMM_WORLD_RANK"\n' % codes_dir)
+        os.chmod(script, 0o755)
+        proc = subprocess.run(MPIRUN + ["-np", str(world), script, CULPRIT] + list(args), capture_output=True,
+                              text=True, timeout=TIMEOUT, cwd=cwd)
+        codes = []
+        for r in range(world):
+            with open(os.path.join(codes_dir, "rc.%d" % r)) as f:
+                codes.append(int(f.read()))
+        return codes, proc.stdout, proc.stderr
+
+    def expect_bad(self, args, needles, world=2, watch=()):
+        """Every rank exits 2 with one `culprit: error:` line holding every needle; nothing changes in
+        the watched directories (the data's, the working directory)."""
+        cwd = tempfile.mkdtemp(prefix="cwd", dir=self.tmp)
+        before = listing(cwd, *watch)
+        codes, out, err = self.each_rank(["train", "--quiet"] + args, world, cwd=cwd)
+        lines = [l for l in err.splitlines() if l.startswith("culprit: error:")]
+        self.assertEqual(codes, [2] * world, "exit codes for %s:\n%s" % (args, err))
+        self.assertEqual(len(lines), 1, "want one error line for %s, got:\n%s" % (args, err))
+        for needle in needles:
+            self.assertIn(needle, lines[0])
+        for marker in ("terminate called", "Exception raised from", "Segmentation", "Traceback", "Aborted"):
+            self.assertNotIn(marker, err)
+        self.assertEqual(listing(cwd, *watch), before, "written outside the run directory by %s" % args)
+        return lines[0]
+
+
+class TokenData(DataTest):
+    def test_gpt_on_the_corpus_is_bitwise_equal_at_world_sizes(self):
+        ref = None
+        for world in (1, 2, 4):
+            res = self.train("w%d" % world, GPT + ["--data", "tokens:" + CORPUS, "--steps", "6"], world=world)
+            rows = comparable(res)
+            self.assertEqual(len(rows), 6)
+            if ref is None:
+                ref = rows
+                self.assertLess(res.metrics()[-1]["loss"], res.metrics()[0]["loss"])  # it learns
+            else:
+                self.assertEqual(rows, ref, "W=%d differs from W=1" % world)
+        # Negative control: one token of a window that step 1 reads, changed: step 1 differs.
+        tokens = tokens_of(CORPUS, "uint16")
+        sample = randperm(SEED, 0, (len(tokens) - 1) // CORPUS_T)[0]
+        tokens[sample * CORPUS_T + 5] = (tokens[sample * CORPUS_T + 5] + 1) % CORPUS_V
+        other = self.path("other.bin")
+        write_tokens(other, tokens, meta={"dtype": "uint16", "vocab": CORPUS_V, "seq_len": CORPUS_T})
+        res = self.train("changed", GPT + ["--data", "tokens:" + other, "--steps", "1"], world=2)
+        self.assertNotEqual(comparable(res)[0], ref[0])
+
+    def test_window_contract_against_numpy_and_pytorch(self):
+        tokens = tokens_of(CORPUS, "uint16")
+        x, y = windows(tokens, CORPUS_T)
+        self.assertEqual(len(x), (len(tokens) - 1) // CORPUS_T)
+        h5 = self.path("windows.h5")
+        with h5py.File(h5, "w") as f:
+            f["x"], f["y"] = x, y
+        steps = ["--steps", "4"]
+        # The token file and the same windows stored as HDF5 (another reader): the same bits.
+        tok = self.train("tokens", GPT + steps + ["--data", "tokens:" + CORPUS], world=2)
+        hdf = self.train("hdf5", GPT + steps + ["--data", "hdf5:" + h5, "--vocab", str(CORPUS_V)], world=1)
+        self.assertEqual(comparable(tok), comparable(hdf))
+        # What culprit read for step 1, sample by sample (the trace's sample fingerprints): the numpy
+        # windows of the samples randperm puts there.
+        order = randperm(SEED, 0, len(x))
+        per = 16 // 4
+        got = step_one_sample_fps(tok.run_dir)
+        self.assertEqual(sorted(got), [0, 1, 2, 3])
+        for k, fps in got.items():
+            want = [fingerprint_bytes(x[i].astype("<i8").tobytes()) for i in order[k * per:(k + 1) * per]]
+            self.assertEqual(fps, want, "micro-shard %d" % k)
+        # A TorchScript model ([B, T] ids -> [B, T, V] logits) on the token file, against PyTorch eager
+        # (reference_trainer.py) on the numpy windows.
+        model = self.path("lm.pt")
+        subprocess.run([PY, os.path.join(HERE, "scripted_models.py"), "token_lm", model], check=True)
+        args = ["--optimizer", "adamw", "--lr", "0.01", "--global-batch", "16", "--micro-shards", "4", "--steps", "4"]
+        ts = self.train("ts", ["--model", "torchscript:" + model, "--data", "tokens:" + CORPUS] + args, world=2)
+        out = subprocess.run([PY, os.path.join(HERE, "reference_trainer.py"), "--model", model, "--data", h5] + args,
+                             capture_output=True, text=True, timeout=600)
+        self.assertEqual(out.returncode, 0, out.stderr)
+        ref = [json.loads(line) for line in out.stdout.splitlines()]
+        self.assertEqual([(m["step"], np.float32(m["loss"]).tobytes(), m["fingerprint"]) for m in ts.metrics()],
+                         [(r["step"], np.float32(r["loss"]).tobytes(), r["fingerprint"]) for r in ref])
+
+    def test_uint32_tokens(self):
+        # The corpus as uint32: the same samples, the same bits as the uint16 file.
+        tokens = tokens_of(CORPUS, "uint16")
+        wide = self.path("wide.bin")
+        write_tokens(wide, tokens, "uint32", {"dtype": "uint32", "vocab": CORPUS_V, "seq_len": CORPUS_T})
+        self.assertEqual(os.path.getsize(wide), 4 * len(tokens))
+        a = self.train("u16", GPT + ["--steps", "3", "--data", "tokens:" + CORPUS], world=2)
+        b = self.train("u32", GPT + ["--steps", "3", "--data", "tokens:" + wide], world=2)
+        self.assertEqual(comparable(a), comparable(b))
+        # Ids past 16 bits are read whole: 70000 (0x11170; 0x1170 as a 16-bit id) is past --vocab 70000.
+        big = self.path("big.bin")
+        t = np.random.default_rng(4).integers(0, 70000, 16 * 20 + 1)
+        t[16 * 3 + 2] = 70000
+        write_tokens(big, t, "uint32")
+        self.expect_bad(["--run-dir", self.path("big"), "--model", "gpt", "--data", "tokens:" + big,
+                         "--token-dtype", "uint32", "--vocab", "70000", "--seq-len", "16", "--global-batch", "8",
+                         "--micro-shards", "2"],
+                        ["token id 70000 at sample 3 (position 2 ", "offset %d," % (4 * (16 * 3 + 2))])
+
+    def test_sidecar_and_options(self):
+        bare = self.path("bare.bin")
+        shutil.copyfile(CORPUS, bare)  # no sidecar: the options say it all
+        steps = GPT + ["--steps", "2"]
+        with_sidecar = self.train("sidecar", steps + ["--data", "tokens:" + CORPUS])
+        options = ["--token-dtype", "uint16", "--vocab", str(CORPUS_V), "--seq-len", str(CORPUS_T)]
+        by_options = self.train("options", steps + ["--data", "tokens:" + bare] + options)
+        both = self.train("both", steps + ["--data", "tokens:" + CORPUS] + options)
+        self.assertEqual(comparable(by_options), comparable(with_sidecar))
+        self.assertEqual(comparable(both), comparable(with_sidecar))
+        # An option that disagrees with the sidecar: one line naming both values.
+        for option, value, key, stored in (("--seq-len", "32", "seq_len", "64"), ("--vocab", "1024", "vocab", "512"),
+                                           ("--token-dtype", "uint32", "dtype", "uint16")):
+            with self.subTest(option=option):
+                self.expect_bad(["--run-dir", self.path("x" + key)] + steps + ["--data", "tokens:" + CORPUS,
+                                                                                option, value],
+                                ["option '%s' is %s" % (option, value), "says %s %s" % (key, stored)])
+        broken = self.path("broken.bin")
+        shutil.copyfile(CORPUS, broken)
+        with open(broken + ".json", "w") as f:
+            f.write("{\"dtype\": \"uint16\", \"vocab\": \n")
+        self.expect_bad(["--run-dir", self.path("broken")] + steps + ["--data", "tokens:" + broken],
+                        ["token data sidecar '%s.json'" % broken])
+
+    def test_bad_token_files(self):
+        data = self.path("data")
+        os.makedirs(data)
+        rng = np.random.default_rng(9)
+        t = rng.integers(0, 64, 16 * 30 + 1)
+        write_tokens(os.path.join(data, "good.bin"), t)
+        opts = ["--model", "gpt", "--token-dtype", "uint16", "--vocab", "64", "--seq-len", "16", "--global-batch", "8",
+                "--micro-shards", "2", "--steps", "2"]
+        with open(os.path.join(data, "odd.bin"), "wb") as f:
+            f.write(t.astype("<u2").tobytes() + b"\x01")
+        write_tokens(os.path.join(data, "short.bin"), t[:10])
+        # Token 4 of window 12 (token 196 of the file, bytes 392..393) past the vocabulary: named by its
+        # sample, its place in the window and its own file offset (it is also y[3] of that window).
+        high = t.copy()
+        high[12 * 16 + 4] = 64
+        write_tokens(os.path.join(data, "high.bin"), high)
+        # The window's last token (position 16: y[15]) is the next window's first (x[0]): the first
+        # window holding it names it.
+        last = t.copy()
+        last[7 * 16 + 16] = 65
+        write_tokens(os.path.join(data, "last.bin"), last)
+        cases = [
+            (["--data", "tokens:" + os.path.join(data, "high.bin")] + opts,
+             ["token id 64 at sample 12 (position 4 of its window of 17 tokens: x[4], y[3]); valid token ids are [0, 64)",
+              "offset 392, token 196 of the file"]),
+            (["--data", "tokens:" + os.path.join(data, "last.bin")] + opts,
+             ["token id 65 at sample 7 (position 16 of its window of 17 tokens: y[15])", "offset 256, token 128 "]),
+            (["--data", "tokens:" + os.path.join(data, "odd.bin")] + opts,
+             ["its 963 bytes are not a whole number of uint16 token ids (2 bytes each)"]),
+            (["--data", "tokens:" + os.path.join(data, "short.bin")] + opts,
+             ["holds 10 tokens: too few for one sample of --seq-len 16 (17 tokens)"]),
+            (["--data", "tokens:" + os.path.join(data, "good.bin")] + opts[:-6] + ["--global-batch", "32",
+                                                                                  "--micro-shards", "2"],
+             ["--global-batch 32 exceeds the 30 samples"]),
+            (["--data", "tokens:" + os.path.join(data, "good.bin"), "--model", "gpt", "--vocab", "64", "--seq-len", "16"],
+             ["the token dtype is not known: give --token-dtype uint16|uint32"]),
+            (["--data", "token:" + os.path.join(data, "good.bin")] + opts[:2],
+             ["unknown data source 'token:"]),
+        ]
+        for i, (args, needles) in enumerate(cases):
+            with self.subTest(case=needles[0]):
+                self.expect_bad(["--run-dir", self.path("run%d" % i)] + args, needles, watch=[data])
+
+
+class Feistel(DataTest):
+    # 40 windows of 16 tokens, batch 8: 5 steps an epoch; 12 steps cross two epoch boundaries.
+    T, N, B = 16, 40, 8
+
+    def setUp(self):
+        super().setUp()
+        self.tokens = np.random.default_rng(6).integers(0, 64, self.T * self.N + 1)
+        self.data = self.path("s.bin")
+        write_tokens(self.data, self.tokens, meta={"dtype": "uint16", "vocab": 64, "seq_len": self.T})
+        self.args = ["--model", "gpt", "--data", "tokens:" + self.data, "--global-batch", str(self.B),
+                     "--micro-shards", "4", "--optimizer", "adamw", "--lr", "0.003"]
+
+    def test_feistel_order_world_sizes_randperm_and_resume(self):
+        feistel = self.args + ["--shuffle", "feistel", "--steps", "12"]
+        ref = None
+        for world in (1, 2, 4):
+            rows = comparable(self.train("f%d" % world, feistel, world=world))
+            self.assertEqual(len(rows), 12)
+            if ref is None:
+                ref = rows
+            else:
+                self.assertEqual(rows, ref, "W=%d differs from W=1" % world)
+        # Step 1 read the windows that the order of docs/determinism.md (feistel.py) puts there.
+        x, _ = windows(self.tokens, self.T)
+        order = FeistelOrder(SEED, 0, self.N)
+        got = step_one_sample_fps(self.path("f1"))
+        per = self.B // 4
+        for k, fps in got.items():
+            want = [fingerprint_bytes(x[order.sample_at(p)].astype("<i8").tobytes()) for p in range(k * per, (k + 1) * per)]
+            self.assertEqual(fps, want, "micro-shard %d" % k)
+        # Negative control: the randperm order trains other bits.
+        other = comparable(self.train("randperm", self.args + ["--steps", "12"], world=2))
+        self.assertNotEqual(other[0], ref[0])
+        # Stopped mid-epoch at W = 2 (step 7 of 12: epoch 1), resumed at W = 4: the uninterrupted run.
+        self.train("resumed", feistel[:-1] + ["7", "--checkpoint-every", "7"], world=2)
+        res = run(["train", "--quiet", "--resume", "--steps", "12"], world=4, run_dir=self.path("resumed"))
+        self.assertEqual(res.code, 0, res.err)
+        self.assertEqual(comparable(res), ref)
+
+
+class Hdf5Streaming(DataTest):
+    def test_chunked_and_compressed_train_as_contiguous(self):
+        rng = np.random.default_rng(12)
+        x = rng.standard_normal((96, 32)).astype(np.float32)
+        y = rng.integers(0, 10, 96).astype(np.int64)
+        layouts = {
+            "contiguous": {},
+            "chunked": {"chunks": True},       # h5py picks the chunk shape
+            "rows7": {"chunks": (7, 32)},      # chunks that cut across every micro-shard
+            "gzip": {"chunks": (5, 32), "compression": "gzip", "compression_opts": 6, "shuffle": True},
+        }
+        for name, kw in layouts.items():
+            with h5py.File(self.path(name + ".h5"), "w") as f:
+                f.create_dataset("x", data=x, **kw)
+                ykw = dict({k: v for k, v in kw.items() if k != "chunks"}, chunks=True) if kw else {}
+                f.create_dataset("y", data=y, **ykw)
+        with h5py.File(self.path("gzip.h5"), "r") as f:
+            self.assertEqual(f["x"].compression, "gzip")
+            self.assertIsNone(h5py.File(self.path("contiguous.h5"), "r")["x"].chunks)
+        args = ["--model", "mlp", "--steps", "8", "--global-batch", "16", "--micro-shards", "4"]
+        ref = comparable(self.train("contiguous", args + ["--data", "hdf5:" + self.path("contiguous.h5")], world=1))
+        for name, world in (("chunked", 2), ("rows7", 4), ("gzip", 2), ("gzip", 1)):
+            with self.subTest(layout=name, world=world):
+                res = self.train("%s-w%d" % (name, world), args + ["--data", "hdf5:" + self.path(name + ".h5")], world=world)
+                self.assertEqual(comparable(res), ref)
+        # Negative control: one value changed in the compressed file changes the run.
+        x[order_first(96, 16)] += 0.25
+        with h5py.File(self.path("gzip2.h5"), "w") as f:
+            f.create_dataset("x", data=x, **layouts["gzip"])
+            f["y"] = y
+        res = self.train("gzip2", args + ["--data", "hdf5:" + self.path("gzip2.h5")], world=2)
+        self.assertNotEqual(comparable(res)[0], ref[0])
+
+    def test_unwritten_chunks_are_refused(self):
+        path = self.path("partial.h5")
+        with h5py.File(path, "w") as f:
+            d = f.create_dataset("x", shape=(64, 7), dtype="f4", chunks=(8, 7))
+            d[:32] = np.ones((32, 7), np.float32)
+            f["y"] = np.zeros(64, np.int64)
+        self.expect_bad(["--run-dir", self.path("run"), "--data", "hdf5:" + path, "--global-batch", "16",
+                         "--micro-shards", "2"], ["dataset 'x' stores 4 of its 8 chunks"])
+
+
+def order_first(n, b):
+    """The first sample step 1 reads (randperm order, default seed)."""
+    return randperm(SEED, 0, n)[0]
+
+
+DAMAGED = re.compile(r"^damaged: block (\d+), file offset (\d+)\.\.(\d+): .*: (.*)$")
+
+
+def sample_runs(text):
+    """'samples 3..7, 12' -> [(3, 7), (12, 12)]."""
+    out = []
+    m = re.search(r"samples ([0-9., ]+)", text)
+    for part in m.group(1).split(","):
+        part = part.strip()
+        if not part:
+            continue
+        a, _, b = part.partition("..")
+        out.append((int(a), int(b or a)))
+    return out
+
+
+class DataRecord(DataTest):
+    BLOCK = 4096
+
+    def prepare(self, data, extra=(), cwd=None, block=BLOCK):
+        res = subprocess.run([CULPRIT, "prepare-data", "--data", data, "--block-bytes", str(block)] + list(extra),
+                             capture_output=True, text=True, timeout=TIMEOUT, cwd=cwd)
+        self.assertEqual(res.returncode, 0, res.stderr)
+        return res
+
+    def verify(self, data, extra=()):
+        return run(["verify-data", "--data", data] + list(extra))
+
+    def damaged_lines(self, res):
+        self.assertEqual(res.code, 4, res.out + res.err)
+        lines = [DAMAGED.match(l) for l in res.out.splitlines() if l.startswith("damaged:")]
+        self.assertTrue(all(lines), res.out)
+        return lines
+
+    def test_hdf5_contiguous_and_chunked(self):
+        rng = np.random.default_rng(3)
+        x = rng.standard_normal((400, 24)).astype(np.float32)
+        y = rng.integers(0, 5, 400)
+        cases = {"contiguous": {}, "chunked": {"chunks": (16, 24), "compression": "gzip"}}
+        for name, kw in cases.items():
+            path = self.path(name + ".h5")
+            with h5py.File(path, "w") as f:
+                f.create_dataset("x", data=x, **kw)
+                f["y"] = y
+            with self.subTest(layout=name):
+                self.prepare("hdf5:" + path)
+                self.assertTrue(os.path.exists(path + ".culprit.json"))
+                clean = self.verify("hdf5:" + path)
+                self.assertEqual(clean.code, 0, clean.out + clean.err)
+                self.assertIn("blocks match the record", clean.out)
+                row = 237
+                with h5py.File(path, "r") as f:
+                    d = f["x"]
+                    if d.chunks is None:
+                        offset = d.id.get_offset() + row * 24 * 4 + 5   # inside row 237's bytes
+                        rows = (row, row)
+                    else:
+                        info = next(d.id.get_chunk_info(i) for i in range(d.id.get_num_chunks())
+                                    if d.id.get_chunk_info(i).chunk_offset[0] <= row <
+                                    d.id.get_chunk_info(i).chunk_offset[0] + 16)
+                        offset = info.byte_offset + info.size // 2     # inside the chunk holding row 237
+                        rows = (info.chunk_offset[0], info.chunk_offset[0] + 15)
+                flip_byte(path, offset)
+                lines = self.damaged_lines(self.verify("hdf5:" + path))
+                self.assertEqual(len(lines), 1, [l.group(0) for l in lines])
+                block, lo, hi = (int(v) for v in lines[0].groups()[:3])
+                self.assertEqual((block, lo), (offset // self.BLOCK, offset // self.BLOCK * self.BLOCK))
+                self.assertTrue(lo <= offset < hi, (lo, offset, hi))
+                runs = sample_runs(lines[0].group(4))
+                self.assertTrue(any(a <= rows[0] and rows[1] <= b for a, b in runs), (rows, runs))
+        none = self.verify("hdf5:" + self.path("nothing.h5"))
+        self.assertEqual(none.code, 2, none.err)
+
+    def test_token_files(self):
+        # scripts/tokenize.py's corpus (its sidecar says dtype, vocab and seq_len 64), and a file that
+        # has no sidecar (the options say it; verify-data's --seq-len names the samples).
+        bare = self.path("t.bin")
+        write_tokens(bare, np.random.default_rng(8).integers(0, 500, 30000 + 1))
+        corpus = self.path("corpus.bin")
+        shutil.copyfile(CORPUS, corpus)
+        shutil.copyfile(CORPUS + ".json", corpus + ".json")
+        cases = (("corpus", corpus, CORPUS_T, [], []),
+                 ("bare", bare, 16, ["--token-dtype", "uint16", "--vocab", "500"], ["--token-dtype", "uint16", "--seq-len", "16"]))
+        for name, path, T, prepare_opts, verify_opts in cases:
+            with self.subTest(file=name):
+                self.prepare("tokens:" + path, prepare_opts)
+                clean = self.verify("tokens:" + path, verify_opts)
+                self.assertEqual(clean.code, 0, clean.out + clean.err)
+                self.assertIn("blocks match the record", clean.out)
+                sample, pos = 1234 if name == "bare" else 1000, 7
+                token = sample * T + pos
+                offset = token * 2  # the low byte of token 7 of the window
+                flip_byte(path, offset)
+                lines = self.damaged_lines(self.verify("tokens:" + path, verify_opts))
+                self.assertEqual(len(lines), 1, [l.group(0) for l in lines])
+                block, lo, hi = (int(v) for v in lines[0].groups()[:3])
+                self.assertEqual((block, lo), (offset // self.BLOCK, offset // self.BLOCK * self.BLOCK))
+                self.assertTrue(lo <= offset < hi)
+                self.assertEqual(hi, min(lo + self.BLOCK, os.path.getsize(path)))
+                # The samples named are the windows of T tokens that hold the block's tokens: the
+                # damaged window among them, and no window outside the block.
+                runs = sample_runs(lines[0].group(4))
+                self.assertEqual(len(runs), 1, lines[0].group(0))
+                first, last = runs[0]
+                self.assertTrue(first <= sample <= last, (sample, runs))
+                self.assertEqual(first, max(0, (lo // 2 - 1) // T) if lo else 0)
+                self.assertEqual(last, min((len(tokens_of(path, "uint16")) - 1) // T - 1, (hi // 2 - 1) // T))
+                self.assertIn("tokens %d..%d" % (lo // 2, hi // 2 - 1), lines[0].group(4))
+        # Without a window length, verify-data names the block's tokens.
+        flat = self.verify("tokens:" + bare, ["--token-dtype", "uint16"])
+        lines = self.damaged_lines(flat)
+        self.assertNotIn("samples", lines[0].group(4))
+        lo, hi = int(lines[0].group(2)), int(lines[0].group(3))
+        self.assertEqual(lines[0].group(4), "tokens %d..%d" % (lo // 2, hi // 2 - 1))
+
+    def test_prepare_data_of_a_large_token_file(self):
+        # 64 MiB of tokens: prepare-data reads them in windows of one token. It took 45 s here when
+        # every window's pages were released with a syscall of their own (100 MB: 73 s); about 0.5 s
+        # once a call's windows are released together. The bound leaves room for a slow machine.
+        path = self.path("big.bin")
+        np.random.default_rng(1).integers(0, 50000, 32 << 20, dtype=np.uint16).astype("<u2").tofile(path)
+        t0 = time.monotonic()
+        res = self.prepare("tokens:" + path, ["--token-dtype", "uint16"], block=4 << 20)
+        seconds = time.monotonic() - t0
+        self.assertIn("%d tokens, %d bytes in 16 blocks of 4194304" % (32 << 20, 64 << 20), res.stdout)
+        self.assertLess(seconds, 15.0, res.stdout)
+
+    def test_a_record_stands_for_the_scan(self):
+        # 40 windows of 16 tokens, batch 8: step 3 reads positions 16..23 of epoch 0's order.
+        T, N, B = 16, 40, 8
+        path = self.path("t.bin")
+        tokens = np.random.default_rng(10).integers(0, 64, T * N + 1)
+        write_tokens(path, tokens)
+        opts = ["--token-dtype", "uint16", "--vocab", "64"]
+        # The record is made with a relative path (from the file's directory) and read by a run given
+        # the absolute one: it is the record beside the file either way.
+        self.prepare("tokens:t.bin", opts, cwd=self.tmp)
+        # After prepare-data, a token past the vocabulary in a window that step 3 reads, the file's
+        # modification time kept: the record still vouches for the file, so the run does not scan it
+        # at open; the check of every read finds it when step 3 reads that window.
+        sample = randperm(SEED, 0, N)[2 * B + 3]
+        bad = tokens.copy()
+        bad[sample * T + 5] = 100
+        keep_mtime(path, lambda p: write_tokens(p, bad))
+        args = ["train", "--quiet", "--model", "gpt", "--data", "tokens:" + path, "--seq-len", str(T), "--global-batch",
+                str(B), "--micro-shards", "4", "--steps", "5", "--checkpoint-every", "1"] + opts
+        codes, out, err = self.each_rank(args + ["--run-dir", self.path("read")], 2)
+        self.assertEqual(codes, [2, 2], err)
+        lines = [l for l in err.splitlines() if l.startswith("culprit: error:")]
+        self.assertEqual(len(lines), 1, err)
+        self.assertIn("token id 100 at sample %d (position 5 " % sample, lines[0])
+        for marker in ("terminate called", "Exception raised from", "Aborted"):
+            self.assertNotIn(marker, err)
+        with open(self.path("read", "metrics.jsonl")) as f:
+            steps = [json.loads(l)["step"] for l in f]
+        self.assertIn(steps, ([1, 2], [1, 2, 3]))  # steps 1 and 2 trained; none after 3
+        self.assertEqual(sorted(os.listdir(self.path("read", "checkpoints")))[-1], "step-00000002.h5")
+        # A record of another size is not this file's: the scan at open runs and finds the token
+        # before any step.
+        record = path + ".culprit.json"
+        with open(record) as f:
+            r = json.load(f)
+        r["file_bytes"] += 2
+        with open(record, "w") as f:
+            json.dump(r, f)
+        codes, out, err = self.each_rank(args + ["--run-dir", self.path("open")], 2)
+        self.assertEqual(codes, [2, 2], err)
+        self.assertIn("token id 100 at sample %d (position 5 " % sample, err)
+        self.assertFalse(os.path.exists(self.path("open", "metrics.jsonl")) and
+                         os.path.getsize(self.path("open", "metrics.jsonl")) > 0)
+
+
+if __name__ == "__main__":
+    unittest.main(verbosity=2)
