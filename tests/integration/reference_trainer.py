@@ -19,22 +19,12 @@ import torch.nn.functional as F
 import xxhash
 
 import builtin_models
+from feistel import key, splitmix64  # noqa: F401 (the contract's counter-based randomness, written once)
 
 MASK = (1 << 64) - 1
 STREAM_DROPOUT = 3
 CHUNK = 4096
 DTYPE_CODES = {torch.float32: 0, torch.float64: 1, torch.int64: 2, torch.int32: 3}
-
-
-def splitmix64(x):
-    x = (x + 0x9E3779B97F4A7C15) & MASK
-    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & MASK
-    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & MASK
-    return x ^ (x >> 31)
-
-
-def key(seed, stream, a, b):
-    return splitmix64((splitmix64((splitmix64(seed ^ stream) + a) & MASK) + b) & MASK)
 
 
 def fingerprint_bytes(data):
