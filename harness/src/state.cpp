@@ -19,6 +19,7 @@ void Trainer::snapshot(std::int64_t step, ckpt::Checkpoint* cp, const std::vecto
     if (group.size() <= i) group.resize(i + 1);
     ckpt::RawTensor& r = group[i++];
     r.name = name;
+    r.slice_lo = -1;  // whole
     // Contiguous host tensors (parameters, optimizer state) are read in place: on the I/O thread,
     // while the main thread runs the next forward and backward passes, nothing goes through
     // libtorch's dispatcher or touches the tensors' autograd metadata.
