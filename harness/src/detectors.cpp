@@ -81,10 +81,14 @@ void StepDetectors::vote(StepFacts& f) {
   VoteLayout layout;
   layout.world = W;
   if (replicas) {
-    // Parameters and optimizer state must be bitwise identical on every rank.
+    // Parameters and optimizer state must be bitwise identical on every rank. With
+    // --shard-optimizer the ranks share the parameters only: each holds its own slice of the state
+    // (covered by the trace's slice records, which a replay checks).
     mine.replica = f.param_fps;
-    const auto opt = f.opt_fps.empty() ? probe_.optimizer_fps() : f.opt_fps;  // the trace's, once
-    mine.replica.insert(mine.replica.end(), opt.begin(), opt.end());
+    if (!cfg_->shard_optimizer) {
+      const auto opt = f.opt_fps.empty() ? probe_.optimizer_fps() : f.opt_fps;  // the trace's, once
+      mine.replica.insert(mine.replica.end(), opt.begin(), opt.end());
+    }
     layout.replica = mine.replica.size();
   }
   mine.bad_shard = f.bad_shard;
