@@ -137,7 +137,12 @@ void nothing_differs(Context& ctx, Finding* f, Evidence* ev) {
 // search examined) against the data file's record (docs/data.md); each rank reads the same file,
 // and the first changed sample is agreed.
 Status check_data(Context& ctx, Finding* f, Evidence* ev) {
-  if (ctx.searching_back || !harness::Engine::has_data_record(ctx.run.cfg)) return Status::OK();
+  if (ctx.searching_back) return Status::OK();
+  // Each rank looks at the record on its own filesystem: they agree (the lowest answer) before any
+  // of them enters the collectives below.
+  int record = harness::Engine::has_data_record(ctx.run.cfg) ? 1 : 0;
+  CULPRIT_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &record, 1, MPI_INT, MPI_MIN, ctx.comm.comm));
+  if (!record) return Status::OK();
   if (!ctx.engine) {  // the search is over: an engine for the run's sample order and data
     std::string path;
     CULPRIT_RETURN_IF_ERROR(open_from(&ctx, ckpt::kAnyStep, ckpt::Pick::kOldest, &path));
@@ -163,7 +168,9 @@ Status check_data(Context& ctx, Finding* f, Evidence* ev) {
       for (std::int64_t i : ctx.engine->shard_samples_of(t, k)) samples.push_back(i), step_of.push_back(t);
   }
   std::vector<harness::ChangedSample> changed;
-  CULPRIT_RETURN_IF_ERROR(agree(ctx.comm, ctx.engine->changed_samples(samples, &changed)));
+  std::string skipped;
+  CULPRIT_RETURN_IF_ERROR(agree(ctx.comm, ctx.engine->changed_samples(samples, &changed, &skipped)));
+  if (!skipped.empty()) ctx.note(skipped);
   // changed_samples keeps the order it was given: the first is the worst micro-shard's.
   std::int64_t at = changed.empty() ? INT64_MAX
                                     : std::find(samples.begin(), samples.end(), changed[0].sample) - samples.begin();

@@ -131,13 +131,22 @@ bool find_prepared(const DataSpec& data, PreparedFacts* out) {
   return true;
 }
 
-Status changed_samples(const TrainConfig& cfg, const std::vector<std::int64_t>& samples, std::vector<DamagedSample>* out) {
+Status changed_samples(const TrainConfig& cfg, const std::vector<std::int64_t>& samples, std::vector<DamagedSample>* out,
+                       std::string* skipped) {
   out->clear();
   DataRecord r;
   if (cfg.data.kind == DataKind::kSynthetic || !read_data_record(record_path(cfg.data), &r).ok()) return Status::OK();
   std::uint64_t bytes = 0;
   std::int64_t mtime = 0;
   CULPRIT_RETURN_IF_ERROR(stat_file(cfg.data.path, &bytes, &mtime));
+  // A record of another file (another kind, another size: the file was made again on purpose) says
+  // nothing about this one's bytes. One of the same size is compared (damage keeps the size).
+  if (!same_kind(r.data, cfg.data) || bytes != r.file_bytes) {
+    if (skipped)
+      *skipped = "the data record " + record_path(cfg.data) + " is of " + r.data + ", " + std::to_string(r.file_bytes) +
+                 " bytes; the file holds " + std::to_string(bytes) + ": not compared (run culprit prepare-data again)";
+    return Status::OK();
+  }
   Dataset d;
   CULPRIT_RETURN_IF_ERROR(open_unscanned(cfg, &d));
   std::map<std::uint64_t, bool> changed;  // each block read once, however many samples share it

@@ -52,7 +52,8 @@ struct DamagedSample {
   std::uint64_t block_offset = 0, block_bytes = 0;  // the changed block
 };
 // The samples of `samples` whose bytes changed since prepare-data (none: no record, or none
-// changed). BadInput when the record is not this file's (another size).
-Status changed_samples(const TrainConfig& cfg, const std::vector<std::int64_t>& samples, std::vector<DamagedSample>* out);
+// changed). A record of another kind or size is not compared: *skipped says so.
+Status changed_samples(const TrainConfig& cfg, const std::vector<std::int64_t>& samples, std::vector<DamagedSample>* out,
+                       std::string* skipped = nullptr);
 
 }  // namespace culprit::harness

@@ -193,9 +193,10 @@ class EngineImpl : public Engine {
     return st;
   }
   std::vector<Fingerprint> reduced_param_fps() const override { return trainer_->reduced_param_fps(); }
-  Status changed_samples(const std::vector<std::int64_t>& samples, std::vector<ChangedSample>* out) override {
+  Status changed_samples(const std::vector<std::int64_t>& samples, std::vector<ChangedSample>* out,
+                         std::string* skipped) override {
     std::vector<DamagedSample> damaged;
-    CULPRIT_RETURN_IF_ERROR(harness::changed_samples(cfg_, samples, &damaged));
+    CULPRIT_RETURN_IF_ERROR(harness::changed_samples(cfg_, samples, &damaged, skipped));
     out->clear();
     for (const auto& d : damaged)
       out->push_back({d.sample, d.where.file, d.where.offset, d.block_offset, d.block_bytes, d.where.text()});
@@ -265,7 +266,6 @@ Status Engine::open(const TrainConfig& cfg, const Comm& comm, const ckpt::Checkp
 }
 
 bool Engine::has_data_record(const TrainConfig& cfg) {
-  PreparedFacts facts;
   DataRecord r;
   return cfg.data.kind != DataKind::kSynthetic && read_data_record(cfg.data.path + kDataRecordSuffix, &r).ok();
 }

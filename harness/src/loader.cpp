@@ -10,8 +10,8 @@ double since(std::chrono::steady_clock::time_point t0) {
 }
 }  // namespace
 
-SampleLoader::SampleLoader(const Dataset& data, SampleChecks checks, Executor hdf5_executor)
-    : data_(data), checks_(std::move(checks)), hdf5_(std::move(hdf5_executor)) {
+SampleLoader::SampleLoader(const Dataset& data, SampleChecks checks, Executor hdf5_executor, Waiter waiter)
+    : data_(data), checks_(std::move(checks)), hdf5_(std::move(hdf5_executor)), waiter_(std::move(waiter)) {
   if (!data_.reader->uses_hdf5()) thread_ = std::make_unique<IoWorker>();
 }
 
@@ -53,6 +53,14 @@ std::shared_ptr<ShardSamples> SampleLoader::start(std::vector<std::int64_t> idx,
   return s;
 }
 
+// A read ahead is normally done or nearly so: a short plain wait first, then the waiter's (which
+// polls the watchdog every millisecond).
+void SampleLoader::wait(const std::shared_future<void>& done) {
+  if (done.wait_for(std::chrono::milliseconds(50)) == std::future_status::ready || !waiter_) return done.wait();
+  waiter_([&done] { return done.wait_for(std::chrono::seconds(0)) == std::future_status::ready; },
+          "reading the step's samples");
+}
+
 void SampleLoader::prefetch(std::int64_t step, int k, std::vector<std::int64_t> idx) {
   Pending p;
   p.samples = start(std::move(idx), &p.done, /*ahead=*/true);
@@ -63,19 +71,19 @@ std::shared_ptr<const ShardSamples> SampleLoader::fetch(std::int64_t step, int k
                                                         std::size_t count) {
   const auto t0 = std::chrono::steady_clock::now();
   for (auto it = ahead_.begin(); it != ahead_.end() && it->first.first < step;) {
-    it->second.done.wait();
+    wait(it->second.done);
     it = ahead_.erase(it);
   }
   std::shared_ptr<ShardSamples> s;
   auto it = ahead_.find({step, k});
   if (it != ahead_.end() && it->second.samples->idx.size() == count &&
       std::equal(idx, idx + count, it->second.samples->idx.begin())) {
-    it->second.done.wait();
+    wait(it->second.done);
     s = it->second.samples;
   } else {
     std::shared_future<void> done;
     s = start(std::vector<std::int64_t>(idx, idx + count), &done, /*ahead=*/false);
-    done.wait();
+    wait(done);
   }
   wait_ += since(t0);
   return s;

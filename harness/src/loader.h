@@ -31,7 +31,10 @@ class SampleLoader {
   using Executor = std::function<void(std::function<Status()>)>;
   // hdf5_executor: for a source that uses HDF5 (null: run such reads on the calling thread, which
   // must then be the only one calling HDF5). Other sources read ahead on a thread of the loader's.
-  SampleLoader(const Dataset& data, SampleChecks checks, Executor hdf5_executor = nullptr);
+  // Waits until ready() for what the loader waits for; the trainer's bounds the wait by the
+  // collective watchdog (an HDF5 read queued behind a stuck checkpoint write must not hang the job).
+  using Waiter = std::function<void(const std::function<bool()>& ready, const char* what)>;
+  SampleLoader(const Dataset& data, SampleChecks checks, Executor hdf5_executor = nullptr, Waiter waiter = nullptr);
   ~SampleLoader();
   SampleLoader(const SampleLoader&) = delete;
   SampleLoader& operator=(const SampleLoader&) = delete;
@@ -52,11 +55,13 @@ class SampleLoader {
     std::shared_future<void> done;
   };
   std::shared_ptr<ShardSamples> start(std::vector<std::int64_t> idx, std::shared_future<void>* done, bool ahead);
+  void wait(const std::shared_future<void>& done);
   Status read_into(ShardSamples* s);
 
   const Dataset& data_;
   SampleChecks checks_;
   Executor hdf5_;
+  Waiter waiter_;
   std::unique_ptr<IoWorker> thread_;  // read-ahead of sources that do not use HDF5
   std::map<std::pair<std::int64_t, int>, Pending> ahead_;
   double wait_ = 0, read_ = 0;

@@ -18,13 +18,13 @@ std::unique_ptr<optim::OptimizerOptions> options_of(const OptimizerOptions& o, d
 
 OptimizerState::OptimizerState(const OptimizerOptions& o, const std::vector<at::Tensor>& params,
                                const std::vector<bool>& decays)
-    : o_(o) {
+    : o_(o), lr_(o.lr) {
   for (std::size_t i = 0; i < params.size(); ++i) slots_.push_back({i, 0, params[i]});
   build(params, decays);
 }
 
 OptimizerState::OptimizerState(const OptimizerOptions& o, std::vector<OptimizerSlot> slots, const std::vector<bool>& decays)
-    : o_(o), slots_(std::move(slots)) {
+    : o_(o), lr_(o.lr), slots_(std::move(slots)) {
   std::vector<at::Tensor> tensors;
   std::vector<bool> slot_decays;
   for (const auto& s : slots_) {
@@ -64,10 +64,12 @@ std::int64_t OptimizerState::state_bytes() const {
 }
 
 void OptimizerState::set_lr(double lr) {
+  lr_ = lr;
   for (auto& group : opt_->param_groups()) group.options().set_lr(lr);
 }
 
-double OptimizerState::lr() const { return opt_->param_groups()[0].options().get_lr(); }
+// Kept beside the groups: a sharded rank may hold no slice, and so no group.
+double OptimizerState::lr() const { return lr_; }
 
 at::Tensor OptimizerState::primary(const at::Tensor& p) const {
   auto& state = opt_->state();

@@ -70,6 +70,7 @@ class OptimizerState {
  private:
   void build(const std::vector<at::Tensor>& tensors, const std::vector<bool>& decays);
   const OptimizerOptions& o_;
+  double lr_;
   std::vector<OptimizerSlot> slots_;
   std::vector<int> slot_of_;  // per parameter: its slot's index, -1: none
   std::unique_ptr<torch::optim::Optimizer> opt_;

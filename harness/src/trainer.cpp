@@ -152,6 +152,12 @@ void Trainer::step(std::int64_t s, StepMode mode, trace::StepRow* replayed) {
   const auto t0 = std::chrono::steady_clock::now();
   const double lr = begin_step(s, mode);
   compute_local_shards();
+  // A sample the data source refused (a data file changed under the run) computed as zeros: the
+  // ranks agree on it before any detector sees the step, and the run ends with the data's error.
+  if (mode == StepMode::kTrain) {
+    step_.data_error = agree(comm_, data_status_);
+    if (!step_.data_error.ok()) return;
+  }
   {
     Stopwatch sw(&step_.facts.seconds);
     detectors_.check_shards(step_.facts);
@@ -364,15 +370,16 @@ Status Trainer::run(std::int64_t start_step, const std::string& resumed_from) {
   set_fingerprint(flat_.params, &initial);
   detectors_.start(initial);
   spot_leaf_.assign(static_cast<std::size_t>(flat_.size + 1), 0.0f);
+  // The first step's samples are read ahead before the initial checkpoint: an HDF5 source reads on
+  // the I/O thread, where they would queue behind the checkpoint's write.
+  read_ahead(start_step + 1);
   // A fresh run checkpoints its initial state, so a valid checkpoint from before any fault exists
   // (this also faults in the host buffers of the state copy before training starts).
   Status st = start_step == 0 ? save_checkpoint(0) : Status::OK();
   const auto t0 = std::chrono::steady_clock::now();
   for (std::int64_t s = start_step + 1; s <= cfg_.steps && st.ok(); ++s) {
     step(s, StepMode::kTrain);
-    // A sample the data source refused (a data file changed under the run) ends the job on every
-    // rank, before any detector's verdict on a step that computed without it.
-    st = agree(comm_, data_status_);
+    st = step_.data_error;  // agreed in the step, before its vote
     if (!st.ok()) break;
     if (!detectors_.halt().ok()) {
       st = detectors_.halt();  // no checkpoint of a state the detectors rejected

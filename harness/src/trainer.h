@@ -62,6 +62,7 @@ struct StepState {
   float clip_factor = 1;  // --clip-grad-norm: what the reduced gradient was multiplied by
   double clip_seconds = 0;  // and how long clipping took
   double data_wait = 0, data_read = 0;  // seconds waited for samples, and spent reading them
+  Status data_error;   // a refused sample, agreed by every rank (the step stopped there)
 };
 
 class Trainer {

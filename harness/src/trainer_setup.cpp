@@ -7,11 +7,14 @@
 #include <torch/cuda.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdlib>
+#include <thread>
 
 #ifdef CULPRIT_HAVE_CUDA
 #include "culprit/screen_cuda.h"
 #endif
+#include "culprit/watchdog.h"
 #include "finite.h"
 #include "trainer.h"
 
@@ -116,10 +119,16 @@ Status Trainer::init(StepMode mode) {
     clipped_ = torch::zeros({flat_.size + 1}, torch::TensorOptions().dtype(torch::kFloat32).device(device_));
   // An HDF5 source reads where the run's other HDF5 calls are made: on the I/O thread once the run
   // has one (start_run), until then here.
-  loader_ = std::make_unique<SampleLoader>(data_, run_checks(cfg_, data_), [this](std::function<Status()> job) {
-    if (pipeline_) pipeline_->submit(std::move(job));
-    else job();
-  });
+  loader_ = std::make_unique<SampleLoader>(
+      data_, run_checks(cfg_, data_),
+      [this](std::function<Status()> job) {
+        if (pipeline_) pipeline_->submit(std::move(job));
+        else job();
+      },
+      [this](const std::function<bool()>& ready, const char* what) {
+        if (comm_.watchdog) return comm_.watchdog->wait_until(ready, what);
+        while (!ready()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      });
   detectors_.configure(cfg_, comm_, flat_.names(), probe());
   const std::vector<std::string> model_layers = model_.layers();
   CULPRIT_RETURN_IF_ERROR(faults_.parse(cfg_.inject, model_layers, flat_.params, flat_.offsets, comm_.size, cfg_.seed, mode));

@@ -71,7 +71,7 @@ Status audit_interval(const RunRecord& run, const Comm& solo, const Ckpts& ckpts
   StepResult sr;
   while (engine->step() < to && verdict.empty()) {
     CULPRIT_RETURN_IF_ERROR(engine->run_step(&sr));
-    const StepComparison cmp = compare_step(sr, run.trace, schema);
+    const StepComparison cmp = compare_step(sr, run.trace, schema, engine.get());
     const std::string T = std::to_string(sr.step);
     if (!cmp.shards.empty()) {
       const auto& m = cmp.shards[0];

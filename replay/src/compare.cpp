@@ -114,7 +114,12 @@ std::string UpdateDifference::describe() const {
     case UpdateWhere::kReducedGradient:
       return "the reduced gradient differs (fingerprint " + fingerprint_hex(got) + ", recorded " + fingerprint_hex(want) +
              ")";
-    case UpdateWhere::kParameter: return "parameter '" + param + "' differs after the update";
+    case UpdateWhere::kParameter:
+      return "parameter '" + param + "' differs after the update" +
+             (owner >= 0 ? " (in the slice rank " + std::to_string(owner) + " updated: --shard-optimizer)" : "");
+    case UpdateWhere::kSlice:
+      return "the slice rank " + std::to_string(owner) +
+             " updated (--shard-optimizer: its parameters or optimizer state) differs from the replay's";
     case UpdateWhere::kLoss:
       return "the step's loss differs: replayed " + float_bits(got_loss) + ", recorded " + float_bits(want_loss);
   }
@@ -147,6 +152,23 @@ UpdateDifference update_difference(const StepResult& got, const trace::StepRow& 
   return d;
 }
 
+void check_slices(const harness::Engine& engine, const trace::RunTrace& rec, std::int64_t step, UpdateDifference* d) {
+  for (int r : rec.ranks) {
+    auto it = rec.steps.find({r, step});
+    if (it == rec.steps.end() || it->second.shard.size() < 4) continue;
+    const auto& want = it->second.shard;
+    const auto got = engine.slice_record(static_cast<std::int64_t>(want[0]), static_cast<std::int64_t>(want[1]));
+    if (got == want) continue;
+    d->owner = r;
+    if (!*d) {
+      d->where = UpdateWhere::kSlice;
+      d->got = got[3] != want[3] ? got[3] : got[2];
+      d->want = got[3] != want[3] ? want[3] : want[2];
+    }
+    return;
+  }
+}
+
 // ---- steps ----
 
 Schema schema_of(const harness::Engine& engine, const trace::RunTrace& rec) {
@@ -157,7 +179,8 @@ Schema schema_of(const harness::Engine& engine, const trace::RunTrace& rec) {
   return s;
 }
 
-StepComparison compare_step(const StepResult& got, const trace::RunTrace& rec, const Schema& schema) {
+StepComparison compare_step(const StepResult& got, const trace::RunTrace& rec, const Schema& schema,
+                            const harness::Engine* engine) {
   StepComparison out;
   for (const auto& r : got.shards) {
     auto it = rec.shards.find({r.step, r.shard});
@@ -167,6 +190,7 @@ StepComparison compare_step(const StepResult& got, const trace::RunTrace& rec, c
     if (d) out.shards.push_back({r.shard, it->second.rank, it->second.host, d});
   }
   if (const trace::StepRow* row = rec.step(got.step)) out.update = update_difference(got, *row, schema.params);
+  if (engine) check_slices(*engine, rec, got.step, &out.update);
   return out;
 }
 

@@ -35,7 +35,7 @@ Status replay_prior_step(harness::Engine& engine, const RunRecord& run, const Sc
                          PriorStep* out) {
   StepResult sr;
   CULPRIT_RETURN_IF_ERROR(engine.run_step(&sr));
-  const StepComparison cmp = compare_step(sr, run.trace, schema);
+  const StepComparison cmp = compare_step(sr, run.trace, schema, &engine);
   std::vector<std::string> mine;
   for (const auto& m : cmp.shards) mine.push_back(encode(to_json(PriorStep::Shard{comm.rank, m})));
   out->step = sr.step;
@@ -179,6 +179,7 @@ Status run(const Options& opt, const Comm& comm, ReplayReport* out) {
   StepResult sr;
   CULPRIT_RETURN_IF_ERROR(engine->run_step(&sr));
   rep.update = update_difference(sr, *run.trace.step(opt.step), schema.params);
+  check_slices(*engine, run.trace, opt.step, &rep.update);
   // Rank 0 holds the whole report; the verdict travels from there.
   int mismatches = rep.mismatches();
   say(text_examined(rep));

@@ -67,7 +67,7 @@ ShardDifference shard_difference_from(const json& j) {
 }
 
 json to_json(const UpdateDifference& d) {
-  return json{{"where", name_of(d.where)}, {"param", d.param},
+  return json{{"where", name_of(d.where)}, {"param", d.param},        {"owner", d.owner},
               {"got", fingerprint_hex(d.got)}, {"want", fingerprint_hex(d.want)}, {"detail", d.describe()}};
 }
 

@@ -114,7 +114,9 @@ class Engine {
   virtual std::vector<std::int64_t> shard_samples_of(std::int64_t step, int k) = 0;
   // Local: those of `samples` whose stored bytes changed since prepare-data recorded the data file
   // (none without a record, or with synthetic data).
-  virtual Status changed_samples(const std::vector<std::int64_t>& samples, std::vector<ChangedSample>* out) = 0;
+  // *skipped: why the record was not compared (of another file), or empty.
+  virtual Status changed_samples(const std::vector<std::int64_t>& samples, std::vector<ChangedSample>* out,
+                                 std::string* skipped) = 0;
   // Local: where sample i is stored, for people ("" for synthetic data); *file, *offset: its file
   // and first byte.
   virtual std::string sample_location(std::int64_t i, std::string* file = nullptr, std::int64_t* offset = nullptr) = 0;

@@ -54,11 +54,14 @@ ShardDifference first_difference(const ShardResult& got, const ShardResult& want
 bool same_result(const ShardResult& a, const ShardResult& b);
 
 // Where a step's update first differs from its record.
-enum class UpdateWhere { kNone, kReducedGradient, kParameter, kLoss };
+// kSlice: --shard-optimizer, a rank's slice (its parameters after the update or its optimizer
+// state) differs from the replay's, though no parameter does yet (an optimizer fault).
+enum class UpdateWhere { kNone, kReducedGradient, kParameter, kLoss, kSlice };
 inline constexpr NameRow<UpdateWhere> kUpdateWhereNames[] = {{UpdateWhere::kNone, ""},
                                                               {UpdateWhere::kReducedGradient, "reduced-gradient"},
                                                               {UpdateWhere::kParameter, "parameter"},
-                                                              {UpdateWhere::kLoss, "loss"}};
+                                                              {UpdateWhere::kLoss, "loss"},
+                                                              {UpdateWhere::kSlice, "slice"}};
 constexpr NameTable<UpdateWhere> enum_names(UpdateWhere) {
   return {kUpdateWhereNames, std::size(kUpdateWhereNames), "place"};
 }
@@ -69,10 +72,15 @@ struct UpdateDifference {
   std::string param;  // kParameter
   Fingerprint got = 0, want = 0;
   float got_loss = 0, want_loss = 0;
+  int owner = -1;  // --shard-optimizer: the rank whose recorded slice differs (it computed it)
   explicit operator bool() const { return where != UpdateWhere::kNone; }
   std::string describe() const;
 };
 UpdateDifference update_difference(const StepResult& got, const trace::StepRow& want, const std::vector<std::string>& params);
+// --shard-optimizer: each rank's recorded slice of step `step` (trace::StepRow::shard) against the
+// engine's, which has just replayed that step; the first rank whose slice differs becomes the
+// difference's owner (and the difference, kSlice, when there was none).
+void check_slices(const harness::Engine& engine, const trace::RunTrace& rec, std::int64_t step, UpdateDifference* d);
 
 // A replayed step against the run's record: every micro-shard this rank computed, then the update.
 struct ShardMismatch {
@@ -93,7 +101,9 @@ struct Schema {
   bool layers_recorded = false;
 };
 Schema schema_of(const harness::Engine& engine, const trace::RunTrace& rec);
-StepComparison compare_step(const StepResult& got, const trace::RunTrace& rec, const Schema& schema);
+// engine: the engine that replayed the step (its slices are checked; null: not).
+StepComparison compare_step(const StepResult& got, const trace::RunTrace& rec, const Schema& schema,
+                            const harness::Engine* engine = nullptr);
 
 // The run a replay works on: its configuration and every rank's trace.
 struct RunRecord {
