@@ -79,7 +79,7 @@ struct Context {
   bool sharded_at(std::int64_t s) const {
     for (int r : run.trace.ranks) {
       auto it = run.trace.steps.find({r, s});
-      if (it != run.trace.steps.end() && !it->second.shard.empty()) return true;
+      if (it != run.trace.steps.end() && it->second.shard) return true;
     }
     return false;
   }

@@ -46,10 +46,9 @@ void sharded_records(const Context& ctx, std::int64_t s, const std::vector<std::
   for (int r : ctx.run.trace.ranks) {
     auto it = ctx.run.trace.steps.find({r, s});
     rows.push_back(it == ctx.run.trace.steps.end() ? nullptr : &it->second);
-    const auto slice = rows.back() && !rows.back()->shard.empty()
-                           ? ctx.engine->slice_record(static_cast<std::int64_t>(rows.back()->shard[0]),
-                                                      static_cast<std::int64_t>(rows.back()->shard[1]))
-                           : std::vector<std::uint64_t>(4, 0);
+    const auto slice = rows.back() && rows.back()->shard
+                           ? ctx.engine->slice_record(rows.back()->shard->lo, rows.back()->shard->hi).words()
+                           : std::array<std::uint64_t, 4>{};
     mine.insert(mine.end(), slice.begin(), slice.end());
   }
   std::vector<std::uint64_t> all(mine.size() * static_cast<std::size_t>(ctx.W));
@@ -62,7 +61,7 @@ void sharded_records(const Context& ctx, std::int64_t s, const std::vector<std::
     const int r = ctx.run.trace.ranks[k];
     int agreeing = -1;  // a replaying rank that computed r's slice as r recorded it
     for (int q = 0; q < ctx.W && agreeing < 0; ++q)
-      if (std::equal(rows[k]->shard.begin(), rows[k]->shard.end(), all.begin() + (q * rows.size() + k) * 4)) agreeing = q;
+      if (rows[k]->shard && *rows[k]->shard == trace::SliceRecord::of(&all[(q * rows.size() + k) * 4])) agreeing = q;
     bool copy_ok = agreeing >= 0 && copy_of(replays[agreeing]) == rows[k]->param_fps;
     if (!copy_ok && agreeing >= 0) {  // unlike the replay: fine if every other rank's copy is the same
       int others = 0;

@@ -253,8 +253,8 @@ Status Writer::append_rows(const StepRow& s, const std::vector<ShardRow>& rows) 
   CULPRIT_RETURN_IF_ERROR(put(steps.id(), "chunk_fp", H5T_NATIVE_UINT64, steps_, 1, 0, &s.chunk_fp));
   CULPRIT_RETURN_IF_ERROR(put(steps.id(), "opt_fp", H5T_NATIVE_UINT64, steps_, 1, np, of.data()));
   CULPRIT_RETURN_IF_ERROR(put(steps.id(), "reduced_fp", H5T_NATIVE_UINT64, steps_, 1, np, rf.data()));
-  std::vector<std::uint64_t> slice = s.shard;
-  slice.resize(kShardColumns, 0);  // an unsharded run's zeros read back as no slice
+  const std::array<std::uint64_t, kShardColumns> slice =
+      s.shard ? s.shard->words() : std::array<std::uint64_t, kShardColumns>{};  // zeros read back as none
   CULPRIT_RETURN_IF_ERROR(put(steps.id(), "shard", H5T_NATIVE_UINT64, steps_, 1, kShardColumns, slice.data()));
   CULPRIT_RETURN_IF_ERROR(put(steps.id(), "row_check", H5T_NATIVE_UINT64, steps_, 1, 0, &check));
   const std::int64_t n = static_cast<std::int64_t>(rows.size());

@@ -43,7 +43,10 @@ Fingerprint row_check(const StepRow& r, int rank, std::int64_t index) {
   b.add(r.step), b.add(r.loss), b.add(r.lr), b.add(r.grad_fp), b.add(r.param_fps);
   b.add(r.world), b.add(r.chunk_fp), b.add(r.opt_fps);
   b.add(r.reduced_fps);  // format 4; empty (no bytes) before
-  b.add(r.shard);        // format 5; empty unless sharded
+  if (r.shard) {  // format 5, sharded runs only: an unsharded row's bytes are format 4's
+    const auto w = r.shard->words();
+    b.add(std::vector<Fingerprint>(w.begin(), w.end()));
+  }
   return b.check(rank, index);
 }
 

@@ -128,9 +128,9 @@ Status read_steps(hid_t sg, const std::string& sw, std::int64_t steps, TraceFile
         std::memcpy(r.reduced_fps.data(), &rf[i * np * 8], 8 * r.reduced_fps.size());
       }
       if (v5) {
-        r.shard.resize(kShardColumns);
-        std::memcpy(r.shard.data(), &sh[i * kShardColumns * 8], 8 * kShardColumns);
-        if (std::all_of(r.shard.begin(), r.shard.end(), [](std::uint64_t v) { return v == 0; })) r.shard.clear();
+        std::uint64_t w[kShardColumns];
+        std::memcpy(w, &sh[i * kShardColumns * 8], 8 * kShardColumns);
+        if (std::any_of(w, w + kShardColumns, [](std::uint64_t v) { return v != 0; })) r.shard = trace::SliceRecord::of(w);
       }
       Fingerprint want;
       std::memcpy(&want, &sc[i * 8], 8);

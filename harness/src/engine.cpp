@@ -209,7 +209,7 @@ class EngineImpl : public Engine {
     if (offset) *offset = loc.file.empty() ? -1 : static_cast<std::int64_t>(loc.offset);
     return loc.file.empty() ? "" : loc.text();
   }
-  std::vector<std::uint64_t> slice_record(std::int64_t lo, std::int64_t hi) const override {
+  trace::SliceRecord slice_record(std::int64_t lo, std::int64_t hi) const override {
     return trainer_->slice_record(lo, hi);
   }
   std::vector<std::int64_t> shard_samples(int k) override { return shard_samples_of(step() + 1, k); }

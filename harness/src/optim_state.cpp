@@ -71,6 +71,11 @@ void OptimizerState::set_lr(double lr) {
 // Kept beside the groups: a sharded rank may hold no slice, and so no group.
 double OptimizerState::lr() const { return lr_; }
 
+std::vector<std::string> OptimizerState::state_names() const {
+  if (o_.kind == OptimizerKind::kSgd) return {"momentum_buffer"};
+  return {kCounter, "exp_avg", "exp_avg_sq"};
+}
+
 at::Tensor OptimizerState::primary(const at::Tensor& p) const {
   auto& state = opt_->state();
   auto it = state.find(optimizer_state_key(state, p));

@@ -63,6 +63,10 @@ class OptimizerState {
   // The parameter's state as the checkpoint stores it: (name suffix, tensor) in stored order
   // (SGD: momentum_buffer; AdamW: step, exp_avg, exp_avg_sq); none before the first update.
   std::vector<std::pair<std::string, at::Tensor>> stored(const at::Tensor& p) const;
+  // The names of a parameter's stored state, in stored order (stored()'s); `kCounter`: AdamW's step
+  // count, a scalar; the others are tensors of the parameter's shape.
+  static constexpr const char* kCounter = "step";
+  std::vector<std::string> state_names() const;
   // Clears the state, then loads each parameter's from `tensor_of(p, suffix)` (undefined: absent).
   Status load(const std::vector<std::pair<std::string, at::Tensor>>& params,
               const std::function<at::Tensor(const std::string& param, const std::string& suffix)>& tensor_of);

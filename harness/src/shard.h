@@ -34,6 +34,8 @@ class ShardLayout {
   std::int64_t lo(int c) const { return cuts_[static_cast<std::size_t>(c)]; }
   std::int64_t hi(int c) const { return cuts_[static_cast<std::size_t>(c) + 1]; }
   const std::vector<std::int64_t>& cuts() const { return cuts_; }
+  // Whether rank c owns flat element e.
+  bool holds(int c, std::int64_t e) const { return e >= lo(c) && e < hi(c); }
   const std::vector<ParamChunk>& chunks() const { return chunks_; }
   // The chunks of rank c: [first_chunk(c), first_chunk(c + 1)).
   std::size_t first_chunk(int c) const { return first_chunk_[static_cast<std::size_t>(c)]; }

@@ -72,64 +72,54 @@ std::vector<Fingerprint> Trainer::sharded_optimizer_fps() const {
   return fps;
 }
 
-// This rank's slice as it computed it: its parameters after the update and its optimizer state
-// (trace::StepRow::shard): what a replay checks to name the owner of a wrong slice.
-std::vector<std::uint64_t> Trainer::shard_record() const {
-  const std::int64_t lo = shards_.lo(comm_.rank), hi = shards_.hi(comm_.rank);
-  std::vector<std::uint64_t> params;
-  const at::Tensor flat = flat_.flat.detach().to(at::kCPU).contiguous();
-  for (std::size_t k = shards_.first_chunk(comm_.rank); k < shards_.first_chunk(comm_.rank + 1); ++k) {
-    const ParamChunk& ch = shards_.chunks()[k];
-    params.push_back(chunk_hash(flat.data_ptr<float>() + ch.begin, static_cast<std::size_t>(ch.end - ch.begin) * sizeof(float)));
-  }
-  const auto opt = state_chunk_hashes([this](const OptimizerSlot& s) { return opt_->primary(s.tensor); }, false);
-  return {static_cast<std::uint64_t>(lo), static_cast<std::uint64_t>(hi), combine_chunk_hashes(params.data(), params.size()),
-          combine_chunk_hashes(opt.data(), opt.size())};
-}
-
-std::vector<std::uint64_t> Trainer::slice_record(std::int64_t lo, std::int64_t hi) const {
-  const ShardLayout whole(flat_.offsets, flat_.sizes, 1);  // the chunks do not depend on the world
+// The slice record is XXH3 over the fp1 chunk hashes of the parameters and of the primary optimizer
+// state in [lo, hi). The state comes from the slot that holds each chunk (sharded: this rank's slice
+// of the parameter; unsharded: the parameter), so one function serves the training rank (its own
+// slice) and the replay (any slice of any world). Chunks are world-independent (shard.h).
+trace::SliceRecord Trainer::slice_record(std::int64_t lo, std::int64_t hi) const {
+  const ShardLayout whole(flat_.offsets, flat_.sizes, 1);
   const at::Tensor flat = flat_.flat.detach().to(at::kCPU).contiguous();
   std::vector<std::uint64_t> params, opt;
-  std::size_t held = SIZE_MAX;
+  const OptimizerSlot* held = nullptr;
   at::Tensor state;
   for (const ParamChunk& ch : whole.chunks()) {
     if (ch.begin < lo || ch.end > hi) continue;
-    params.push_back(chunk_hash(flat.data_ptr<float>() + ch.begin, static_cast<std::size_t>(ch.end - ch.begin) * sizeof(float)));
-    if (held != static_cast<std::size_t>(ch.param)) {
-      held = static_cast<std::size_t>(ch.param);
-      state = opt_->primary(flat_.params[held].tensor);
+    const auto bytes = static_cast<std::size_t>(ch.end - ch.begin) * sizeof(float);
+    params.push_back(chunk_hash(flat.data_ptr<float>() + ch.begin, bytes));
+    const OptimizerSlot* s = opt_->slot(static_cast<std::size_t>(ch.param));
+    if (s != held || !state.defined()) {
+      held = s;
+      state = s ? opt_->primary(s->tensor) : at::Tensor();
       if (state.defined()) state = state.detach().to(at::kCPU).contiguous();
     }
-    const std::int64_t at = ch.begin - flat_.offsets[held];
-    opt.push_back(state.defined() ? chunk_hash(state.data_ptr<float>() + at, static_cast<std::size_t>(ch.end - ch.begin) * sizeof(float)) : 0);
+    const std::int64_t at = state.defined() ? ch.begin - (flat_.offsets[ch.param] + s->offset) : -1;
+    opt.push_back(at >= 0 && at < state.numel() ? chunk_hash(state.data_ptr<float>() + at, bytes) : 0);
   }
-  return {static_cast<std::uint64_t>(lo), static_cast<std::uint64_t>(hi), combine_chunk_hashes(params.data(), params.size()),
-          combine_chunk_hashes(opt.data(), opt.size())};
+  return {lo, hi, combine_chunk_hashes(params.data(), params.size()), combine_chunk_hashes(opt.data(), opt.size())};
 }
 
 // What a checkpoint of sharded state needs every rank to know (state.cpp): per parameter, whether
-// it has optimizer state yet and AdamW's step count; per state tensor, every chunk's hash.
+// it has optimizer state yet and AdamW's step count; per state tensor, every chunk's hash. And this
+// rank's slot tensors, taken here on the main thread for the I/O thread's copy.
 Trainer::ShardedState Trainer::gather_sharded_state() const {
   ShardedState g;
   g.info.assign(flat_.params.size(), 0);
-  for (const auto& s : opt_->slots()) {
-    for (const auto& [suffix, t] : opt_->stored(s.tensor))
-      g.info[s.param] = suffix == "step" ? std::max<std::int64_t>(1, t.item<std::int64_t>()) : std::max<std::int64_t>(1, g.info[s.param]);
-  }
+  for (const auto& s : opt_->slots())
+    for (const auto& [name, t] : opt_->stored(s.tensor)) {
+      g.info[s.param] = std::max<std::int64_t>(
+          {g.info[s.param], 1, name == OptimizerState::kCounter ? t.item<std::int64_t>() : 1});
+      if (name != OptimizerState::kCounter) g.held[{s.param, name}] = t;
+    }
   if (comm_.size > 1)
     CULPRIT_COLLECTIVE(comm_, "the optimizer state's checkpoint facts",
                        MPI_Iallreduce(MPI_IN_PLACE, g.info.data(), static_cast<int>(g.info.size()), MPI_INT64_T, MPI_MAX,
                                       comm_.comm, &_culprit_req));
-  for (const char* suffix : {"momentum_buffer", "exp_avg", "exp_avg_sq"}) {
-    const bool used = cfg_.optim.kind == OptimizerKind::kSgd ? std::string(suffix) == "momentum_buffer"
-                                                              : std::string(suffix) != "momentum_buffer";
-    if (!used) continue;
-    g.hashes[suffix] = state_chunk_hashes(
-        [this, suffix](const OptimizerSlot& s) {
-          for (const auto& [name, t] : opt_->stored(s.tensor))
-            if (name == suffix) return t;
-          return at::Tensor();
+  for (const std::string& name : opt_->state_names()) {
+    if (name == OptimizerState::kCounter) continue;
+    g.hashes[name] = state_chunk_hashes(
+        [&g, &name](const OptimizerSlot& s) {
+          auto it = g.held.find({s.param, name});
+          return it == g.held.end() ? at::Tensor() : it->second;
         },
         true);
   }
@@ -149,14 +139,10 @@ void Trainer::snapshot_sharded_optimizer(const ShardedState& g, std::vector<ckpt
     if (g.info[i] == 0) continue;  // no state yet
     const auto& p = flat_.params[i];
     const OptimizerSlot* s = opt_->slot(i);
-    const auto held = s ? opt_->stored(s->tensor) : std::vector<std::pair<std::string, at::Tensor>>();
-    std::vector<std::string> suffixes = cfg_.optim.kind == OptimizerKind::kSgd
-                                            ? std::vector<std::string>{"momentum_buffer"}
-                                            : std::vector<std::string>{"step", "exp_avg", "exp_avg_sq"};
-    for (const auto& suffix : suffixes) {
+    for (const std::string& name : opt_->state_names()) {
       ckpt::RawTensor& r = next();
-      r.name = p.name + "/" + suffix;
-      if (suffix == "step") {  // a scalar every rank knows: written whole
+      r.name = p.name + "/" + name;
+      if (name == OptimizerState::kCounter) {  // a scalar every rank knows: written whole
         r.dtype = DType::kInt64;
         r.shape.clear();
         r.slice_lo = -1;
@@ -168,26 +154,26 @@ void Trainer::snapshot_sharded_optimizer(const ShardedState& g, std::vector<ckpt
       r.dtype = DType::kFloat32;
       r.shape.assign(p.tensor.sizes().begin(), p.tensor.sizes().end());
       r.slice_lo = s ? s->offset : 0;
-      r.fingerprint = shards_.param_fp(g.hashes.at(suffix), i);
+      r.fingerprint = shards_.param_fp(g.hashes.at(name), i);
       r.bytes.clear();
-      for (const auto& [name, t] : held)
-        if (name == suffix) {
-          const at::Tensor c = t.detach().to(at::kCPU).contiguous();
-          r.bytes.resize(c.nbytes());
-          std::memcpy(r.bytes.data(), c.data_ptr(), c.nbytes());
-        }
+      auto it = g.held.find({i, name});
+      if (it == g.held.end()) continue;
+      // As the unsharded snapshot does: a contiguous host tensor's bytes are read in place (no
+      // dispatcher call on this thread); a GPU one comes to the host first.
+      const at::Tensor c = it->second.is_cuda() ? it->second.detach().cpu() : it->second;
+      r.bytes.resize(c.nbytes());
+      std::memcpy(r.bytes.data(), c.data_ptr(), c.nbytes());
     }
   }
   out->resize(n);
 }
 
-// A slot's part of a stored optimizer tensor (whole, or a slice that covers the slot's).
+// A slot's part of a stored optimizer tensor (read back whole from a checkpoint).
 at::Tensor Trainer::slot_part(const ckpt::RawTensor& r, std::int64_t offset, std::int64_t numel) const {
-  const std::int64_t held_lo = r.sliced() ? r.slice_lo : 0;
-  const std::int64_t held = static_cast<std::int64_t>(r.bytes.size() / sizeof(float));
-  if (offset < held_lo || offset + numel > held_lo + held) return {};
+  if (r.sliced() || offset + numel > r.numel() || r.bytes.size() != static_cast<std::size_t>(r.numel()) * sizeof(float))
+    return {};
   auto t = torch::empty({numel}, torch::kFloat32);
-  std::memcpy(t.data_ptr<float>(), r.bytes.data() + (offset - held_lo) * sizeof(float), static_cast<std::size_t>(numel) * sizeof(float));
+  std::memcpy(t.data_ptr<float>(), r.bytes.data() + offset * sizeof(float), static_cast<std::size_t>(numel) * sizeof(float));
   return t;
 }
 

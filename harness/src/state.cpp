@@ -130,11 +130,10 @@ Status Trainer::restore(const ckpt::Checkpoint& c) {
     if (it == optim.end()) return {};
     const ckpt::RawTensor& r = *it->second;
     const OptimizerSlot& sl = *slot_of.at(name);
-    if (r.dtype == DType::kFloat32 && (sharded() || r.sliced())) {  // a slot is a 1-D slice
+    if (r.dtype == DType::kFloat32 && sharded()) {  // a slot is a 1-D slice of the stored tensor
       at::Tensor part = slot_part(r, sl.offset, sl.tensor.numel());
       return part.defined() ? part.to(device_) : part;
     }
-    if (r.sliced()) return {};
     auto t = torch::empty(r.shape, torch::TensorOptions().dtype(r.dtype == DType::kInt64 ? torch::kLong : torch::kFloat));
     std::memcpy(t.data_ptr(), r.bytes.data(), r.bytes.size());
     return t.to(device_);

@@ -253,7 +253,7 @@ Fingerprint Trainer::record(double lr, trace::StepRow* row) {
     row->chunk_fp = reduced_fp(comm_.size, comm_.rank);
     row->opt_fps = optimizer_fps();
     row->reduced_fps = reduced_param_fps();
-    if (sharded()) row->shard = shard_record();
+    if (sharded()) row->shard = slice_record(shards_.lo(comm_.rank), shards_.hi(comm_.rank));
     f.opt_fps = row->opt_fps;
   }
   return fp;

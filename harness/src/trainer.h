@@ -149,16 +149,19 @@ class Trainer {
   std::vector<std::uint64_t> state_chunk_hashes(const std::function<at::Tensor(const OptimizerSlot&)>& state_of,
                                                 bool gather) const;
   std::vector<Fingerprint> sharded_optimizer_fps() const;  // collective: per parameter, as unsharded
-  std::vector<std::uint64_t> shard_record() const;  // trace::StepRow::shard
+
  public:
-  // Flat elements [lo, hi) as a sharded rank would record them, from this rank's whole state
-  // (the replay engine's: unsharded).
-  std::vector<std::uint64_t> slice_record(std::int64_t lo, std::int64_t hi) const;
+  // Flat elements [lo, hi) as a sharded rank records its slice (trace::StepRow::shard), from the
+  // state this rank holds: its own slice when sharded, any range when not (the replay engine's).
+  trace::SliceRecord slice_record(std::int64_t lo, std::int64_t hi) const;
 
  private:
   struct ShardedState {
     std::vector<std::int64_t> info;  // per parameter: 0 no state yet; AdamW's step count; 1 (SGD)
     std::map<std::string, std::vector<std::uint64_t>> hashes;  // per state tensor: every chunk's hash
+    // This rank's slot tensors of each state, taken on the main thread: the I/O thread's copy only
+    // reads their bytes (state.cpp).
+    std::map<std::pair<std::size_t, std::string>, at::Tensor> held;
   };
   ShardedState gather_sharded_state() const;  // collective
   void snapshot_sharded_optimizer(const ShardedState& g, std::vector<ckpt::RawTensor>* out) const;

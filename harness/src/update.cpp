@@ -34,10 +34,7 @@ void Trainer::update(double lr) {
   }
   // A fault of this rank's slice (its master copy) is in what the gather spreads; one elsewhere
   // hits this rank's copy, which the next gather refreshes.
-  const auto held = [this](std::size_t i, std::int64_t e) {
-    const std::int64_t at = flat_.offsets[i] + e;
-    return at >= shards_.lo(comm_.rank) && at < shards_.hi(comm_.rank);
-  };
+  const auto held = [this](std::size_t i, std::int64_t e) { return shards_.holds(comm_.rank, flat_.offsets[i] + e); };
   faults_.after_update(step_.fire, flat_.params, lost, *opt_, FaultPlan::RestPart::kHeld, held);
   gather_params();
   faults_.after_update(step_.fire, flat_.params, {}, *opt_, FaultPlan::RestPart::kCopy, held);

@@ -155,15 +155,15 @@ UpdateDifference update_difference(const StepResult& got, const trace::StepRow& 
 void check_slices(const harness::Engine& engine, const trace::RunTrace& rec, std::int64_t step, UpdateDifference* d) {
   for (int r : rec.ranks) {
     auto it = rec.steps.find({r, step});
-    if (it == rec.steps.end() || it->second.shard.size() < 4) continue;
-    const auto& want = it->second.shard;
-    const auto got = engine.slice_record(static_cast<std::int64_t>(want[0]), static_cast<std::int64_t>(want[1]));
+    if (it == rec.steps.end() || !it->second.shard) continue;
+    const trace::SliceRecord& want = *it->second.shard;
+    const trace::SliceRecord got = engine.slice_record(want.lo, want.hi);
     if (got == want) continue;
     d->owner = r;
     if (!*d) {
       d->where = UpdateWhere::kSlice;
-      d->got = got[3] != want[3] ? got[3] : got[2];
-      d->want = got[3] != want[3] ? want[3] : want[2];
+      d->got = got.optimizer != want.optimizer ? got.optimizer : got.params;
+      d->want = got.optimizer != want.optimizer ? want.optimizer : want.params;
     }
     return;
   }

@@ -8,6 +8,8 @@
 #include <iterator>
 #include <map>
 #include <utility>
+#include <array>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -45,6 +47,25 @@ struct Header {
 };
 
 // One optimizer step as seen by one rank.
+// --shard-optimizer (format 5, column "shard"): a rank's slice of the flat parameters as it
+// updated it — flat elements [lo, hi), XXH3 over the fp1 chunk hashes of its parameters after the
+// update and of its optimizer state's primary tensor (harness shard.h, docs/determinism.md).
+struct SliceRecord {
+  std::int64_t lo = 0, hi = 0;
+  Fingerprint params = 0, optimizer = 0;
+  bool operator==(const SliceRecord& o) const {
+    return lo == o.lo && hi == o.hi && params == o.params && optimizer == o.optimizer;
+  }
+  bool operator!=(const SliceRecord& o) const { return !(*this == o); }
+  // As stored and sent: four uint64.
+  std::array<std::uint64_t, 4> words() const {
+    return {static_cast<std::uint64_t>(lo), static_cast<std::uint64_t>(hi), params, optimizer};
+  }
+  static SliceRecord of(const std::uint64_t* w) {
+    return {static_cast<std::int64_t>(w[0]), static_cast<std::int64_t>(w[1]), w[2], w[3]};
+  }
+};
+
 struct StepRow {
   std::int64_t step = 0;
   float loss = 0;
@@ -59,10 +80,8 @@ struct StepRow {
   // Format 4 (empty in older files):
   std::vector<Fingerprint> reduced_fps;  // per parameter: its slice of the reduced gradient, as this
                                          // rank holds it (names the layer a reduction fault hit)
-  // Format 5 (empty in older files and unsharded runs): --shard-optimizer's slice of this rank:
-  // {lo, hi} of the flat buffer, the fingerprint of its parameters after the update and of its
-  // optimizer state's primary tensor (each XXH3 over its fp1 chunk hashes; harness shard.h).
-  std::vector<std::uint64_t> shard;
+  // Format 5 (none in older files and unsharded runs): this rank's slice.
+  std::optional<SliceRecord> shard;
 };
 
 // One micro-shard as computed by one rank.

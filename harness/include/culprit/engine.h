@@ -107,7 +107,7 @@ class Engine {
   // Local: the state after the last run_step as a --shard-optimizer rank holding flat elements
   // [lo, hi) records it (trace::StepRow::shard): {lo, hi, its parameters' fingerprint, its
   // optimizer state's}. A replay holds the whole state, so any slice of any world can be checked.
-  virtual std::vector<std::uint64_t> slice_record(std::int64_t lo, std::int64_t hi) const = 0;
+  virtual trace::SliceRecord slice_record(std::int64_t lo, std::int64_t hi) const = 0;
   // Local: the data set indices of micro-shard k's samples in the next step.
   virtual std::vector<std::int64_t> shard_samples(int k) = 0;
   // Local: the data set indices of micro-shard k of any 1-based step (the run's sample order).
