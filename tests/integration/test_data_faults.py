@@ -108,6 +108,16 @@ class DataFaults(TempDirTest):
         self.assertEqual((got["step"], got["sample"], got["sample_file"], got["sample_offset"], got["rank"]),
                          (3, i, path, info.byte_offset, -1), out)
 
+    def test_a_record_of_another_file_is_not_compared(self):
+        # The corpus made again (another size) after prepare-data: a clean run of it bisects to
+        # none, saying the record was not compared (negative control of a stale record).
+        gpt = ["--model", "gpt", "--width", "16", "--heads", "2", "--layers", "1"]
+        path = self.tokens("remade.bin")
+        np.random.default_rng(3).integers(0, VOCAB, (N + 10) * T + 1, dtype=np.uint16).tofile(path)
+        d = self.train("remade", gpt + ["--data", "tokens:" + path])
+        got, out = self.bisect(d, "none")
+        self.assertIn("not compared (run culprit prepare-data again)", " ".join(got["evidence"]))
+
     def test_a_file_changed_after_the_run_read_it_is_data(self):
         gpt = ["--model", "gpt", "--width", "16", "--heads", "2", "--layers", "1"]
         path = self.tokens("late.bin")

@@ -61,6 +61,36 @@ class Shard(TempDirTest):
                                                                  "--shard-optimizer"])
         self.assertNotEqual(other.final_fingerprint(), self.train("x", 1, MLP + ADAMW + ["--steps", "6"]).final_fingerprint())
 
+    def test_uneven_cuts_empty_slices_and_threads_keep_the_bits(self):
+        # W = 3 cuts unevenly; a 426-parameter MLP on 4 ranks leaves rank 0 without a slice; with two
+        # intra-op threads a slice of fc2.weight (65536 elements, cut by the slices) is split again
+        # among the threads. Each is the unsharded run's bits.
+        cases = ((MLP + ADAMW, 3, []), (["--model", "mlp", "--hidden", "8", "--global-batch", "16", "--micro-shards", "4",
+                                         "--samples", "64"] + SGD, 4, []),
+                 (["--model", "mlp", "--hidden", "256", "--global-batch", "16", "--micro-shards", "2", "--samples", "64"]
+                  + ADAMW, 2, ["--threads", "2"]))
+        for i, (args, world, extra) in enumerate(cases):
+            want = self.train("plain-%d" % i, 1, args + extra + ["--steps", "4"]).final_fingerprint()
+            got = self.train("shard-%d" % i, world, args + extra + ["--steps", "4", "--shard-optimizer"])
+            self.assertEqual(got.final_fingerprint(), want, "case %d (W=%d %s)" % (i, world, extra))
+            self.assertEqual(incidents(self.path("shard-%d" % i)), [])
+
+    def test_without_a_trace_the_replica_check_compares_the_parameters(self):
+        # --trace off: the replica check asks the state for its fingerprints itself. A copy's
+        # parameter fault is still caught there, and --on-detect diagnose names the rank in the job.
+        args = MLP + ADAMW + ["--steps", "8", "--checkpoint-every", "4", "--shard-optimizer"]
+        clean = self.train("untraced", 2, args + ["--trace", "off"])
+        self.assertEqual(incidents(self.path("untraced")), [])
+        self.assertEqual(clean.final_fingerprint(), self.train("traced", 2, args).final_fingerprint())
+        spec = "step=5,rank=0,layer=fc3,index=7,phase=param,kind=bitflip,bit=30"
+        self.train("untraced-fault", 2, args + ["--trace", "off", "--on-detect", "warn", "--inject", spec])
+        self.assertIn("replica-divergence", {x["detector"] for x in incidents(self.path("untraced-fault"))})
+        res = run(["train", "--quiet", "--on-detect", "diagnose", "--inject", spec] + args, world=2,
+                  run_dir=self.path("diagnosed"))
+        self.assertEqual(res.code, CODES["hardware-transient"], res.out + res.err)
+        got = diagnosis(self.path("diagnosed"))
+        self.assertEqual((got["step"], got["phase"], got["layer"], got["rank"]), (5, "param", "fc3", 0), got)
+
     def test_the_owners_write_the_slices_and_any_world_resumes(self):
         args = MLP + ADAMW + ["--steps", "8", "--checkpoint-every", "4"]
         whole = self.train("whole", 1, args)
