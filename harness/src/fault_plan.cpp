@@ -271,7 +271,12 @@ Status FaultPlan::check_held(const std::function<bool(int, std::size_t, std::int
                              const std::function<std::string(int)>& holds) const {
   for (const auto& f : specs_) {
     const int pi = layer_param(f.layer);
-    if (f.phase != Phase::kOptimizer || f.rank < 0 || pi < 0) continue;
+    if (f.rank < 0 || pi < 0) continue;
+    // A lost update (stale param) lands on what the rank updates: some element of the layer.
+    if (f.phase == Phase::kParam && f.kind == FaultKind::kStale && !held(f.rank, static_cast<std::size_t>(pi), -1))
+      return Status::BadInput("--inject " + f.text + ": with --shard-optimizer rank " + std::to_string(f.rank) +
+                              " updates no element of '" + f.layer + "' (" + holds(f.rank) + ")");
+    if (f.phase != Phase::kOptimizer) continue;
     if (!held(f.rank, static_cast<std::size_t>(pi), f.index))
       return Status::BadInput("--inject " + f.text + ": with --shard-optimizer rank " + std::to_string(f.rank) +
                               " holds no optimizer state of element " + std::to_string(f.index) + " of '" + f.layer +

@@ -56,7 +56,8 @@ class FaultPlan {
   // back into it, keep bits 16..31 of a float32: a bit flip there must name one of those. dtypes:
   // each layer's output dtype, as the start-up pass saw it.
   Status check_dtypes(const std::map<std::string, at::ScalarType>& dtypes) const;
-  // --shard-optimizer: an optimizer fault lands on state its rank holds (held(rank, param, index));
+  // --shard-optimizer: an optimizer fault lands on state its rank holds (held(rank, param, index)),
+  // a lost update on a layer the rank updates part of (held(rank, param, -1): any element of it);
   // holds(rank) says what that rank holds, for the message.
   Status check_held(const std::function<bool(int, std::size_t, std::int64_t)>& held,
                     const std::function<std::string(int)>& holds) const;

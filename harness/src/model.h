@@ -54,6 +54,7 @@ class Model {
 
 // Builds cfg.model fitted to the data. Built-in models are initialised from cfg.seed; a
 // TorchScript model keeps its stored weights.
-Status make_model(const TrainConfig& cfg, const Dataset& data, std::unique_ptr<Model>* out);
+// world: the ranks that will train it (the memory estimate of a --shard-optimizer run's state).
+Status make_model(const TrainConfig& cfg, const Dataset& data, std::unique_ptr<Model>* out, int world = 1);
 
 }  // namespace culprit::harness

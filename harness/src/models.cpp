@@ -247,13 +247,13 @@ Status need_float_samples(const std::string& model, const Dataset& d) {
 
 }  // namespace
 
-Status make_model(const TrainConfig& cfg, const Dataset& d, std::unique_ptr<Model>* out) {
+Status make_model(const TrainConfig& cfg, const Dataset& d, std::unique_ptr<Model>* out, int world) {
   torch::manual_seed(cfg.seed);
   const std::string m = cfg.model.text();
   const ModelKind kind = cfg.model.kind;
   if (kind == ModelKind::kMlp) {
     CULPRIT_RETURN_IF_ERROR(need_float_samples(m, d));
-    CULPRIT_RETURN_IF_ERROR(check_model_size(cfg, d.x_shape, out_features(d)));
+    CULPRIT_RETURN_IF_ERROR(check_model_size(cfg, d.x_shape, out_features(d), world));
     *out = std::make_unique<Mlp>(d.x_numel(), cfg.hidden, out_features(d));
   } else if (kind == ModelKind::kCnn) {
     CULPRIT_RETURN_IF_ERROR(need_float_samples(m, d));
@@ -261,7 +261,7 @@ Status make_model(const TrainConfig& cfg, const Dataset& d, std::unique_ptr<Mode
     if (s.size() != 3 || s[1] < 4 || s[2] < 4 || s[1] % 4 || s[2] % 4)
       return Status::BadInput("model cnn needs samples of shape [C,H,W] with H and W multiples of 4, data x has " +
                            shape_str(s));
-    CULPRIT_RETURN_IF_ERROR(check_model_size(cfg, s, out_features(d)));
+    CULPRIT_RETURN_IF_ERROR(check_model_size(cfg, s, out_features(d), world));
     *out = std::make_unique<Cnn>(s[0], s[1], s[2], out_features(d));
   } else if (kind == ModelKind::kGpt) {
     if (d.x_dtype != DType::kInt64 || d.x_shape.size() != 1)
@@ -276,7 +276,7 @@ Status make_model(const TrainConfig& cfg, const Dataset& d, std::unique_ptr<Mode
     // The vocabulary: --vocab when given (the data's open checked every token against it), else
     // wide enough for every token and target (load_dataset).
     const std::int64_t vocab = d.classes;
-    CULPRIT_RETURN_IF_ERROR(check_model_size(cfg, d.x_shape, vocab));
+    CULPRIT_RETURN_IF_ERROR(check_model_size(cfg, d.x_shape, vocab, world));
     *out = std::make_unique<Gpt>(vocab, d.x_shape[0], cfg.gpt);
   } else {
     const std::string& path = cfg.model.path;

@@ -117,6 +117,16 @@ Status check_compatible(const TrainConfig& cfg, const Dataset& data, const ckpt:
   auto mi = c.meta_int.find("micro_shards"), gb = c.meta_int.find("global_batch");
   if (mi == c.meta_int.end() || mi->second != cfg.micro_shards || gb == c.meta_int.end() || gb->second != cfg.global_batch)
     return Status::BadInput("checkpoint '" + from + "' belongs to another run (global batch or micro-shards differ)");
+  // The sample order is a function of N: data that changed its size since (a corpus made again)
+  // would give every later step other samples. Older checkpoints do not say their N.
+  auto n = c.meta_int.find("data_samples");
+  if (n != c.meta_int.end() && n->second != data.n)
+    return Status::BadInput("checkpoint '" + from + "' was written for data of " + std::to_string(n->second) +
+                            " samples; " + cfg.data.text() + " now holds " + std::to_string(data.n) +
+                            ": the sample order would differ (give the data the run trained on)");
+  if (data.n < cfg.global_batch)
+    return Status::BadInput("data " + cfg.data.text() + " holds " + std::to_string(data.n) +
+                            " samples, fewer than the global batch " + std::to_string(cfg.global_batch));
   const std::int64_t spe = data.n / cfg.global_batch;
   if (c.epoch != c.step / spe || c.cursor != (c.step % spe) * cfg.global_batch)
     return Status::BadInput("checkpoint '" + from + "': data position (epoch " + std::to_string(c.epoch) + ", cursor " +

@@ -79,10 +79,11 @@ double builtin_parameters(const TrainConfig& c, const std::vector<std::int64_t>&
   return 0;  // TorchScript: known once loaded
 }
 
-double state_bytes(const TrainConfig& c, double parameters) {
+double state_bytes(const TrainConfig& c, double parameters, int world) {
   double optimizer = 0;
   if (c.optim.kind == OptimizerKind::kAdamW) optimizer = 2;
   else if (c.optim.momentum > 0) optimizer = 1;
+  if (c.shard_optimizer) optimizer /= std::max(1, world);  // each rank holds its slice
   // parameters, gradients, reduced gradient, spot-check leaf, checkpoint copy; the tree holds at
   // most log2(M) + 1 blocks and one pending leaf.
   // --clip-grad-norm: the clipped copy; --precision bf16: autocast's bfloat16 copy of the weights.
@@ -91,7 +92,7 @@ double state_bytes(const TrainConfig& c, double parameters) {
   return parameters * 4 * copies;
 }
 
-Status check_synthetic_sizes(const TrainConfig& c) {
+Status check_synthetic_sizes(const TrainConfig& c, int world) {
   if (c.data.kind != DataKind::kSynthetic) return Status::OK();
   const std::vector<std::int64_t> shape = synthetic_shape(c);
   const double data = synthetic_data_bytes(c);
@@ -102,7 +103,7 @@ Status check_synthetic_sizes(const TrainConfig& c) {
       check_fits_memory("synthetic data (--samples " + std::to_string(c.samples) + " " + shape_given + ")", data));
   if (c.model.kind == ModelKind::kTorchScript) return Status::OK();
   const double params = builtin_parameters(c, shape, synthetic_classes(c));
-  double bytes = data + state_bytes(c, params);
+  double bytes = data + state_bytes(c, params, world);
   if (c.model.kind == ModelKind::kGpt) bytes += gpt_activation_bytes(c, product(shape), synthetic_classes(c));
   std::string dims;
   if (c.model.kind == ModelKind::kMlp) dims = ", --hidden " + std::to_string(c.hidden);
@@ -114,10 +115,11 @@ Status check_synthetic_sizes(const TrainConfig& c) {
                            bytes);
 }
 
-Status check_model_size(const TrainConfig& c, const std::vector<std::int64_t>& x_shape, std::int64_t out) {
+Status check_model_size(const TrainConfig& c, const std::vector<std::int64_t>& x_shape, std::int64_t out,
+                        int world) {
   if (c.model.kind == ModelKind::kTorchScript) return Status::OK();
   const double params = builtin_parameters(c, x_shape, static_cast<double>(out));
-  double bytes = state_bytes(c, params);
+  double bytes = state_bytes(c, params, world);
   if (c.model.kind == ModelKind::kGpt) bytes += gpt_activation_bytes(c, product(x_shape), static_cast<double>(out));
   return check_fits_memory("model " + c.model.text() + " for data " + c.data.text() + " (about " +
                                count_text(params) + " parameters, " + std::to_string(out) +

@@ -19,14 +19,16 @@ double builtin_parameters(const TrainConfig& c, const std::vector<std::int64_t>&
 // Bytes per rank the training state of `parameters` parameters needs: the parameters, their
 // gradients, the reduced gradient, the reduction tree's blocks, the optimizer's state and the
 // checkpoint's copy.
-double state_bytes(const TrainConfig& c, double parameters);
+// world: the ranks a --shard-optimizer run spreads its optimizer state over (1: whole here).
+double state_bytes(const TrainConfig& c, double parameters, int world = 1);
 
 // The synthetic data set, the built-in model and its state against the machine's memory, from the
 // options alone (validate(): before the run directory is made or anything allocated).
-Status check_synthetic_sizes(const TrainConfig& c);
+Status check_synthetic_sizes(const TrainConfig& c, int world = 1);
 
 // A built-in model for loaded data against the machine's memory (make_model(): before it is built).
-Status check_model_size(const TrainConfig& c, const std::vector<std::int64_t>& x_shape, std::int64_t out);
+Status check_model_size(const TrainConfig& c, const std::vector<std::int64_t>& x_shape, std::int64_t out,
+                        int world = 1);
 
 // --shuffle randperm holds two epochs' orders (8 bytes a sample each): refused when they would not fit.
 Status check_order_size(const TrainConfig& c, std::int64_t n);

@@ -73,7 +73,8 @@ void Trainer::snapshot(std::int64_t step, ckpt::Checkpoint* cp, const std::vecto
                 {"micro_shards", cfg_.micro_shards},
                 {"global_batch", cfg_.global_batch},
                 {"intra_op_threads", info_.intra_op_threads},
-                {"blas_threads", info_.blas_threads}};
+                {"blas_threads", info_.blas_threads},
+                {"data_samples", data_.n}};
 }
 
 // Asynchronous checkpoints are pipelined (checkpoint_pipeline.h): the model's buffers (batch-norm

@@ -331,7 +331,7 @@ Status validate(const TrainConfig& c, int world) {
   if (c.detect.on_detect == OnDetect::kDiagnose && c.trace == TraceLevel::kOff)
     return Status::BadInput("option '--on-detect diagnose' needs the trace: --trace step or layer");
   // Each size is within its range; together they must still fit the machine (sizes.h).
-  return check_synthetic_sizes(c);
+  return check_synthetic_sizes(c, world);
 }
 
 double learning_rate(const TrainConfig& c, std::int64_t step) {

@@ -461,7 +461,7 @@ Status train(const TrainConfig& given, const Comm& world) {
     return agree(comm, Status::BadInput("--global-batch " + std::to_string(cfg.global_batch) + " exceeds the " +
                                      std::to_string(data.n) + " samples of the data"));
   std::unique_ptr<Model> model;
-  CULPRIT_RETURN_IF_ERROR(agree(comm, guarded(StatusCode::kInternal, "model " + cfg.model.text(), [&] { return make_model(cfg, data, &model); })));
+  CULPRIT_RETURN_IF_ERROR(agree(comm, guarded(StatusCode::kInternal, "model " + cfg.model.text(), [&] { return make_model(cfg, data, &model, comm.size); })));
   Trainer trainer(cfg, comm, data, *model);
   CULPRIT_RETURN_IF_ERROR(agree(comm, guarded(StatusCode::kInternal, "setup", [&] { return trainer.init(StepMode::kTrain); })));
   std::int64_t start = 0;

@@ -135,6 +135,8 @@ Status Trainer::init(StepMode mode) {
   // A device's optimizer fault lands on the state it holds: with --shard-optimizer, its slice.
   if (sharded() && mode == StepMode::kTrain)
     CULPRIT_RETURN_IF_ERROR(faults_.check_held([this](int rank, std::size_t param, std::int64_t element) {
+      if (element < 0)  // any element of the parameter
+        return shards_.lo(rank) < flat_.offsets[param] + flat_.sizes[param] && flat_.offsets[param] < shards_.hi(rank);
       return shards_.holds(rank, flat_.offsets[param] + element % flat_.sizes[param]);
     }, [this](int rank) {
       return "rank " + std::to_string(rank) + " holds flat elements [" + std::to_string(shards_.lo(rank)) + ", " +

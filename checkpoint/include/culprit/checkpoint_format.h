@@ -27,7 +27,7 @@ constexpr const char* kAttrFingerprintFormat = "fingerprint_format";  // "fp1", 
 
 // The other /meta attributes (int64 and string), read by name.
 constexpr const char* kMetaInts[] = {"format_version", "step", "seed", "world_size", "micro_shards", "global_batch",
-                                     "intra_op_threads", "blas_threads"};
+                                     "intra_op_threads", "blas_threads", "data_samples"};
 constexpr const char* kMetaStrings[] = {"fingerprint_format", "state_fingerprint_hex", "config", "model", "optimizer",
                                         "data", "culprit_version", "libtorch_version", "mpi_version", "hdf5_version",
                                         "blas", "created", "slurm_job_id", "hosts", "devices", "run_id"};
