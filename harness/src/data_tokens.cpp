@@ -145,13 +145,19 @@ class TokenSource : public DataSource {
   // The pages of the file's bytes [lo, hi) leave this process once copied: a mapped page that was
   // read stays in the process's resident set (RssFile) until the kernel reclaims it, so without this
   // a pass over a file larger than memory would show as the process growing. The page cache keeps
-  // them.
+  // them. A read fault also maps the neighbours that are in the page cache already, within its
+  // aligned block of fault_around_bytes (64 KiB by default; MADV_RANDOM does not stop it): pages
+  // another rank or an earlier window brought in. Released only page by page, those stayed and the
+  // process grew with every window read (RssFile +7 MiB in 100 steps, bench/stream.py), so the
+  // release covers the aligned blocks around the bytes read.
   void release(std::size_t lo, std::size_t hi) {
     static const std::size_t page = static_cast<std::size_t>(::sysconf(_SC_PAGESIZE));
-    lo = lo / page * page;
-    hi = std::min(size_, hi);
+    const std::size_t block = std::max<std::size_t>(page, kFaultAround);
+    lo = lo / block * block;
+    hi = std::min(size_, (hi + block - 1) / block * block);
     if (hi > lo) ::madvise(const_cast<unsigned char*>(map_) + lo, hi - lo, MADV_DONTNEED);
   }
+  static constexpr std::size_t kFaultAround = 64 << 10;  // the kernel's default fault_around_bytes
 
   std::string path_;
   const unsigned char* map_;
