@@ -149,7 +149,9 @@ class TokenSource : public DataSource {
   // aligned block of fault_around_bytes (64 KiB by default; MADV_RANDOM does not stop it): pages
   // another rank or an earlier window brought in. Released only page by page, those stayed and the
   // process grew with every window read (RssFile +7 MiB in 100 steps, bench/stream.py), so the
-  // release covers the aligned blocks around the bytes read.
+  // release covers the aligned blocks around the bytes read: 2 MiB, the most fault_around_bytes
+  // can be (one page table's span) and the size of a large folio the kernel may map whole with one
+  // fault (clearing the absent entries of a block costs a few microseconds).
   void release(std::size_t lo, std::size_t hi) {
     static const std::size_t page = static_cast<std::size_t>(::sysconf(_SC_PAGESIZE));
     const std::size_t block = std::max<std::size_t>(page, kFaultAround);
@@ -157,7 +159,7 @@ class TokenSource : public DataSource {
     hi = std::min(size_, (hi + block - 1) / block * block);
     if (hi > lo) ::madvise(const_cast<unsigned char*>(map_) + lo, hi - lo, MADV_DONTNEED);
   }
-  static constexpr std::size_t kFaultAround = 64 << 10;  // the kernel's default fault_around_bytes
+  static constexpr std::size_t kFaultAround = 2 << 20;
 
   std::string path_;
   const unsigned char* map_;
