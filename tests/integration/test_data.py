@@ -436,6 +436,31 @@ class Hdf5Streaming(DataTest):
         res = self.train("gzip2", args + ["--data", "hdf5:" + self.path("gzip2.h5")], world=2)
         self.assertNotEqual(comparable(res)[0], ref[0])
 
+    def test_a_bad_value_is_named_where_it_lies(self):
+        # A NaN in row 21: named by its sample and element and where the row lies in the file — its
+        # own bytes when contiguous, the chunk that holds it when chunked (filtered: the whole chunk).
+        rng = np.random.default_rng(13)
+        x = rng.standard_normal((64, 7)).astype(np.float32)
+        x[21, 3] = np.nan
+        y = rng.integers(0, 3, 64)
+        for name, kw in (("contiguous", {}), ("chunked", {"chunks": (8, 7)}),
+                         ("gzip", {"chunks": (8, 7), "compression": "gzip"})):
+            path = self.path(name + ".h5")
+            with h5py.File(path, "w") as f:
+                f.create_dataset("x", data=x, **kw)
+                f["y"] = y
+            with h5py.File(path, "r") as f:
+                d = f["x"]
+                if d.chunks is None:
+                    where = "offset %d (dataset x row 21)" % (d.id.get_offset() + 21 * 7 * 4)
+                else:
+                    info = d.id.get_chunk_info_by_coord((16, 0))
+                    where = "offset %d (dataset x row 21, in the %d-byte chunk stored there%s" % (
+                        info.byte_offset, info.size, " (filtered" if name == "gzip" else ")")
+            with self.subTest(layout=name):
+                self.expect_bad(["--run-dir", self.path("run-" + name), "--data", "hdf5:" + path, "--global-batch", "16",
+                                 "--micro-shards", "2"], ["x holds a non-finite value (nan) in sample 21 (element 3)", where])
+
     def test_unwritten_chunks_are_refused(self):
         path = self.path("partial.h5")
         with h5py.File(path, "w") as f:
