@@ -295,6 +295,27 @@ class TokenData(DataTest):
         for r, kb in peak.items():
             self.assertLessEqual(kb, 512, "rank %s kept %d KiB of the data file mapped" % (r, kb))
 
+    def test_width_without_a_vocabulary_with_and_without_a_record(self):
+        # No vocabulary given: gpt's width is the largest token + 1. The file's largest token (60) is
+        # in its tail, after the last window; the windows' tokens are below 50. A data record (which
+        # reads every token) and the scan at open must agree on the width: the same bits either way
+        # (the scan read 50 and the record 61 before the scan counted the tail).
+        T = 16
+        t = np.random.default_rng(14).integers(0, 50, T * 20 + 1 + 5)
+        t[-2] = 60
+        path = self.path("tail.bin")
+        write_tokens(path, t)
+        args = ["--model", "gpt", "--data", "tokens:" + path, "--token-dtype", "uint16", "--seq-len", str(T),
+                "--global-batch", "8", "--micro-shards", "2", "--steps", "2"]
+        scanned = self.train("scanned", args, world=2)
+        res = run(["prepare-data", "--data", "tokens:" + path, "--token-dtype", "uint16"])
+        self.assertEqual(res.code, 0, res.err)
+        self.assertIn("largest token 60", res.out)
+        recorded = self.train("recorded", args, world=2)
+        self.assertEqual(comparable(scanned), comparable(recorded))
+        with_vocab = self.train("vocab61", args + ["--vocab", "61"], world=2)
+        self.assertEqual(comparable(with_vocab), comparable(scanned))
+
     def test_sidecar_and_options(self):
         bare = self.path("bare.bin")
         shutil.copyfile(CORPUS, bare)  # no sidecar: the options say it all
