@@ -116,7 +116,13 @@ class Hdf5Source : public DataSource {
     if (H5Dget_chunk_info_by_coord(x_.ds.id(), coord.data(), &mask, &addr, &size) >= 0 && addr != HADDR_UNDEF) {
       loc.offset = addr;
       loc.bytes = size;
-      loc.detail = "dataset x row " + std::to_string(i) + ", in the chunk stored there" + (mask == 0 ? "" : " (filtered)");
+      // A set bit of the mask is a filter the chunk skipped: filtered when one of the dataset's
+      // filters was applied (it was "(filtered)" for a skipped one and nothing for gzip).
+      h5::Handle plist(H5Dget_create_plist(x_.ds.id()), H5Pclose);
+      const int filters = plist.valid() ? H5Pget_nfilters(plist.id()) : 0;
+      const bool filtered = filters > 0 && (mask & ((1u << std::min(filters, 31)) - 1u)) != ((1u << std::min(filters, 31)) - 1u);
+      loc.detail = "dataset x row " + std::to_string(i) + ", in the " + std::to_string(size) + "-byte chunk stored there" +
+                   (filtered ? " (filtered: any changed byte of the chunk changes the row)" : "");
     } else {
       H5Eclear2(H5E_DEFAULT);
       loc.detail = "dataset x row " + std::to_string(i) + " (storage not located)";

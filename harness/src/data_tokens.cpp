@@ -7,6 +7,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <fstream>
@@ -100,6 +101,15 @@ class TokenSource : public DataSource {
     return Status::OK();
   }
 
+  // The largest of the tokens [from, to) below `limit` (-1: none), their pages released after.
+  std::int64_t largest(std::size_t from, std::size_t to, std::int64_t limit) {
+    std::int64_t m = -1;
+    for (std::size_t k = from; k < to; ++k)
+      if (token(k) < limit) m = std::max(m, token(k));
+    if (to > from) release(from * each_, to * each_);
+    return m;
+  }
+
   SampleLocation locate(std::int64_t i) override {
     SampleLocation loc;
     loc.file = path_;
@@ -122,6 +132,7 @@ class TokenSource : public DataSource {
   }
 
  private:
+  // Token k of the file.
   std::int64_t token(std::size_t k) const {
     const unsigned char* p = map_ + k * each_;
     if (each_ == 2) return static_cast<std::int64_t>(p[0] | p[1] << 8);
@@ -145,13 +156,21 @@ class TokenSource : public DataSource {
   // The pages of the file's bytes [lo, hi) leave this process once copied: a mapped page that was
   // read stays in the process's resident set (RssFile) until the kernel reclaims it, so without this
   // a pass over a file larger than memory would show as the process growing. The page cache keeps
-  // them.
+  // them. A read fault also maps the neighbours that are in the page cache already, within its
+  // aligned block of fault_around_bytes (64 KiB by default; MADV_RANDOM does not stop it): pages
+  // another rank or an earlier window brought in. Released only page by page, those stayed and the
+  // process grew with every window read (RssFile +7 MiB in 100 steps, bench/stream.py), so the
+  // release covers the aligned blocks around the bytes read: 2 MiB, the most fault_around_bytes
+  // can be (one page table's span) and the size of a large folio the kernel may map whole with one
+  // fault (clearing the absent entries of a block costs a few microseconds).
   void release(std::size_t lo, std::size_t hi) {
     static const std::size_t page = static_cast<std::size_t>(::sysconf(_SC_PAGESIZE));
-    lo = lo / page * page;
-    hi = std::min(size_, hi);
+    const std::size_t block = std::max<std::size_t>(page, kFaultAround);
+    lo = lo / block * block;
+    hi = std::min(size_, (hi + block - 1) / block * block);
     if (hi > lo) ::madvise(const_cast<unsigned char*>(map_) + lo, hi - lo, MADV_DONTNEED);
   }
+  static constexpr std::size_t kFaultAround = 2 << 20;
 
   std::string path_;
   const unsigned char* map_;
@@ -207,7 +226,14 @@ Status open_tokens(const TrainConfig& cfg, const std::string& path, Dataset* d, 
   d->x_dtype = d->y_dtype = DType::kInt64;
   d->x_shape = d->y_shape = {seq_len};
   d->classes = vocab;  // 0: the scan finds the largest token
-  d->reader = std::make_shared<TokenSource>(path, map, size, each, seq_len);
+  auto source = std::make_shared<TokenSource>(path, map, size, each, seq_len);
+  // The tokens after the last window are in no sample, but without a vocabulary the model's width is
+  // the largest token + 1, found by the scan at open or read from a data record — and the record
+  // reads every token of the file, whatever T. The scan starts from these, so that both give the
+  // same width (the same bits with and without a record).
+  d->max_token = source->largest(static_cast<std::size_t>(d->n * seq_len) + 1, static_cast<std::size_t>(tokens),
+                                 vocab > 0 ? vocab : kMaxClasses);
+  d->reader = std::move(source);
   return Status::OK();
 }
 

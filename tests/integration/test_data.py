@@ -104,6 +104,21 @@ def flip_byte(path, offset, mask=0x01):
         f.write(bytes([b ^ mask]))
 
 
+def mapped_kb(pid, path):
+    """The resident KiB of pid's mappings of path (/proc/PID/smaps), None before it maps it."""
+    total, inside, found = 0, False, False
+    real = os.path.realpath(path)
+    with open("/proc/%d/smaps" % pid) as f:
+        for line in f:
+            head = line.split()
+            if head and re.match(r"^[0-9a-f]+-[0-9a-f]+$", head[0]):
+                inside = len(head) >= 6 and head[5] == real
+                found = found or inside
+            elif inside and head and head[0] == "Rss:":
+                total += int(head[1])
+    return total if found else None
+
+
 def listing(*dirs):
     """Every file under dirs with its size and modification time."""
     out = {}
@@ -233,6 +248,73 @@ class TokenData(DataTest):
                          "--token-dtype", "uint32", "--vocab", "70000", "--seq-len", "16", "--global-batch", "8",
                          "--micro-shards", "2"],
                         ["token id 70000 at sample 3 (position 2 ", "offset %d," % (4 * (16 * 3 + 2))])
+
+    def test_read_pages_leave_the_process(self):
+        # A 32 MiB token file in the page cache: a read fault also maps the cached neighbours of the
+        # page it needs (the kernel's fault-around, 64 KiB), here in the large folios that
+        # prepare-data's read-ahead left (the file written back and evicted first). What a rank
+        # keeps mapped of the file while it trains (its Rss in /proc/PID/smaps) must stay at about
+        # the windows it is reading, not grow with the windows it has read: it reached 18 MiB in
+        # these 60 steps while only each window's own pages were released. The record also stands
+        # for the scan at open, whose 4 MiB of windows at a time would blur the peak.
+        path = self.path("cached.bin")
+        write_tokens(path, np.random.default_rng(5).integers(0, 512, 16 << 20),
+                     meta={"dtype": "uint16", "vocab": 512, "seq_len": 64})
+        fd = os.open(path, os.O_RDONLY)
+        os.fsync(fd)
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        os.close(fd)
+        res = run(["prepare-data", "--data", "tokens:" + path])
+        self.assertEqual(res.code, 0, res.err)
+        pids = self.path("pids")
+        os.makedirs(pids)
+        script = self.path("rank.sh")
+        with open(script, "w") as f:
+            f.write('#!/bin/sh\necho $$ > "%s/$OMPI_COMM_WORLD_RANK"\nexec "$@"\n' % pids)
+        os.chmod(script, 0o755)
+        cmd = MPIRUN + ["-np", "2", script, CULPRIT, "train", "--quiet", "--run-dir", self.path("run"), "--data",
+                        "tokens:" + path] + GPT + ["--steps", "60", "--trace", "off"]
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        peak, seen = {}, {}
+        while proc.poll() is None:
+            for r in ("0", "1"):
+                try:
+                    with open(os.path.join(pids, r)) as f:
+                        pid = int(f.read())
+                    kb = mapped_kb(pid, path)
+                except (OSError, ValueError):
+                    continue
+                if kb is not None:
+                    peak[r] = max(peak.get(r, 0), kb)
+                    seen[r] = seen.get(r, 0) + 1
+            time.sleep(0.02)
+        out, err = proc.communicate()
+        self.assertEqual(proc.returncode, 0, err)
+        self.assertEqual(sorted(seen), ["0", "1"], "no samples of the ranks' mappings")
+        self.assertGreater(min(seen.values()), 20, seen)
+        for r, kb in peak.items():
+            self.assertLessEqual(kb, 512, "rank %s kept %d KiB of the data file mapped" % (r, kb))
+
+    def test_width_without_a_vocabulary_with_and_without_a_record(self):
+        # No vocabulary given: gpt's width is the largest token + 1. The file's largest token (60) is
+        # in its tail, after the last window; the windows' tokens are below 50. A data record (which
+        # reads every token) and the scan at open must agree on the width: the same bits either way
+        # (the scan read 50 and the record 61 before the scan counted the tail).
+        T = 16
+        t = np.random.default_rng(14).integers(0, 50, T * 20 + 1 + 5)
+        t[-2] = 60
+        path = self.path("tail.bin")
+        write_tokens(path, t)
+        args = ["--model", "gpt", "--data", "tokens:" + path, "--token-dtype", "uint16", "--seq-len", str(T),
+                "--global-batch", "8", "--micro-shards", "2", "--steps", "2"]
+        scanned = self.train("scanned", args, world=2)
+        res = run(["prepare-data", "--data", "tokens:" + path, "--token-dtype", "uint16"])
+        self.assertEqual(res.code, 0, res.err)
+        self.assertIn("largest token 60", res.out)
+        recorded = self.train("recorded", args, world=2)
+        self.assertEqual(comparable(scanned), comparable(recorded))
+        with_vocab = self.train("vocab61", args + ["--vocab", "61"], world=2)
+        self.assertEqual(comparable(with_vocab), comparable(scanned))
 
     def test_sidecar_and_options(self):
         bare = self.path("bare.bin")
@@ -374,6 +456,31 @@ class Hdf5Streaming(DataTest):
             f["y"] = y
         res = self.train("gzip2", args + ["--data", "hdf5:" + self.path("gzip2.h5")], world=2)
         self.assertNotEqual(comparable(res)[0], ref[0])
+
+    def test_a_bad_value_is_named_where_it_lies(self):
+        # A NaN in row 21: named by its sample and element and where the row lies in the file — its
+        # own bytes when contiguous, the chunk that holds it when chunked (filtered: the whole chunk).
+        rng = np.random.default_rng(13)
+        x = rng.standard_normal((64, 7)).astype(np.float32)
+        x[21, 3] = np.nan
+        y = rng.integers(0, 3, 64)
+        for name, kw in (("contiguous", {}), ("chunked", {"chunks": (8, 7)}),
+                         ("gzip", {"chunks": (8, 7), "compression": "gzip"})):
+            path = self.path(name + ".h5")
+            with h5py.File(path, "w") as f:
+                f.create_dataset("x", data=x, **kw)
+                f["y"] = y
+            with h5py.File(path, "r") as f:
+                d = f["x"]
+                if d.chunks is None:
+                    where = "offset %d (dataset x row 21)" % (d.id.get_offset() + 21 * 7 * 4)
+                else:
+                    info = d.id.get_chunk_info_by_coord((16, 0))
+                    where = "offset %d (dataset x row 21, in the %d-byte chunk stored there%s" % (
+                        info.byte_offset, info.size, " (filtered" if name == "gzip" else ")")
+            with self.subTest(layout=name):
+                self.expect_bad(["--run-dir", self.path("run-" + name), "--data", "hdf5:" + path, "--global-batch", "16",
+                                 "--micro-shards", "2"], ["x holds a non-finite value (nan) in sample 21 (element 3)", where])
 
     def test_unwritten_chunks_are_refused(self):
         path = self.path("partial.h5")
