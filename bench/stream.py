@@ -4,7 +4,7 @@ stall per step, beside a small data set, in one run.
 
     /usr/bin/python3 bench/stream.py [--gib 3] [--budget-mib 384] [--world 2] [--steps 500] [--keep]
 
-What it does (results: docs/performance-stream.md):
+What it does (results: docs/performance.md ("Streaming a data set larger than memory")):
 1. Writes two token files (uint16, vocabulary 512, random ids from a fixed seed, made here with
    numpy: nothing is downloaded) in a fresh directory: a large one of --gib GiB and a small one of
    --small-mib MiB, each with its PATH.json sidecar.

@@ -248,7 +248,7 @@ Status load_dataset(const TrainConfig& cfg, Dataset* out, const OpenOptions& how
     // prepare-data's record of this very file stands for the scan (docs/data.md); otherwise every
     // sample is read once now, so a bad label or value is one line before any training.
     PreparedFacts facts;
-    if (!how.scan && find_prepared(cfg.data, &facts) && facts.checked(k.classes, k.token_limit)) {
+    if (!how.scan && find_prepared(cfg.data, *out, &facts) && facts.checked(k.classes, k.token_limit)) {
       out->max_label = facts.max_label;
       out->max_label_at = facts.max_label_at;
       out->max_token = facts.max_token;

@@ -52,6 +52,7 @@ struct Dataset {
   std::int64_t max_label = -1;         // stored int64 labels: the largest, and its element of y
   std::int64_t max_label_at = -1;
   std::int64_t max_token = -1;         // int64 x (token ids): the largest
+  int token_bytes = 0;                 // tokens:PATH: the stored ids' size (2: uint16, 4: uint32)
   std::shared_ptr<DataSource> reader;  // one thread at a time
   bool classification() const { return y_dtype == DType::kInt64; }
   std::int64_t x_numel() const;        // elements of one sample

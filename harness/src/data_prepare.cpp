@@ -83,6 +83,7 @@ bool same_kind(const std::string& recorded, const DataSpec& data) {
 Status write_data_record(const std::string& path, const DataRecord& r) {
   json j = {{"schema", kDataRecordSchema},       {"version", kDataRecordVersion}, {"data", r.data},
             {"file_bytes", r.file_bytes},        {"mtime_ns", r.mtime_ns},        {"samples", r.samples},
+            {"token_bytes", r.token_bytes},
             {"max_label", r.max_label},          {"max_label_at", r.max_label_at}, {"max_token", r.max_token},
             {"block_bytes", r.block_bytes},      {"blocks", json::array()}};
   for (Fingerprint f : r.blocks) j["blocks"].push_back(fingerprint_hex(f));
@@ -104,6 +105,7 @@ Status read_data_record(const std::string& path, DataRecord* r) {
     r->file_bytes = j.at("file_bytes").get<std::uint64_t>();
     r->mtime_ns = j.at("mtime_ns").get<std::int64_t>();
     r->samples = j.at("samples").get<std::int64_t>();
+    r->token_bytes = j.value("token_bytes", -1);  // absent (an older record): not known
     r->max_label = j.at("max_label").get<std::int64_t>();
     r->max_label_at = j.at("max_label_at").get<std::int64_t>();
     r->max_token = j.at("max_token").get<std::int64_t>();
@@ -118,12 +120,13 @@ Status read_data_record(const std::string& path, DataRecord* r) {
   return Status::OK();
 }
 
-bool find_prepared(const DataSpec& data, PreparedFacts* out) {
+bool find_prepared(const DataSpec& data, const Dataset& d, PreparedFacts* out) {
   DataRecord r;
   std::uint64_t bytes = 0;
   std::int64_t mtime = 0;
   if (data.kind == DataKind::kSynthetic || !read_data_record(record_path(data), &r).ok() || !same_kind(r.data, data) ||
-      !stat_file(data.path, &bytes, &mtime).ok() || bytes != r.file_bytes || mtime != r.mtime_ns)
+      !stat_file(data.path, &bytes, &mtime).ok() || bytes != r.file_bytes || mtime != r.mtime_ns ||
+      r.token_bytes != d.token_bytes)  // a file read as uint16 says nothing of it as uint32
     return false;
   out->max_label = r.max_label;
   out->max_label_at = r.max_label_at;
@@ -190,9 +193,10 @@ opts::Table<DataArgs> data_options(bool prepare) {
                       },
                       [](const D& a) { return a.data.text(); }, opts::kRequired),
       opts::choice<D>("token-dtype", &D::token_dtype, "tokens data: auto | uint16 | uint32 (auto: PATH.json's \"dtype\")"),
-      opts::number<D>("vocab", &D::vocab, "tokens data: the vocabulary, when PATH.json does not say it (0: unchecked)",
-                      opts::Range<std::int64_t>{0, kMaxClasses}),
   };
+  if (prepare)
+    rows.push_back(opts::number<D>("vocab", &D::vocab, "tokens data: the vocabulary, when PATH.json does not say it (0: unchecked)",
+                                   opts::Range<std::int64_t>{0, kMaxClasses}));
   if (!prepare)
     rows.push_back(opts::number<D>("seq-len", &D::seq_len,
                                    "tokens data: the samples' length T, which names the samples of a damaged block "
@@ -236,6 +240,7 @@ Status prepare(const DataArgs& a) {
   r.max_label = d.max_label;
   r.max_label_at = d.max_label_at;
   r.max_token = d.max_token;
+  r.token_bytes = d.token_bytes;
   if (a.data.kind == DataKind::kHdf5 && d.x_dtype == DType::kInt64) {
     // gpt checks x's tokens too: the largest id of x, read once more.
     cfg.model.kind = ModelKind::kGpt;

@@ -26,6 +26,7 @@ struct DataRecord {
   std::uint64_t file_bytes = 0;   // the file as it was read
   std::int64_t mtime_ns = 0;
   std::int64_t samples = 0;       // hdf5: rows; tokens: token ids
+  int token_bytes = 0;            // tokens: the ids' size it was read with (2, 4); hdf5: 0
   std::int64_t max_label = -1, max_label_at = -1, max_token = -1;
   std::uint64_t block_bytes = 0;  // the file's bytes cut into blocks of this size (the last shorter)
   std::vector<Fingerprint> blocks;  // fp1 of each block
@@ -39,8 +40,9 @@ struct PreparedFacts {
     return (classes <= 0 || max_label < classes) && (token_limit <= 0 || max_token < token_limit);
   }
 };
-// The facts of data's record when it exists and matches the file's size and modification time.
-bool find_prepared(const DataSpec& data, PreparedFacts* out);
+// The facts of data's record when it exists and matches the file's size and modification time and
+// the token size the data was opened with (d.token_bytes).
+bool find_prepared(const DataSpec& data, const Dataset& d, PreparedFacts* out);
 
 Status read_data_record(const std::string& path, DataRecord* out);
 Status write_data_record(const std::string& path, const DataRecord& r);

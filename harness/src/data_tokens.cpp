@@ -29,7 +29,6 @@ struct TokenMeta {
 
 Status read_meta(const std::string& path, TokenMeta* m) {
   const std::string side = path + ".json";
-  std::error_code ec;
   std::ifstream in(side);
   if (!in) return Status::OK();  // no sidecar: the options must say it all
   nlohmann::json j;
@@ -63,13 +62,21 @@ Status pick(const std::string& path, const char* option, const char* key, T give
 
 class TokenSource : public DataSource {
  public:
-  TokenSource(std::string path, const void* map, std::size_t size, std::size_t token_bytes, std::int64_t t)
-      : path_(std::move(path)), map_(static_cast<const unsigned char*>(map)), size_(size), each_(token_bytes), t_(t) {}
+  TokenSource(std::string path, int fd, const void* map, std::size_t size, std::size_t token_bytes, std::int64_t t)
+      : path_(std::move(path)), fd_(fd), map_(static_cast<const unsigned char*>(map)), size_(size), each_(token_bytes), t_(t) {}
   ~TokenSource() override {
     if (map_) ::munmap(const_cast<unsigned char*>(map_), size_);
+    ::close(fd_);
   }
 
   Status read(const std::int64_t* idx, std::size_t count, unsigned char* x, unsigned char* y) override {
+    // A mapped page past the end of a file that shrank raises SIGBUS, which would kill the rank and
+    // read as a silent rank (hardware): the size is checked first (a shrink after this check, within
+    // the read, still can: a file must not be truncated under a running job).
+    struct stat st {};
+    if (::fstat(fd_, &st) == 0 && static_cast<std::uint64_t>(st.st_size) < size_)
+      return Status::IoError("data 'tokens:" + path_ + "' shrank to " + std::to_string(st.st_size) + " bytes from " +
+                             std::to_string(size_) + " while the run reads it");
     auto* xs = reinterpret_cast<std::int64_t*>(x);
     auto* ys = reinterpret_cast<std::int64_t*>(y);
     // The bytes read and not yet released: windows that meet or touch merge, so the scan at open
@@ -173,6 +180,7 @@ class TokenSource : public DataSource {
   static constexpr std::size_t kFaultAround = 2 << 20;
 
   std::string path_;
+  int fd_;
   const unsigned char* map_;
   std::size_t size_, each_;
   std::int64_t t_;
@@ -217,7 +225,7 @@ Status open_tokens(const TrainConfig& cfg, const std::string& path, Dataset* d, 
                            std::to_string(seq_len) + " (" + std::to_string(seq_len + 1) + " tokens)");
   void* map = bad.ok() ? ::mmap(nullptr, size, PROT_READ, MAP_SHARED, fd, 0) : MAP_FAILED;
   const int map_errno = errno;
-  ::close(fd);
+  if (!bad.ok() || map == MAP_FAILED) ::close(fd);  // else the source keeps it, to see the file shrink
   if (!bad.ok()) return bad;
   if (map == MAP_FAILED) return Status::IoError(what + ": cannot map the file: " + std::strerror(map_errno));
   ::madvise(map, size, MADV_RANDOM);  // windows are read in the epoch's order: no read-around
@@ -226,7 +234,8 @@ Status open_tokens(const TrainConfig& cfg, const std::string& path, Dataset* d, 
   d->x_dtype = d->y_dtype = DType::kInt64;
   d->x_shape = d->y_shape = {seq_len};
   d->classes = vocab;  // 0: the scan finds the largest token
-  auto source = std::make_shared<TokenSource>(path, map, size, each, seq_len);
+  d->token_bytes = static_cast<int>(each);
+  auto source = std::make_shared<TokenSource>(path, fd, map, size, each, seq_len);
   // The tokens after the last window are in no sample, but without a vocabulary the model's width is
   // the largest token + 1, found by the scan at open or read from a data record — and the record
   // reads every token of the file, whatever T. The scan starts from these, so that both give the

@@ -7,14 +7,16 @@ replay loads the sample unlike the record). The clean twin bisects to none (nega
 import json
 import os
 import shutil
+import subprocess
 import sys
+import time
 
 import h5py
 import numpy as np
 import torch
 
 sys.path.insert(0, os.path.dirname(__file__))
-from culprit_testlib import TempDirTest, run  # noqa: E402
+from culprit_testlib import CULPRIT, MPIRUN, TempDirTest, run  # noqa: E402
 from test_localize import CODES, diagnosis  # noqa: E402
 
 SEED, B, M, STEPS = 7, 8, 4, 6
@@ -117,6 +119,30 @@ class DataFaults(TempDirTest):
         d = self.train("remade", gpt + ["--data", "tokens:" + path])
         got, out = self.bisect(d, "none")
         self.assertIn("not compared (run culprit prepare-data again)", " ".join(got["evidence"]))
+
+    def test_a_token_file_truncated_under_the_run_is_one_line(self):
+        # Rank 0 stalls 4 s in step 3 (a hang fault); meanwhile the file is cut short. The read of a
+        # later step sees it (a mapped page past the end would kill the rank with SIGBUS, which reads
+        # as a silent rank: hardware): exit 6 on every rank, one line naming the file.
+        path = self.tokens("cut.bin")
+        run_dir = self.path("cut")
+        cmd = MPIRUN + ["-np", "2", CULPRIT, "train", "--quiet", "--run-dir", run_dir, "--seed", str(SEED),
+                        "--global-batch", str(B), "--micro-shards", str(M), "--steps", "8", "--model", "gpt",
+                        "--width", "16", "--heads", "2", "--layers", "1", "--data", "tokens:" + path,
+                        "--inject", "step=3,rank=0,phase=forward,layer=head,kind=hang,seconds=4"]
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        metrics = os.path.join(run_dir, "metrics.jsonl")
+        deadline = time.time() + 60
+        while time.time() < deadline and not (os.path.exists(metrics) and open(metrics).read().count("\n") >= 2):
+            time.sleep(0.05)
+        os.truncate(path, T * 2 * 10)  # ten windows' bytes remain
+        out, err = proc.communicate(timeout=120)
+        self.assertEqual(proc.returncode, 6, out + err)
+        lines = [l for l in err.splitlines() if l.startswith("culprit: error:")]
+        self.assertEqual(len(lines), 1, err)
+        self.assertIn("data 'tokens:%s' shrank to %d bytes" % (path, T * 20), lines[0])
+        self.assertNotIn("SIGBUS", err)
+        self.assertNotIn("Bus error", err)
 
     def test_a_file_changed_after_the_run_read_it_is_data(self):
         gpt = ["--model", "gpt", "--width", "16", "--heads", "2", "--layers", "1"]
