@@ -206,14 +206,16 @@ class Trace(TempDirTest):
             self.assertTrue(all(a[key][2]) and all(a[key][3]), "every layer has forward and backward fingerprints")
         self.assertEqual({b[k][0] for k in b}, {0, 1, 2, 3})  # ... computed on different ranks
         self.assertEqual({a[k][0] for k in a}, {0})
-        # The reduced gradient's per-parameter fingerprints (format 4): one per parameter, the same on
+        # The reduced gradient's per-parameter fingerprints (format 4, now 5): one per parameter, the same on
         # every rank and at every world size.
         reduced = {}
         for name in ("w1", "w4"):
             for p in sorted(glob.glob(os.path.join(self.path(name), "trace", "rank-*.h5"))):
                 with h5py.File(p, "r") as f:
-                    self.assertEqual(int(f.attrs["format_version"]), 4)
+                    self.assertEqual(int(f.attrs["format_version"]), 5)
                     n = int(f.attrs["steps_committed"])
+                    # Format 5's slice column: zeros in a run without --shard-optimizer.
+                    self.assertFalse(f["steps"]["shard"][:n].any())
                     rows = [tuple(int(x) for x in f["steps"]["reduced_fp"][i]) for i in range(n)]
                     self.assertEqual(len(rows[0]), len(str(f.attrs["params"]).split("\n")) if not isinstance(
                         f.attrs["params"], bytes) else len(f.attrs["params"].decode().split("\n")))
