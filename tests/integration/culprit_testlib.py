@@ -60,14 +60,15 @@ def incidents(run_dir):
         return [json.loads(l) for l in f]
 
 
-def run_each_rank_code(args, world, workdir, timeout=TIMEOUT):
-    """Runs under mpirun and returns (every rank's exit code, stdout, stderr)."""
+def run_each_rank_code(args, world, workdir, timeout=TIMEOUT, cwd=None):
+    """Runs under mpirun (from cwd) and returns (every rank's exit code, stdout, stderr); workdir
+    holds the exit codes."""
     script = os.path.join(workdir, "rank_wrapper.sh")
     with open(script, "w") as f:
         f.write('#!/bin/sh\n"$@"\necho $? > "%s/rc.$OMPI_COMM_WORLD_RANK"\n' % workdir)
     os.chmod(script, 0o755)
     proc = subprocess.run(MPIRUN + ["-np", str(world), script, CULPRIT] + list(args),
-                          capture_output=True, text=True, timeout=timeout)
+                          capture_output=True, text=True, timeout=timeout, cwd=cwd)
     codes = []
     for r in range(world):
         with open(os.path.join(workdir, "rc.%d" % r)) as f:

@@ -17,7 +17,7 @@ import torch
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-from culprit_testlib import CULPRIT, MPIRUN, TIMEOUT, TempDirTest, run  # noqa: E402
+from culprit_testlib import CULPRIT, MPIRUN, TempDirTest, run, run_each_rank_code  # noqa: E402
 from feistel import FeistelOrder  # noqa: E402
 from reference_trainer import fingerprint_bytes  # noqa: E402
 
@@ -150,18 +150,7 @@ class DataTest(TempDirTest):
 
     def each_rank(self, args, world, cwd=None, tag="w"):
         """Runs culprit ARGS under mpirun from cwd: (every rank's exit code, stdout, stderr)."""
-        codes_dir = tempfile.mkdtemp(prefix=tag, dir=self.tmp)
-        script = os.path.join(codes_dir, "rank.sh")
-        with open(script, "w") as f:
-            f.write('#!/bin/sh\n"$@"\necho $? > "%s/rc.$OMPI_COMM_WORLD_RANK"\n' % codes_dir)
-        os.chmod(script, 0o755)
-        proc = subprocess.run(MPIRUN + ["-np", str(world), script, CULPRIT] + list(args), capture_output=True,
-                              text=True, timeout=TIMEOUT, cwd=cwd)
-        codes = []
-        for r in range(world):
-            with open(os.path.join(codes_dir, "rc.%d" % r)) as f:
-                codes.append(int(f.read()))
-        return codes, proc.stdout, proc.stderr
+        return run_each_rank_code(args, world, tempfile.mkdtemp(prefix=tag, dir=self.tmp), cwd=cwd)
 
     def expect_bad(self, args, needles, world=2, watch=()):
         """Every rank exits 2 with one `culprit: error:` line holding every needle; nothing changes in
