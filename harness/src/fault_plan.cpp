@@ -202,12 +202,14 @@ at::Tensor FaultPlan::on_layer_output(const FireContext& c, int k, const std::st
   return out;
 }
 
-bool FaultPlan::on_leaf(const FireContext& c, int k, float* leaf) const {
+bool FaultPlan::on_leaf(const FireContext& c, int k, float* leaf, std::size_t lo, std::size_t hi) const {
   bool finite = true;
   for (const auto& f : specs_) {
     const int pi = layer_param(f.layer);
-    if (pi < 0 || f.kind == FaultKind::kStale || !fires(f, Phase::kGrad, c, k, true)) continue;
-    float& v = leaf[offsets_[pi] + f.index % sizes_[pi]];
+    if (pi < 0 || f.kind == FaultKind::kStale) continue;
+    const auto e = static_cast<std::size_t>(offsets_[pi] + f.index % sizes_[pi]);
+    if (e < lo || e >= hi || !fires(f, Phase::kGrad, c, k, true)) continue;
+    float& v = leaf[e];
     v = corrupt_value(f, v);
     finite = finite && std::isfinite(v);
   }

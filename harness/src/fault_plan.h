@@ -76,7 +76,8 @@ class FaultPlan {
   // forward, backward: a layer's output (and the gradient flowing back into it).
   at::Tensor on_layer_output(const FireContext& c, int k, const std::string& layer, at::Tensor out) const;
   // grad: the micro-shard's gradient leaf (P values); false when a corrupted value is not finite.
-  bool on_leaf(const FireContext& c, int k, float* leaf) const;
+  // [lo, hi): only the faults of those elements (a leaf reduced bucket by bucket, tree_overlap.h).
+  bool on_leaf(const FireContext& c, int k, float* leaf, std::size_t lo = 0, std::size_t hi = SIZE_MAX) const;
   // comm: the reduction's send buffer; null when no fault fires (storage: the returned fault).
   const SendFault* on_send(const FireContext& c, SendFault* storage) const;
   // param (stale): parameters whose update does not land, with their values before it.

@@ -173,6 +173,7 @@ opts::Table<C> make_table() {
     number<C>("warmup-steps", opt(&OptimizerOptions::warmup_steps), "linear warm-up steps", steps_or_off, kCritical),
     // More intra-op threads than cores only slows a rank (and thousands of threads can hang it).
     number<C>("threads", &C::threads, "intra-op threads per rank (cores: those the system lets the rank run on)", Range<int>{1, system_cores()}.because(cores_reason(), "[1, cores]"), kCritical),
+    number<C>("bucket-mb", &C::bucket_mb, "the gradient reduction overlaps the last micro-shard's backward pass, in buckets of at least this many MiB of whole parameters, reduced in the same tree: the same bits (docs/determinism.md); 0: it starts after the backward pass", Range<double>{0, 1 << 20}),
     choice<C>("device", &C::device, "cpu | cuda: where each rank computes (cuda: the GPU of index local rank mod GPUs on the host; needs culprit built against a CUDA-enabled libtorch, docs/cuda.md)"),
     flag<C>("quiet", &C::quiet, "no per-step line on stdout", kNotRecorded),
   });

@@ -60,16 +60,7 @@ void Trainer::zero_grads(const FireContext& c, int k) {
 // The gradients into the leaf, checked for NaN/Inf while copying (the data passes the cache once).
 bool Trainer::copy_grads(float* leaf) const {
   bool finite = true;
-  for (std::size_t i = 0; i < flat_.params.size(); ++i) {
-    const auto& g = flat_.params[i].tensor.grad();
-    float* dst = leaf + flat_.offsets[i];
-    if (!g.defined()) {
-      std::fill(dst, dst + flat_.sizes[i], 0.0f);
-    } else {
-      auto gc = g.is_cuda() ? g.cpu() : g.contiguous();
-      finite = copy_all_finite(gc.data_ptr<float>(), dst, static_cast<std::size_t>(flat_.sizes[i])) && finite;
-    }
-  }
+  for (std::size_t i = 0; i < flat_.params.size(); ++i) finite = copy_grad(i, leaf) && finite;
   return finite;
 }
 
@@ -111,11 +102,17 @@ void Trainer::compute_shard(const FireContext& c, int k, float* leaf) {
       }
     }
   }
-  loss.backward();
-  bool finite = copy_grads(leaf);
   leaf[flat_.size] = loss.item<float>();
-  finite = finite && std::isfinite(leaf[flat_.size]);
-  finite = faults_.on_leaf(c, k, leaf) && finite;
+  bool finite = std::isfinite(leaf[flat_.size]);
+  if (overlaps(c, k)) {  // the leaf is filled, and reduced, bucket by bucket during the backward pass
+    begin_overlap(c, k, leaf);
+    loss.backward();
+    finite = end_overlap() && finite;
+  } else {
+    loss.backward();
+    finite = copy_grads(leaf) && finite;
+    finite = faults_.on_leaf(c, k, leaf) && finite;
+  }
   if (c.attempt == 0 && !finite && facts.bad_shard < 0) facts.bad_shard = k;
 }
 
@@ -156,7 +153,11 @@ void Trainer::step(std::int64_t s, StepMode mode, trace::StepRow* replayed) {
   // ranks agree on it before any detector sees the step, and the run ends with the data's error.
   if (mode == StepMode::kTrain) {
     step_.data_error = agree(comm_, data_status_);
-    if (!step_.data_error.ok()) return;
+    if (!step_.data_error.ok()) {
+      if (overlap_.reduce) overlap_.reduce->finish();  // no collective left in flight
+      overlap_.reduce.reset();
+      return;
+    }
   }
   {
     Stopwatch sw(&step_.facts.seconds);
@@ -213,11 +214,18 @@ void Trainer::compute_local_shards() {
       step_.facts.shards.leaf[k] = fingerprint_bytes(leaf, static_cast<std::size_t>(flat_.size + 1) * sizeof(float));
     }
     if (rows) step_.shard_rows.push_back(shard_row(k, leaf));
-    acc_->push(k);
+    if (!overlap_.reduce) acc_->push(k);  // else when its reduction finishes
   }
 }
 
 void Trainer::reduce() {
+  if (overlap_.reduce) {  // started during the last micro-shard's backward pass
+    overlap_.reduce->finish();
+    overlap_.reduce.reset();
+    step_.facts.seconds += step_.comm.seconds;
+    step_.facts.comm = &step_.comm;
+    return;
+  }
   SendFault storage;
   const SendFault* send_fault = faults_.on_send(step_.fire, &storage);
   step_.comm.enabled = cfg_.detect.comm_check || step_.fire.mode == StepMode::kReplay;  // a replay reports comm faults
@@ -366,6 +374,7 @@ Status Trainer::run(std::int64_t start_step, const std::string& resumed_from) {
       std::printf("  resumed from %s (step %lld)\n", resumed_from.c_str(), static_cast<long long>(start_step));
   }
   model_.set_training(true);
+  setup_overlap();  // collective; replays (engine.cpp) reduce after the backward pass
   std::vector<Fingerprint> initial;
   set_fingerprint(flat_.params, &initial);
   detectors_.start(initial);

@@ -19,6 +19,7 @@
 #include "culprit/fingerprint.h"
 #include "culprit/harness.h"
 #include "culprit/trace.h"
+#include "culprit/tree_overlap.h"
 #include "culprit/tree_reduce.h"
 #include "data.h"
 #include "detectors.h"
@@ -69,6 +70,9 @@ class Trainer {
  public:
   Trainer(const TrainConfig& cfg, const Comm& comm, const Dataset& data, Model& model)
       : cfg_(cfg), comm_(comm), data_(data), model_(model) {}
+  ~Trainer();
+  Trainer(const Trainer&) = delete;
+  Trainer& operator=(const Trainer&) = delete;
 
   // Selects the device (--device), builds the flat parameters and optimizer, parses the faults,
   // checks the model against the data. mode: whether the trainer will train or replay.
@@ -141,6 +145,14 @@ class Trainer {
   std::vector<Fingerprint> sample_fingerprints(const at::Tensor& x) const;  // per sample (row) of x
   int self() const { return device_rank_ < 0 ? comm_.rank : device_rank_; }
 
+  // ---- the reduction overlapped with the last micro-shard's backward pass (overlap.cpp) ----
+  void setup_overlap();  // hooks on every parameter's gradient accumulator (training with --bucket-mb)
+  bool overlaps(const FireContext& c, int k) const;  // micro-shard k's backward overlaps the reduction
+  void begin_overlap(const FireContext& c, int k, float* leaf);  // before its backward pass
+  void gradient_final(std::size_t i);  // the hook: parameter i's gradient is final
+  bool end_overlap();  // after it: the rest of the leaf, every bucket launched; false: a value not finite
+  bool copy_grad(std::size_t i, float* leaf) const;  // parameter i's gradient into the leaf; false: not finite
+
   // ---- --shard-optimizer (sharded.cpp) ----
   bool sharded() const { return cfg_.shard_optimizer; }
   std::vector<OptimizerSlot> owned_slots() const;  // this rank's slices of the parameters
@@ -196,6 +208,23 @@ class Trainer {
   std::unique_ptr<LayerTrace> layers_;  // null: no layer hooks needed
   StepState step_;
   std::vector<float> spot_leaf_;  // a recomputed micro-shard's leaf
+  struct Overlap {
+    std::unique_ptr<OverlapChannel> channel;  // null: no overlap (replay, --bucket-mb 0, one bucket, a GPU)
+    std::vector<Bucket> buckets;              // in launch order
+    std::vector<std::size_t> bucket_of;       // per parameter
+    std::vector<std::size_t> size_of;         // per bucket: its parameters
+    std::vector<std::pair<std::shared_ptr<torch::autograd::Node>, std::uintptr_t>> hooks;
+    // The step in progress: the last micro-shard's backward pass (armed), then its reduction.
+    std::unique_ptr<OverlappedReduce> reduce;
+    bool armed = false;
+    FireContext fire;
+    int shard = -1;
+    float* leaf = nullptr;
+    bool finite = true;
+    std::vector<bool> reported;         // per parameter
+    std::vector<std::size_t> pending;   // per bucket: parameters not final yet
+    SendFault send;
+  } overlap_;
   at::Tensor clipped_;            // --clip-grad-norm: the clipped reduced gradient (P + 1)
   at::Tensor host_params_;        // a host copy of GPU parameters (the update invariant)
   RunInfo info_;

@@ -50,7 +50,17 @@ float* TreeAccumulator::leaf_buffer() {
   return pending_.data();
 }
 
-void TreeAccumulator::push(int k) {
+std::vector<float*> TreeAccumulator::merge_chain(int k) {
+  std::vector<float*> chain;
+  TreeNode top{k, 0};
+  for (auto it = stack_.rbegin(); it != stack_.rend() && siblings(it->node, top); ++it) {
+    chain.push_back(it->data.data());
+    top = {it->node.lo, top.level + 1};
+  }
+  return chain;
+}
+
+void TreeAccumulator::push(int k, bool add) {
   leaf_buffer();
   if (!stack_.empty() && stack_.back().node.lo + stack_.back().node.size() != k)
     throw std::logic_error("TreeAccumulator: leaves must be pushed in order without gaps");
@@ -60,7 +70,7 @@ void TreeAccumulator::push(int k) {
     Entry right = std::move(stack_.back());
     stack_.pop_back();
     Entry& left = stack_.back();
-    tree_add(left.data.data(), right.data.data(), n_);
+    if (add) tree_add(left.data.data(), right.data.data(), n_);
     left.node.level += 1;
     pool_.push_back(std::move(right.data));
   }
@@ -138,9 +148,11 @@ void corrupt_outgoing(const SendFault& fault, std::size_t n, int W, std::size_t 
   }
 }
 
+}  // namespace
+
 // This rank's chunk: the nodes every rank sent (rank order, each rank's blocks in tree order),
 // combined bottom-up in tree order, in place in the receive buffer; returns the root.
-const float* combine(float* recv, std::size_t len, int W, int micro_shards) {
+const float* tree_combine(float* recv, std::size_t len, int W, int micro_shards) {
   struct Slot {
     TreeNode node;
     float* data;
@@ -162,8 +174,6 @@ const float* combine(float* recv, std::size_t len, int W, int micro_shards) {
   if (stack.size() != 1) throw std::logic_error("tree_allreduce: nodes did not combine to a root");
   return stack[0].data;
 }
-
-}  // namespace
 
 void tree_allreduce(const Comm& comm, int micro_shards, const TreeAccumulator& acc, float* out,
                     TreeWorkspace* ws, const SendFault* fault, CommCheck* check) {
@@ -215,7 +225,7 @@ void tree_allreduce(const Comm& comm, int micro_shards, const TreeAccumulator& a
       for (int r = 0; r < W; ++r)
         if (r != comm.rank) check->received[r] = fingerprint_bytes(recv.data() + rdispl[r], rcount[r] * sizeof(float));
     });
-  const float* root = combine(recv.data(), my_len, W, micro_shards);
+  const float* root = tree_combine(recv.data(), my_len, W, micro_shards);
   if (my_len) std::memcpy(out + my_off, root, my_len * sizeof(float));
   // Phase 2: everyone gets every reduced chunk.
   for (int c = 0; c < W; ++c) {

@@ -5,6 +5,7 @@
 #include <functional>
 #include <vector>
 
+#include "culprit/tree_overlap.h"
 #include "culprit/tree_reduce.h"
 #include "tree_data.h"
 
@@ -81,4 +82,24 @@ TEST(TreeAccumulator, RejectsOutOfOrderLeaves) {
   acc.push(0);
   acc.leaf_buffer();
   EXPECT_THROW(acc.push(2), std::logic_error);
+}
+
+// Buckets hold whole parameters, cover the buffer once, go from its end (launch order) and hold at
+// least the cap, the first parameter's bucket excepted.
+TEST(MakeBuckets, WholeParametersFromTheEnd) {
+  const std::vector<std::int64_t> offsets = {0, 10, 30, 31, 100};  // sizes 10, 20, 1, 69, 50 (+ the loss)
+  const std::size_t n = 151;
+  const auto b = make_buckets(offsets, n, 60);
+  ASSERT_EQ(b.size(), 2u);
+  EXPECT_EQ(b[0].lo, 31u);  // the last two parameters and the loss: 51 < 60 values, then 120
+  EXPECT_EQ(b[0].hi, 151u);
+  EXPECT_EQ(b[1].lo, 0u);  // the rest: fewer than the cap, down to the start
+  EXPECT_EQ(b[1].hi, 31u);
+  const auto one = make_buckets(offsets, n, 0);
+  ASSERT_EQ(one.size(), 1u);
+  EXPECT_EQ(one[0].lo, 0u);
+  EXPECT_EQ(one[0].hi, n);
+  const auto each = make_buckets(offsets, n, 1);
+  ASSERT_EQ(each.size(), offsets.size());
+  for (std::size_t i = 0; i < each.size(); ++i) EXPECT_EQ(each[i].lo, static_cast<std::size_t>(offsets[offsets.size() - 1 - i]));
 }

@@ -5,9 +5,12 @@
 
 #include "mpi_gtest.h"
 
+#include <algorithm>
 #include <cstring>
+#include <random>
 #include <vector>
 
+#include "culprit/tree_overlap.h"
 #include "culprit/tree_reduce.h"
 #include "tree_data.h"
 
@@ -56,6 +59,139 @@ TEST(TreeAllreduce, TrafficIsAboutTwiceTheBufferTimesWMinusOneOverW) {
   }
   // Otherwise a few blocks more, never more than twice.
   EXPECT_LE(tree_allreduce_bytes_sent(comm.rank, comm.size, 8, n), 2 * ring);
+}
+
+namespace {
+
+// Every rank's leaves but the last pushed into acc; the last one's values in its pending buffer.
+void fill_but_last(TreeAccumulator* acc, const Comm& comm, int m, std::size_t n) {
+  const auto r = shard_range(comm.rank, comm.size, m);
+  for (int k = r.lo; k < r.hi; ++k) {
+    auto v = leaf(k, n);
+    std::memcpy(acc->leaf_buffer(), v.data(), n * sizeof(float));
+    if (k + 1 < r.hi) acc->push(k);
+  }
+}
+
+// Parameter offsets of a made-up model: sizes 1, 2, 3, ... until n - 1 (the last value: the loss).
+std::vector<std::int64_t> offsets_for(std::size_t n) {
+  std::vector<std::int64_t> off;
+  std::size_t at = 0;
+  for (std::size_t size = 1; at + 1 < n; at += size++) off.push_back(static_cast<std::int64_t>(at));
+  if (off.empty()) off.push_back(0);
+  return off;
+}
+
+float flip_high_bit(const void*, float v) {
+  std::uint32_t u;
+  std::memcpy(&u, &v, 4);
+  u ^= 1u << 30;
+  std::memcpy(&v, &u, 4);
+  return v;
+}
+
+std::vector<CommCheck> gather_checks(const Comm& comm, const CommCheck& mine) {
+  std::vector<Fingerprint> flat(mine.sent);
+  flat.insert(flat.end(), mine.received.begin(), mine.received.end());
+  flat.insert(flat.end(), mine.chunks.begin(), mine.chunks.end());
+  std::vector<Fingerprint> all(flat.size() * comm.size);
+  MPI_Allgather(flat.data(), static_cast<int>(flat.size()), MPI_UINT64_T, all.data(), static_cast<int>(flat.size()),
+                MPI_UINT64_T, MPI_COMM_WORLD);
+  std::vector<CommCheck> out(comm.size);
+  const std::size_t W = comm.size;
+  for (std::size_t r = 0; r < W; ++r) {
+    const Fingerprint* p = all.data() + r * 3 * W;
+    out[r].sent.assign(p, p + W);
+    out[r].received.assign(p + W, p + 2 * W);
+    out[r].chunks.assign(p + 2 * W, p + 3 * W);
+  }
+  return out;
+}
+
+}  // namespace
+
+// Bucket by bucket, the final values marked in an order of each rank's own (as a backward pass
+// makes them), the overlapped reduction gives tree_allreduce's bits, whatever the bucket size.
+TEST(OverlappedReduce, GivesTreeAllreducesBitsForAnyBucketsAndReadyOrder) {
+  const Comm comm = world();
+  OverlapChannel channel(comm);
+  std::mt19937 rng(1234 + comm.rank);
+  for (int m : {4, 8, 16}) {
+    if (comm.size > m) continue;
+    for (std::size_t n : {2u, 5u, 64u, 1000u, 4097u}) {
+      const auto offsets = offsets_for(n);
+      for (std::size_t cap : {0u, 1u, 7u, 100u, 5000u}) {
+        auto buckets = make_buckets(offsets, n, cap);
+        TreeAccumulator acc(n);
+        fill_but_last(&acc, comm, m, n);
+        std::vector<float> out(n, -1.0f);
+        OverlappedReduce red(comm, &channel, m, &acc, shard_range(comm.rank, comm.size, m).hi - 1, out.data(), buckets,
+                             nullptr, nullptr);
+        std::vector<std::size_t> order(buckets.size());
+        for (std::size_t b = 0; b < order.size(); ++b) order[b] = b;
+        std::shuffle(order.begin(), order.end(), rng);
+        for (std::size_t b : order) red.ready(b);
+        red.finish();
+        const auto want = tree(0, m, n);
+        EXPECT_EQ(std::memcmp(out.data(), want.data(), n * sizeof(float)), 0)
+            << "rank " << comm.rank << " of " << comm.size << ", M=" << m << ", n=" << n << ", cap=" << cap;
+        // Afterwards the accumulator holds the rank's blocks, as after a plain push.
+        EXPECT_EQ(acc.blocks().size(), canonical_blocks(shard_range(comm.rank, comm.size, m)).size());
+      }
+    }
+  }
+}
+
+// A faulty link corrupts the same element with and without buckets; the comm check names the link
+// either way, and with one bucket its fingerprints are tree_allreduce's.
+TEST(OverlappedReduce, FaultsAndCommCheckAsTreeAllreduce) {
+  const Comm comm = world();
+  if (comm.size == 1) GTEST_SKIP() << "one rank sends nothing";
+  OverlapChannel channel(comm);
+  const int m = 8;
+  const std::size_t n = 1000;
+  const auto offsets = offsets_for(n);
+  for (bool faulty : {false, true}) {
+    SendFault fault;
+    fault.offset = 997;  // in the last rank's chunk
+    fault.apply = flip_high_bit;
+    const SendFault* f = faulty && comm.rank == 0 ? &fault : nullptr;
+    TreeAccumulator plain_acc(n);
+    fill_but_last(&plain_acc, comm, m, n);
+    plain_acc.push(shard_range(comm.rank, comm.size, m).hi - 1);
+    std::vector<float> plain(n);
+    CommCheck plain_check;
+    plain_check.enabled = true;
+    tree_allreduce(comm, m, plain_acc, plain.data(), nullptr, f, &plain_check);
+    for (std::size_t cap : {0u, 50u}) {
+      TreeAccumulator acc(n);
+      fill_but_last(&acc, comm, m, n);
+      std::vector<float> out(n);
+      CommCheck check;
+      check.enabled = true;
+      OverlappedReduce red(comm, &channel, m, &acc, shard_range(comm.rank, comm.size, m).hi - 1, out.data(),
+                           make_buckets(offsets, n, cap), f, &check);
+      red.finish();
+      EXPECT_EQ(std::memcmp(out.data(), plain.data(), n * sizeof(float)), 0) << "cap " << cap << " faulty " << faulty;
+      const auto bad = comm_mismatches(gather_checks(comm, check));
+      if (faulty) {
+        ASSERT_EQ(bad.size(), 1u) << "cap " << cap;
+        EXPECT_EQ(bad[0], std::make_pair(0, comm.size - 1));
+      } else {
+        EXPECT_TRUE(bad.empty()) << "cap " << cap;
+      }
+      if (cap == 0) {
+        EXPECT_EQ(check.sent, plain_check.sent);
+        EXPECT_EQ(check.received, plain_check.received);
+        EXPECT_EQ(check.chunks, plain_check.chunks);
+      }
+    }
+    // Negative control: the fault did change the result.
+    if (faulty) {
+      const auto want = tree(0, m, n);
+      EXPECT_NE(std::memcmp(plain.data(), want.data(), n * sizeof(float)), 0);
+    }
+  }
 }
 
 int main(int argc, char** argv) {

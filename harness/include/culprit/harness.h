@@ -198,6 +198,7 @@ struct TrainConfig {
   Precision precision = Precision::kFp32;
   OptimizerOptions optim;
   int threads = 1;
+  double bucket_mb = 4;  // the reduction overlapped with the backward pass, in buckets of this size; 0: after it
   DeviceKind device = DeviceKind::kCpu;  // cuda: one GPU per rank, by local rank
   bool quiet = false;
   bool tracing() const { return trace != TraceLevel::kOff; }

@@ -42,7 +42,12 @@ class TreeAccumulator {
   explicit TreeAccumulator(std::size_t n) : n_(n) {}
   // The buffer to fill with the next leaf's n values; then call push(k).
   float* leaf_buffer();
-  void push(int k);
+  // add false: the leaf was already added into the blocks merge_chain(k) named, range by range
+  // (tree_overlap.h); only the tree's structure is updated.
+  void push(int k, bool add = true);
+  // The blocks leaf k will be added into when pushed, in the order of the additions (the last one
+  // is the block it ends up in); empty: it stays a block of its own.
+  std::vector<float*> merge_chain(int k);
   struct Entry {
     TreeNode node;
     std::vector<float> data;
@@ -60,6 +65,9 @@ class TreeAccumulator {
 
 // Adds `right` into `left`, elementwise: the one floating-point operation of the tree.
 void tree_add(float* left, const float* right, std::size_t n);
+// A chunk owner's combination: `recv` holds, for every rank in order, each of its canonical blocks'
+// `len` values of the chunk; they are combined bottom-up in tree order in place. Returns the root.
+const float* tree_combine(float* recv, std::size_t len, int world, int micro_shards);
 
 // Buffers tree_allreduce reuses from call to call (a step's reduction allocates nothing).
 struct TreeWorkspace {
