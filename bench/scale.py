@@ -1,0 +1,641 @@
+#!/usr/bin/env python3
+"""Up to 64 ranks on one machine: what detection, the trace, diagnosis, audit and memory cost as
+functions of the world size W, with an injected fault found at every W.
+
+    nice -n 19 /usr/bin/python3 bench/scale.py [--worlds 2,4,8,16,32,64] [--json FILE] [--keep DIR]
+                                               [--no-twin] [--env-variants W]
+
+Every W trains the same small model (mlp, `--hidden 16`: 970 parameters in 6 tensors, global batch
+64 in M = 64 micro-shards, so W <= 64; SGD with momentum; checkpoints every K = 4 steps, `--trace
+layer`, the default detectors) with two faults injected (docs/detection.md, `--inject`):
+
+  silent    step 3, rank W/2 - 1, forward output of fc3, a bitflip of mantissa bit 12 (transient):
+            no online detector sees it (every replica receives the same reduced gradient);
+  detected  step 10, rank W - 1, forward output of fc2, a NaN (transient): the NaN/Inf detector
+            halts the run at step 10 (exit 11; checkpoints 0, 4 and 8 are on disk).
+
+then `culprit bisect` and `culprit audit` on the same W ranks. The truth is the injected spec. Each W
+is scored against it, never against culprit's own output:
+  detect  the first incident is at step 10 and names rank W - 1 (incidents.jsonl's fields);
+  bisect  diagnosis.json: hardware-transient, step 10, phase forward, layer fc2, rank W - 1;
+  audit   audit.json: exactly one interval does not reproduce, the one holding step 3, and its detail
+          names step 3, micro-shard 64/W * (W/2 - 1) (the first one the silent rank computes), rank
+          W/2 - 1 and layer fc3 (the detail is text for people: read here with a regular expression,
+          the only place this bench reads one);
+  twin    (unless --no-twin) a clean twin of the run trains all 12 steps; the two traces, read with
+          h5py, first differ at step 3 in the micro-shard and layer above, recorded by the silent
+          rank: the injected fault is where the record shows it. The twins' final fingerprints must
+          be equal at every W (world-size invariance up to 64 ranks).
+
+Measured per W (the formulas: docs/scale.md):
+  detector ms       metrics.jsonl's detector_seconds (rank 0's: NaN/Inf scans, fingerprints, the
+                    vote including its wait for the slowest rank), median over steps 2-9
+  vote B            bytes each rank contributes to the one all-gather of the vote per step
+                    (harness/src/vote.cpp): 8 (3 + 3W + 4M + 2T), T parameter tensors; received:
+                    (W - 1) times that. Measured by a PMPI shim (LD_PRELOAD, built here with mpicc)
+                    that counts every collective's bytes: MPI_Iallgather has one caller, the vote
+  reduction B       the same shim: what a rank sends in the tree exchange (Ialltoallv) plus what it
+                    receives in the all-gather of reduced chunks (Iallgatherv), per step
+  trace B/step/rank the trace files' bytes / (steps x W) (at 10 steps a file is mostly one 64-row
+                    HDF5 chunk per column) and the rows' own bytes (h5py dtypes x
+                    rows: what a long run grows by), against the formula
+  bisect, audit s   wall time of `mpirun ... culprit bisect|audit` (start-up included) and the
+                    tools' own seconds (diagnosis.json, audit.json)
+  memory            each rank's peak RSS (GNU time %M) in train, bisect and audit; from the shim,
+                    each training rank's /proc/self/status and smaps_rollup just before
+                    MPI_Finalize (RssAnon: private; RssFile: library pages, shared between ranks;
+                    Pss); the machine's MemAvailable drop while the job ran (sampled every 0.25 s;
+                    noisy when anything else runs);
+                    and a process that only loads culprit (`culprit train --help`: libtorch's
+                    start-up)
+--env-variants W trains the clean twin at W ranks once per environment variant (glibc arenas,
+OpenMP threads, an mmap threshold, Open MPI's shared-memory transport with fewer buffers) to see
+whether any lowers the memory per rank.
+Prints three tables (costs, memory, the diagnoses against the truth); --json writes the raw numbers.
+Exits 1 unless every W is exact. A W is skipped when MemAvailable is below W x --mib-per-rank + 1 GiB.
+Results: docs/performance.md ("Scaling to 64 ranks") and docs/scale.md.
+"""
+import argparse
+import glob
+import json
+import os
+import re
+import shlex
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+import h5py
+import numpy as np
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+CULPRIT = os.environ.get("CULPRIT_BIN", os.path.join(HERE, "..", "build", "culprit"))
+COMM = os.path.basename(CULPRIT)[:15]  # the process's name in /proc/PID/status (15 characters at most)
+MPIRUN = ["mpirun", "--oversubscribe", "--bind-to", "none"]
+os.environ.setdefault("OMPI_ALLOW_RUN_AS_ROOT", "1")
+os.environ.setdefault("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
+
+M, B, K, STEPS, HIDDEN = 64, 64, 4, 12, 16
+S_SILENT, S_DETECTED = 3, 10
+MODEL = ["--model", "mlp", "--hidden", str(HIDDEN), "--global-batch", str(B), "--micro-shards", str(M),
+         "--samples", "256", "--steps", str(STEPS), "--checkpoint-every", str(K), "--quiet"]
+ENV_VARIANTS = [  # (name, environment, mpirun options)
+    ("defaults", {}, []),
+    ("MALLOC_ARENA_MAX=1", {"MALLOC_ARENA_MAX": "1"}, []),
+    ("OMP_NUM_THREADS=1", {"OMP_NUM_THREADS": "1"}, []),
+    ("arena 1 + mmap threshold 64 KiB", {"GLIBC_TUNABLES": "glibc.malloc.arena_max=1:glibc.malloc.mmap_threshold=65536"},
+     []),
+    ("vader: no fast boxes, free list 64", {}, ["--mca", "btl_vader_fbox_max", "0", "--mca", "btl_vader_free_list_max", "64"]),
+]
+
+SHIM_C = r'''
+/* bench/scale.py's shim (LD_PRELOAD): the bytes each collective call contributes and receives, counted
+   through PMPI, and /proc/self/status + smaps_rollup written before MPI_Finalize and at exit. */
+#define _GNU_SOURCE
+#include <mpi.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <unistd.h>
+#define NKEYS 512
+static struct { const char* fn; long long send, recv, calls; } keys[NKEYS];
+static int nkeys;
+static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
+static void note(const char* fn, long long send, long long recv) {
+  pthread_mutex_lock(&mu);
+  int i;
+  for (i = 0; i < nkeys; ++i)
+    if (keys[i].fn == fn && keys[i].send == send && keys[i].recv == recv) break;
+  if (i == nkeys && nkeys < NKEYS) { keys[i].fn = fn; keys[i].send = send; keys[i].recv = recv; keys[i].calls = 0; ++nkeys; }
+  if (i < NKEYS) keys[i].calls++;
+  pthread_mutex_unlock(&mu);
+}
+static long long tsize(MPI_Datatype t) { int s = 0; if (t != MPI_DATATYPE_NULL) PMPI_Type_size(t, &s); return s; }
+static int me(MPI_Comm c) { int r = 0; PMPI_Comm_rank(c, &r); return r; }
+static int nprocs(MPI_Comm c) { int n = 1; PMPI_Comm_size(c, &n); return n; }
+int MPI_Iallgather(const void* sb, int sc, MPI_Datatype st, void* rb, int rc, MPI_Datatype rt, MPI_Comm c, MPI_Request* q) {
+  long long own = sb == MPI_IN_PLACE ? rc * tsize(rt) : sc * tsize(st);
+  note("Iallgather", own, own * (nprocs(c) - 1));
+  return PMPI_Iallgather(sb, sc, st, rb, rc, rt, c, q);
+}
+int MPI_Allgather(const void* sb, int sc, MPI_Datatype st, void* rb, int rc, MPI_Datatype rt, MPI_Comm c) {
+  long long own = sb == MPI_IN_PLACE ? rc * tsize(rt) : sc * tsize(st);
+  note("Allgather", own, own * (nprocs(c) - 1));
+  return PMPI_Allgather(sb, sc, st, rb, rc, rt, c);
+}
+int MPI_Iallgatherv(const void* sb, int sc, MPI_Datatype st, void* rb, const int rcs[], const int d[], MPI_Datatype rt,
+                    MPI_Comm c, MPI_Request* q) {
+  int n = nprocs(c), r = me(c); long long all = 0, ts = tsize(rt);
+  for (int i = 0; i < n; ++i) all += rcs[i];
+  note("Iallgatherv", rcs[r] * ts, (all - rcs[r]) * ts);
+  return PMPI_Iallgatherv(sb, sc, st, rb, rcs, d, rt, c, q);
+}
+int MPI_Ialltoallv(const void* sb, const int scs[], const int sd[], MPI_Datatype st, void* rb, const int rcs[],
+                   const int rd[], MPI_Datatype rt, MPI_Comm c, MPI_Request* q) {
+  int n = nprocs(c), r = me(c); long long s = 0, v = 0;
+  for (int i = 0; i < n; ++i) if (i != r) { s += scs[i]; v += rcs[i]; }
+  note("Ialltoallv", s * tsize(st), v * tsize(rt));
+  return PMPI_Ialltoallv(sb, scs, sd, st, rb, rcs, rd, rt, c, q);
+}
+int MPI_Iallreduce(const void* sb, void* rb, int n, MPI_Datatype t, MPI_Op o, MPI_Comm c, MPI_Request* q) {
+  note("Iallreduce", n * tsize(t), n * tsize(t));
+  return PMPI_Iallreduce(sb, rb, n, t, o, c, q);
+}
+int MPI_Allreduce(const void* sb, void* rb, int n, MPI_Datatype t, MPI_Op o, MPI_Comm c) {
+  note("Allreduce", n * tsize(t), n * tsize(t));
+  return PMPI_Allreduce(sb, rb, n, t, o, c);
+}
+int MPI_Ibcast(void* b, int n, MPI_Datatype t, int root, MPI_Comm c, MPI_Request* q) {
+  note("Ibcast", me(c) == root ? n * tsize(t) : 0, me(c) == root ? 0 : n * tsize(t));
+  return PMPI_Ibcast(b, n, t, root, c, q);
+}
+int MPI_Bcast(void* b, int n, MPI_Datatype t, int root, MPI_Comm c) {
+  note("Bcast", me(c) == root ? n * tsize(t) : 0, me(c) == root ? 0 : n * tsize(t));
+  return PMPI_Bcast(b, n, t, root, c);
+}
+static void copy(FILE* out, const char* path) {
+  char line[512];
+  FILE* f = fopen(path, "r");
+  if (!f) return;
+  while (fgets(line, sizeof line, f)) fputs(line, out);
+  fclose(f);
+}
+static void dump(const char* when) {
+  const char* base = getenv("SCALE_SHIM_OUT");
+  const char* rank = getenv("OMPI_COMM_WORLD_RANK");
+  char path[4096];
+  if (!base) return;
+  snprintf(path, sizeof path, "%s-%s-%d.%s", base, rank ? rank : "x", (int)getpid(), when);
+  FILE* out = fopen(path, "w");
+  if (!out) return;
+  pthread_mutex_lock(&mu);
+  for (int i = 0; i < nkeys; ++i) fprintf(out, "mpi %s %lld %lld %lld\n", keys[i].fn, keys[i].send, keys[i].recv, keys[i].calls);
+  pthread_mutex_unlock(&mu);
+  copy(out, "/proc/self/status");
+  copy(out, "/proc/self/smaps_rollup");
+  fclose(out);
+}
+int MPI_Finalize(void) { dump("finalize"); return PMPI_Finalize(); }
+__attribute__((destructor)) static void at_exit(void) { dump("exit"); }
+'''
+
+
+def build_shim(work):
+    src, so = os.path.join(work, "shim.c"), os.path.join(work, "shim.so")
+    with open(src, "w") as f:
+        f.write(SHIM_C)
+    p = subprocess.run(["mpicc", "-O2", "-shared", "-fPIC", "-o", so, src], capture_output=True, text=True)
+    if p.returncode != 0:
+        print("no PMPI shim (mpicc failed): vote bytes from the formula only\n" + p.stderr[-500:], flush=True)
+        return None
+    return so
+
+
+def mem_available_kib():
+    for line in open("/proc/meminfo"):
+        if line.startswith("MemAvailable:"):
+            return int(line.split()[1])
+    return 0
+
+
+class MemSampler(threading.Thread):
+    """The machine's MemAvailable while a job runs: the job's real footprint (shared pages once)."""
+
+    def __init__(self):
+        super().__init__(daemon=True)
+        self.before = mem_available_kib()
+        self.lowest = self.before
+        self.done = threading.Event()
+
+    def run(self):
+        while not self.done.wait(0.25):
+            self.lowest = min(self.lowest, mem_available_kib())
+
+    def stop(self):
+        self.done.set()
+        self.join()
+        return (self.before - self.lowest) / 1024.0
+
+
+def parse_dump(path):
+    """A shim dump: {'mpi': {(fn, send, recv): calls}, 'status': {field: kB or text}}."""
+    out = {"mpi": {}, "status": {}}
+    for line in open(path):
+        if line.startswith("mpi "):
+            _, fn, s, r, n = line.split()
+            out["mpi"][(fn, int(s), int(r))] = int(n)
+            continue
+        if ":" not in line:
+            continue
+        k, v = line.split(":", 1)
+        v = v.split()
+        if not v:
+            continue
+        out["status"][k.strip()] = int(v[0]) if v[0].isdigit() else v[0]
+    return out
+
+
+def run_ranks(work, tag, world, args, shim, env=None, mca=()):
+    """mpirun -np world culprit ARGS, each rank under GNU time (and the shim): every rank's exit code,
+    peak RSS (KiB) and shim dumps; the wall time; the machine's memory drop."""
+    prefix = os.path.join(work, "ranks", tag)
+    os.makedirs(os.path.dirname(prefix), exist_ok=True)
+    for p in glob.glob(prefix + ".*"):
+        os.remove(p)
+    assigns = ["%s=%s" % (k, shlex.quote(v)) for k, v in (env or {}).items()]
+    if shim:
+        assigns += ["LD_PRELOAD=" + shlex.quote(shim), 'SCALE_SHIM_OUT="$0.shim"']
+    # The wrapper exits 0 whatever culprit's code (recorded per rank): a rank exiting 11 first would
+    # otherwise make mpirun kill the others before their GNU time wrote its line.
+    wrap = ('/usr/bin/time -o "$0.rss-$OMPI_COMM_WORLD_RANK" -f %M env ' + " ".join(assigns) + ' "$@"; '
+            'echo $? > "$0.code-$OMPI_COMM_WORLD_RANK"')
+    cmd = MPIRUN + list(mca) + ["-np", str(world), "bash", "-c", wrap, prefix, CULPRIT] + args
+    sampler = MemSampler()
+    sampler.start()
+    t0 = time.time()
+    p = subprocess.run(cmd, capture_output=True, text=True)
+    wall = time.time() - t0
+    drop = sampler.stop()
+    codes, rss, dumps = {}, {}, {}
+    for r in range(world):
+        try:
+            codes[r] = int(open("%s.code-%d" % (prefix, r)).read().split()[-1])
+            rss[r] = int(open("%s.rss-%d" % (prefix, r)).read().split()[-1])
+        except (OSError, ValueError, IndexError):
+            codes.setdefault(r, None)
+        for when in ("finalize", "exit"):
+            for path in glob.glob("%s.shim-%d-*.%s" % (prefix, r, when)):
+                d = parse_dump(path)
+                if d["status"].get("Name") == COMM:
+                    dumps.setdefault(r, {})[when] = d
+    return {"codes": codes, "rss_kib": rss, "dumps": dumps, "wall": wall, "mem_drop_mib": drop,
+            "mpirun_exit": p.returncode, "out": (p.stdout + p.stderr)[-3000:]}
+
+
+def faults(world):
+    silent, detected = world // 2 - 1, world - 1
+    return silent, detected, [
+        "--inject", "step=%d,rank=%d,layer=fc3,phase=forward,kind=bitflip,bit=12" % (S_SILENT, silent),
+        "--inject", "step=%d,rank=%d,layer=fc2,phase=forward,kind=nan" % (S_DETECTED, detected)]
+
+
+def names(attr):
+    """A newline-separated name list attribute (bytes or str)."""
+    return (attr.decode() if isinstance(attr, bytes) else str(attr)).split("\n")
+
+
+def trace_facts(run_dir):
+    """Sizes and rows of the trace: file bytes, the committed rows' own bytes, steps, header facts."""
+    files = sorted(glob.glob(os.path.join(run_dir, "trace", "*.h5")))
+    total = sum(os.path.getsize(f) for f in files)
+    row_bytes, steps, facts = 0, 0, {}
+    for path in files:
+        with h5py.File(path, "r") as f:
+            ns, nh = int(f.attrs["steps_committed"]), int(f.attrs["shards_committed"])
+            steps = max(steps, ns)
+            for group, n in (("steps", ns), ("shards", nh)):
+                for ds in f[group].values():
+                    row_bytes += ds.dtype.itemsize * int(np.prod(ds.shape[1:], dtype=np.int64)) * n
+            facts = {"params": len(names(f.attrs["params"])), "layers": names(f.attrs["layers"]),
+                     "samples_per_shard": int(f.attrs["samples_per_shard"])}
+    return {"files": len(files), "file_bytes": total, "row_bytes": row_bytes, "steps": steps, **facts}
+
+
+def trace_rows(run_dir):
+    """Every committed row by key, as bytes: ('step', rank, step) and ('shard', step, k) -> (rank, per column)."""
+    rows, layers = {}, []
+    for path in sorted(glob.glob(os.path.join(run_dir, "trace", "*.h5"))):
+        with h5py.File(path, "r") as f:
+            rank, ns, nh = int(f.attrs["rank"]), int(f.attrs["steps_committed"]), int(f.attrs["shards_committed"])
+            layers = names(f.attrs["layers"])
+            st, sh = f["steps"], f["shards"]
+            cols = {c: st[c][:ns] for c in ("step", "loss", "grad_fp", "param_fp", "opt_fp")}
+            for i in range(ns):
+                rows[("step", rank, int(cols["step"][i]))] = (rank, {c: cols[c][i].tobytes() for c in cols if c != "step"})
+            scol = {c: sh[c][:nh] for c in ("step", "shard", "rank", "loss", "grad_fp", "input_fp", "fwd_fp", "bwd_fp")}
+            for i in range(nh):
+                rows[("shard", int(scol["step"][i]), int(scol["shard"][i]))] = (
+                    int(scol["rank"][i]), {c: scol[c][i].tobytes() if c != "fwd_fp" else tuple(int(x) for x in scol[c][i])
+                                           for c in ("loss", "grad_fp", "input_fp", "fwd_fp", "bwd_fp")})
+    return rows, layers
+
+
+def first_difference(faulty_dir, twin_dir):
+    """Where the faulty run's record first departs from its clean twin's, read with h5py:
+    (step, micro-shard, recording rank, first layer whose forward output differs) or None."""
+    fr, layers = trace_rows(faulty_dir)
+    tr, _ = trace_rows(twin_dir)
+    step_of = lambda k: k[2] if k[0] == "step" else k[1]
+    for s in sorted({step_of(k) for k in fr}):
+        shards = sorted(k for k in fr if k[0] == "shard" and k[1] == s and tr.get(k) != fr[k])
+        if shards:
+            k = shards[0]
+            a, b = fr[k][1]["fwd_fp"], tr[k][1]["fwd_fp"]
+            layer = next((layers[i] for i in range(len(a)) if a[i] != b[i]), "")
+            return {"step": s, "shard": k[2], "rank": fr[k][0], "layer": layer}
+        if any(k for k in fr if step_of(k) == s and tr.get(k) != fr[k]):
+            return {"step": s, "shard": None, "rank": None, "layer": ""}
+    return None
+
+
+def first_incident(run_dir):
+    path = os.path.join(run_dir, "incidents.jsonl")
+    if not os.path.exists(path):
+        return None
+    for line in open(path):
+        if line.endswith("\n"):
+            d = json.loads(line)
+            if d.get("detector") not in ("collective-timeout", "jobs"):
+                return d
+    return None
+
+
+def median(xs):
+    xs = [x for x in xs if x is not None]
+    return statistics.median(xs) if xs else None
+
+
+def memory_of(job):
+    """Per-rank memory of a job: peak RSS (GNU time) and, from the shim's pre-finalize snapshot, its parts."""
+    rss = list(job["rss_kib"].values())
+    snaps = [d.get("finalize", d.get("exit")) for d in job["dumps"].values()]
+    snaps = [s["status"] for s in snaps if s]
+    pick = lambda k: [s.get(k) for s in snaps if isinstance(s.get(k), int)]
+    mib = lambda v: v / 1024.0 if v is not None else None
+    return {"peak_rss_max_mib": mib(max(rss)) if rss else None, "peak_rss_median_mib": mib(median(rss)),
+            "rss_anon_median_mib": mib(median(pick("RssAnon"))), "rss_file_median_mib": mib(median(pick("RssFile"))),
+            "rss_shmem_median_mib": mib(median(pick("RssShmem"))), "pss_median_mib": mib(median(pick("Pss"))),
+            "pss_sum_mib": mib(sum(pick("Pss"))) if pick("Pss") else None, "threads_max": max(pick("Threads") or [0]),
+            "ranks_measured": len(rss), "job_mem_drop_mib": job["mem_drop_mib"]}
+
+
+def collectives(job, steps):
+    """Per-step bytes from the shim (rank 0's dump before finalize): the vote and the reduction. The
+    reduction's totals over the run / steps (a bucketed reduction makes several calls a step)."""
+    d = job["dumps"].get(0, {})
+    d = d.get("finalize", d.get("exit"))
+    if not d:
+        return {}
+    mpi = d["mpi"]
+    pick = lambda fn: [(k[1], k[2], n) for k, n in mpi.items() if k[0] == fn]
+    vote = pick("Iallgather")
+    per_step = lambda keys, i: sum(k[i] * k[2] for k in keys) / max(1, steps)
+    return {
+        "vote_keys": vote,  # [(bytes contributed, bytes received, calls)]: one key, one call per step
+        "vote_send_bytes": vote[0][0] if len(vote) == 1 else None,
+        "vote_recv_bytes": vote[0][1] if len(vote) == 1 else None,
+        "vote_calls": sum(n for _, _, n in vote),
+        "reduction_sent_bytes": per_step(pick("Ialltoallv"), 0),
+        "reduction_gather_recv_bytes": per_step(pick("Iallgatherv"), 1),
+        "reduction_calls": sum(n for _, _, n in pick("Ialltoallv")),
+        "small_collectives": sum(n for k, n in mpi.items() if k[0] in ("Iallreduce", "Allreduce", "Ibcast", "Bcast")),
+    }
+
+
+def formulas(world, t_params, n_layers, spm, p_params):
+    return {
+        "vote_words": 3 + 3 * world + 4 * M + 2 * t_params,
+        "vote_send_bytes": 8 * (3 + 3 * world + 4 * M + 2 * t_params),
+        "vote_recv_bytes": 8 * (3 + 3 * world + 4 * M + 2 * t_params) * (world - 1),
+        "reduction_bytes": 2 * (world - 1) * 4 * (p_params + 1) / world,
+        "trace_row_bytes_per_step_rank": (80 + 24 * t_params) + (M / world) * (124 + 16 * n_layers + 8 * t_params + 8 * spm),
+    }
+
+
+def one_world(work, world, shim, twin):
+    res = {"world": world}
+    silent, detected, inject = faults(world)
+    res["truth"] = {"silent": {"step": S_SILENT, "rank": silent, "shard": silent * M // world, "layer": "fc3",
+                               "phase": "forward"},
+                    "detected": {"step": S_DETECTED, "rank": detected, "shard": detected * M // world, "layer": "fc2",
+                                 "phase": "forward"}}
+    run_dir, twin_dir = os.path.join(work, "w%d" % world), os.path.join(work, "w%d-twin" % world)
+    for d in (run_dir, twin_dir):
+        shutil.rmtree(d, ignore_errors=True)
+    if twin:
+        job = run_ranks(work, "w%d-twin" % world, world, ["train", "--run-dir", twin_dir] + MODEL, shim)
+        res["twin_train"] = {"codes": sorted(set(job["codes"].values()), key=str), "wall": job["wall"],
+                             "memory": memory_of(job)}
+        rows = [json.loads(l) for l in open(os.path.join(twin_dir, "metrics.jsonl"))]
+        res["twin_fingerprint"] = rows[-1]["fingerprint"]
+    job = run_ranks(work, "w%d-train" % world, world, ["train", "--run-dir", run_dir] + MODEL + inject, shim)
+    rows = [json.loads(l) for l in open(os.path.join(run_dir, "metrics.jsonl"))]
+    res["train"] = {"codes": sorted(set(job["codes"].values()), key=str), "wall": job["wall"],
+                    "memory": memory_of(job), "collectives": collectives(job, len(rows))}
+    if set(job["codes"].values()) != {11}:
+        res["train"]["out"] = job["out"]
+    mid = [r for r in rows if 2 <= r["step"] < S_DETECTED]
+    res["train"]["steps"] = len(rows)
+    res["train"]["detector_ms_median"] = 1e3 * median([r["detector_seconds"] for r in mid])
+    res["train"]["step_ms_median"] = 1e3 * median([r["seconds"] for r in mid])
+    res["train"]["detector_ms_all"] = [1e3 * r["detector_seconds"] for r in rows]
+    inc = first_incident(run_dir)
+    res["incident"] = {k: inc.get(k) for k in ("step", "detector", "rank", "micro_shard")} if inc else None
+    tf = trace_facts(run_dir)
+    res["trace"] = tf
+    ck = {os.path.basename(p): os.path.getsize(p) for p in glob.glob(os.path.join(run_dir, "checkpoints", "*.h5"))}
+    res["checkpoints"] = ck
+    p_params = rows[-1]["optimizer_bytes"] // 4  # SGD momentum: one float per parameter
+    res["params"] = p_params
+    res["formula"] = formulas(world, tf["params"], len(tf["layers"]), tf["samples_per_shard"], p_params)
+    if twin:
+        res["twin_difference"] = first_difference(run_dir, twin_dir)
+    # Diagnosis, then the audit, on the same W ranks.
+    job = run_ranks(work, "w%d-bisect" % world, world, ["bisect", "--run-dir", run_dir], None)
+    path = os.path.join(run_dir, "diagnosis.json")
+    d = json.load(open(path)) if os.path.exists(path) else {}
+    res["bisect"] = {"codes": sorted(set(job["codes"].values()), key=str), "wall": job["wall"],
+                     "memory": memory_of(job),
+                     **{k: d.get(k) for k in ("verdict", "step", "phase", "layer", "rank", "candidates",
+                                              "steps_replayed", "seconds", "startup_seconds")}}
+    if not d:
+        res["bisect"]["out"] = job["out"]
+    job = run_ranks(work, "w%d-audit" % world, world, ["audit", "--run-dir", run_dir], None)
+    path = os.path.join(run_dir, "audit.json")
+    a = json.load(open(path)) if os.path.exists(path) else {}
+    res["audit"] = {"codes": sorted(set(job["codes"].values()), key=str), "wall": job["wall"],
+                    "memory": memory_of(job), "seconds": a.get("seconds"), "mismatches": a.get("mismatches"),
+                    "intervals": [(i["from"], i["to"], i["verdict"], i["detail"]) for i in a.get("intervals", [])]}
+    if not a:
+        res["audit"]["out"] = job["out"]
+    res["score"] = score(res)
+    return res
+
+
+def score(res):
+    t = res["truth"]
+    s = {}
+    inc = res["incident"] or {}
+    s["detect"] = inc.get("step") == t["detected"]["step"] and inc.get("rank") == t["detected"]["rank"]
+    b = res["bisect"]
+    s["bisect"] = (b.get("verdict") == "hardware-transient" and b.get("step") == t["detected"]["step"] and
+                   b.get("phase") == "forward" and b.get("layer") == t["detected"]["layer"] and
+                   b.get("rank") == t["detected"]["rank"])
+    a = res["audit"]
+    bad = [i for i in a["intervals"] if i[2] == "mismatch"]
+    ok = a.get("mismatches") == 1 and len(bad) == 1 and bad[0][0] < t["silent"]["step"] <= bad[0][1]
+    if ok:
+        m = re.search(r"step (\d+) micro-shard (\d+) \(recorded by rank (\d+)\b.*layer (\S+)", bad[0][3])
+        ok = bool(m) and (int(m.group(1)), int(m.group(2)), int(m.group(3)), m.group(4)) == (
+            t["silent"]["step"], t["silent"]["shard"], t["silent"]["rank"], t["silent"]["layer"])
+    s["audit"] = ok
+    if "twin_difference" in res:
+        d = res["twin_difference"] or {}
+        s["twin"] = (d.get("step"), d.get("shard"), d.get("rank"), d.get("layer")) == (
+            t["silent"]["step"], t["silent"]["shard"], t["silent"]["rank"], t["silent"]["layer"])
+    s["exact"] = all(s.values())
+    return s
+
+
+def load_only(work, shim):
+    """A process that loads culprit (libtorch, MPI as a singleton) and exits: `culprit train --help`."""
+    prefix = os.path.join(work, "ranks", "load")
+    os.makedirs(os.path.dirname(prefix), exist_ok=True)
+    env = dict(os.environ)
+    if shim:
+        env.update(LD_PRELOAD=shim, SCALE_SHIM_OUT=prefix + ".shim")
+    out = subprocess.run(["/usr/bin/time", "-f", "%M", CULPRIT, "train", "--help"], capture_output=True, text=True,
+                         env=env)
+    res = {"peak_rss_mib": int(out.stderr.split()[-1]) / 1024.0}
+    for path in glob.glob(prefix + ".shim-*.exit"):
+        st = parse_dump(path)["status"]
+        if st.get("Name") == COMM:
+            res.update({k: st.get(k, 0) / 1024.0 for k in ("RssAnon", "RssFile", "Pss")})
+    return res
+
+
+def env_variants(work, world, shim):
+    out = []
+    for name, env, mca in ENV_VARIANTS:
+        run_dir = os.path.join(work, "env-%d" % len(out))
+        shutil.rmtree(run_dir, ignore_errors=True)
+        job = run_ranks(work, "env-%d" % len(out), world, ["train", "--run-dir", run_dir] + MODEL, shim, env=env,
+                        mca=mca)
+        m = memory_of(job)
+        out.append({"variant": name, "codes": sorted(set(job["codes"].values()), key=str), **m})
+        print("  %-34s peak RSS median %6.1f MiB  RssAnon %5.1f  RssFile %5.1f  Pss %5.1f  job footprint %6.0f MiB" % (
+            name, m["peak_rss_median_mib"] or 0, m["rss_anon_median_mib"] or 0, m["rss_file_median_mib"] or 0,
+            m["pss_median_mib"] or 0, m["job_mem_drop_mib"]), flush=True)
+    return out
+
+
+def fmt(v, f="%.1f"):
+    return "-" if v is None else f % v
+
+
+def tables(results, load):
+    lines = []
+    lines.append("cost per W (vote and reduction: bytes per rank per step; trace: bytes per step per rank)")
+    lines.append("%3s %8s %8s %9s %15s %17s %13s %21s %7s %14s %13s" % (
+        "W", "train s", "step ms", "detect ms", "vote B f/meas", "vote recv B", "reduction B", "trace B files/rows/f",
+        "ckpt B", "bisect s (own)", "audit s (own)"))
+    for r in results:
+        c, f, tr = r["train"]["collectives"], r["formula"], r["trace"]
+        steps = max(1, tr["steps"])
+        ck = r["checkpoints"].get("step-%08d.h5" % K)
+        lines.append("%3d %8.1f %8.1f %9.2f %7d/%-7s %17s %13s %7.0f/%5.0f/%5.0f %7s %7.1f (%.2f) %7.1f (%.2f)" % (
+            r["world"], r["train"]["wall"], r["train"]["step_ms_median"], r["train"]["detector_ms_median"],
+            f["vote_send_bytes"], fmt(c.get("vote_send_bytes"), "%d"), fmt(c.get("vote_recv_bytes"), "%d"),
+            fmt((c.get("reduction_sent_bytes") or 0) + (c.get("reduction_gather_recv_bytes") or 0), "%.0f"),
+            tr["file_bytes"] / steps / r["world"], tr["row_bytes"] / steps / r["world"],
+            f["trace_row_bytes_per_step_rank"], fmt(ck, "%d"), r["bisect"]["wall"], r["bisect"].get("seconds") or 0,
+            r["audit"]["wall"], r["audit"].get("seconds") or 0))
+    lines.append("")
+    lines.append("memory per rank, MiB (peak: GNU time; anon/file/pss: training rank before MPI_Finalize; "
+                 "footprint: the machine's MemAvailable drop during training)")
+    lines.append("%3s %10s %10s %8s %8s %8s %8s %10s %10s %11s %10s" % (
+        "W", "train max", "train med", "anon", "file", "shmem", "pss", "sum pss", "footprint", "bisect max",
+        "audit max"))
+    lines.append("%3s %10.1f %10s %8.1f %8.1f %8s %8.1f %10s %10s %11s %10s   (culprit train --help: load only)" % (
+        "-", load["peak_rss_mib"], "", load.get("RssAnon", 0), load.get("RssFile", 0), "", load.get("Pss", 0),
+        "", "", "", ""))
+    for r in results:
+        m = r["train"]["memory"]
+        lines.append("%3d %10.1f %10.1f %8.1f %8.1f %8s %8.1f %10.0f %10.0f %11.1f %10.1f" % (
+            r["world"], m["peak_rss_max_mib"], m["peak_rss_median_mib"], m["rss_anon_median_mib"] or 0,
+            m["rss_file_median_mib"] or 0, fmt(m["rss_shmem_median_mib"]), m["pss_median_mib"] or 0,
+            m["pss_sum_mib"] or 0, m["job_mem_drop_mib"], r["bisect"]["memory"]["peak_rss_max_mib"] or 0,
+            r["audit"]["memory"]["peak_rss_max_mib"] or 0))
+    lines.append("")
+    lines.append("diagnosis against the injected truth (detected: step %d rank W-1 fc2 forward NaN; silent: step %d rank "
+                 "W/2-1 fc3 forward bitflip)" % (S_DETECTED, S_SILENT))
+    lines.append("%3s %-28s %-44s %-8s %-30s %s" % ("W", "incident (step/rank)", "bisect (verdict@step/phase/layer/rank, "
+                                                    "replayed)", "audit", "twin difference", "exact"))
+    for r in results:
+        b, s, inc, d = r["bisect"], r["score"], r["incident"] or {}, r.get("twin_difference") or {}
+        lines.append("%3d %-28s %-44s %-8s %-30s %s" % (
+            r["world"], "%s@%s r%s %s" % (inc.get("detector"), inc.get("step"), inc.get("rank"), "ok" if s["detect"] else "WRONG"),
+            "%s@%s/%s/%s/r%s, %s %s" % (b.get("verdict"), b.get("step"), b.get("phase"), b.get("layer"), b.get("rank"),
+                                        b.get("steps_replayed"), "ok" if s["bisect"] else "WRONG"),
+            "ok" if s["audit"] else "WRONG",
+            ("%s/k%s/r%s/%s %s" % (d.get("step"), d.get("shard"), d.get("rank"), d.get("layer"),
+                                   "ok" if s.get("twin") else "WRONG")) if "twin" in s else "-",
+            "yes" if s["exact"] else "NO"))
+    fps = {r.get("twin_fingerprint") for r in results if r.get("twin_fingerprint")}
+    if fps:
+        lines.append("clean twins' final fingerprints: %s" % (
+            "all equal (%s) at W = %s" % (fps.pop(), ", ".join(str(r["world"]) for r in results)) if len(fps) == 1
+            else "DIFFER: %s" % sorted(fps)))
+    return "\n".join(lines)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--worlds", default="2,4,8,16,32,64")
+    ap.add_argument("--json", default="", help="write the raw numbers here")
+    ap.add_argument("--keep", default="", help="work in this directory and keep it (default: a temporary one, removed)")
+    ap.add_argument("--no-twin", action="store_true", help="skip the clean twins (truth from the spec alone)")
+    ap.add_argument("--env-variants", type=int, default=0, metavar="W",
+                    help="also train at W ranks under each environment variant (memory per rank)")
+    ap.add_argument("--mib-per-rank", type=int, default=200,
+                    help="refuse a W unless MemAvailable holds W x this + 1 GiB (default 200)")
+    a = ap.parse_args()
+    worlds = [int(w) for w in a.worlds.split(",")]
+    if any(w < 2 or w > M or M % w for w in worlds):
+        ap.error("worlds must divide %d and be at least 2" % M)
+    work = os.path.abspath(a.keep) if a.keep else tempfile.mkdtemp(prefix="culprit-scale-")
+    os.makedirs(work, exist_ok=True)
+    results, out = [], {"culprit": CULPRIT, "worlds": worlds, "config": MODEL, "k": K}
+    try:
+        shim = build_shim(work)
+        load = load_only(work, shim)
+        out["load_only"] = load
+        print("load only (culprit train --help): peak RSS %.1f MiB, RssAnon %.1f, RssFile %.1f, Pss %.1f" % (
+            load["peak_rss_mib"], load.get("RssAnon", 0), load.get("RssFile", 0), load.get("Pss", 0)), flush=True)
+        for w in worlds:
+            avail = mem_available_kib() / 1024.0
+            need = w * a.mib_per_rank + 1024
+            if avail < need:
+                print("W=%d skipped: MemAvailable %.0f MiB < %d MiB" % (w, avail, need), flush=True)
+                continue
+            t0, load1 = time.time(), os.getloadavg()[0]
+            r = one_world(work, w, shim, not a.no_twin)
+            r["loadavg_1min_before"] = load1
+            r["bench_seconds"] = time.time() - t0
+            results.append(r)
+            print("W=%2d done in %.0f s (MemAvailable before: %.0f MiB): %s" % (
+                w, r["bench_seconds"], avail, "exact" if r["score"]["exact"] else "NOT EXACT %s" % r["score"]), flush=True)
+            for part in ("train", "bisect", "audit"):
+                if "out" in r[part]:
+                    print("  %s output:\n%s" % (part, r[part]["out"]), flush=True)
+        out["results"] = results
+        if a.env_variants:
+            print("environment variants, clean training at W=%d:" % a.env_variants, flush=True)
+            out["env_variants"] = env_variants(work, a.env_variants, shim)
+        print()
+        print(tables(results, load))
+    finally:
+        if a.json:
+            with open(a.json, "w") as f:
+                json.dump(out, f, indent=1, default=str)
+        if not a.keep:
+            shutil.rmtree(work, ignore_errors=True)
+    return 0 if results and all(r["score"]["exact"] for r in results) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
