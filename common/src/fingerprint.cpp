@@ -72,6 +72,33 @@ Fingerprint fingerprint_bytes(const void* data, std::size_t nbytes) {
   });
 }
 
+Fingerprint fingerprint_with_parts(const void* data, std::size_t nbytes, const std::vector<std::size_t>& offsets,
+                                   const std::vector<std::size_t>& sizes, std::vector<Fingerprint>* parts) {
+  const auto* p = static_cast<const unsigned char*>(data);
+  const std::size_t C = kFingerprintChunkBytes, nchunks = (nbytes + C - 1) / C;
+  std::vector<std::uint64_t> whole(nchunks), mine;
+  parts->assign(offsets.size(), 0);
+  std::size_t part = 0, next = 0;  // the part being hashed, and its next chunk's offset in it
+  // Every chunk of the parts that ends by `end`: they lie in the last two whole chunks (in cache).
+  auto parts_until = [&](std::size_t end) {
+    for (; part < offsets.size(); ++part, next = 0) {
+      const std::size_t size = sizes[part];
+      for (; next < size && offsets[part] + std::min(next + C, size) <= end; next += C)
+        mine.push_back(XXH3_64bits(p + offsets[part] + next, std::min(C, size - next)));
+      if (next < size) return;  // its next chunk ends past `end`
+      (*parts)[part] = combine_chunk_hashes(mine.data(), mine.size());
+      mine.clear();
+    }
+  };
+  for (std::size_t c = 0; c < nchunks; ++c) {
+    const std::size_t off = c * C, len = std::min(C, nbytes - off);
+    whole[c] = XXH3_64bits(p + off, len);
+    parts_until(off + len);
+  }
+  parts_until(nbytes);  // zero-length parts at the end
+  return combine_chunk_hashes(whole.data(), whole.size());
+}
+
 std::uint64_t chunk_hash(const void* data, std::size_t nbytes) { return XXH3_64bits(data, nbytes); }
 
 Fingerprint combine_chunk_hashes(const std::uint64_t* hashes, std::size_t nchunks) {

@@ -39,6 +39,7 @@ namespace culprit::harness {
 struct FlatParams {
   std::vector<NamedTensor> params;
   std::vector<std::int64_t> offsets, sizes;  // of each parameter in the flat buffers
+  std::vector<std::size_t> byte_offsets, byte_sizes;  // the same in bytes (fingerprint_with_parts)
   std::int64_t size = 0;                     // P; the gradient buffers hold P + 1 (the loss last)
   std::vector<bool> decay;                   // whether weight decay applies (--weight-decay-params)
   at::Tensor flat;

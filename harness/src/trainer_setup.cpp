@@ -87,6 +87,8 @@ void Trainer::build_flat_params() {
     flat_.decay.push_back(matrix || !cfg_.optim.decay_matrices_only());
     flat_.offsets.push_back(flat_.size);
     flat_.sizes.push_back(p.tensor.numel());
+    flat_.byte_offsets.push_back(static_cast<std::size_t>(flat_.size) * sizeof(float));
+    flat_.byte_sizes.push_back(static_cast<std::size_t>(p.tensor.numel()) * sizeof(float));
     flat_.size += p.tensor.numel();
   }
   flat_.flat = torch::empty({flat_.size}, torch::TensorOptions().dtype(torch::kFloat32).device(device_));

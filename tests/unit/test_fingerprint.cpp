@@ -8,6 +8,9 @@
 
 using culprit::DType;
 using culprit::fingerprint_bytes;
+using culprit::fingerprint_with_parts;
+using culprit::Fingerprint;
+using culprit::kFingerprintChunkBytes;
 using culprit::FingerprintSet;
 
 namespace {
@@ -59,4 +62,34 @@ TEST(FingerprintSet, NamesShapesTypesAndOrderMatter) {
   EXPECT_NE(make("fc1.bias", "fc1.weight", DType::kFloat32, {2, 2}), base);
   EXPECT_NE(make("fc1.weight", "fc1.bias", DType::kFloat64, {2, 2}), base);
   EXPECT_NE(make("fc1.weight", "fc1.bias", DType::kFloat32, {4}), base);
+}
+
+// One pass, the values of separate calls: parts of every size (empty, under, at and across the
+// chunk size), parts that leave bytes between them, and none.
+TEST(Fingerprint, WithPartsEqualsSeparateCalls) {
+  std::vector<unsigned char> buf(3 * kFingerprintChunkBytes + 1234);
+  for (std::size_t i = 0; i < buf.size(); ++i) buf[i] = static_cast<unsigned char>(i * 131 + 7);
+  std::vector<std::pair<std::vector<std::size_t>, std::vector<std::size_t>>> cases = {
+      {{}, {}},
+      {{0, 4, 4, 4100}, {4, 0, 4096, 8000}},
+      {{0}, {buf.size()}},
+      {{100, 5000, 9000}, {10, 3000, buf.size() - 9000}},
+      {{0, 4096, 8192, 12288}, {4096, 4096, 4096, buf.size() - 12288}},
+      {{buf.size()}, {0}},
+  };
+  for (const auto& [off, size] : cases) {
+    std::vector<Fingerprint> parts;
+    const Fingerprint whole = fingerprint_with_parts(buf.data(), buf.size(), off, size, &parts);
+    EXPECT_EQ(whole, fingerprint_bytes(buf.data(), buf.size()));
+    ASSERT_EQ(parts.size(), off.size());
+    for (std::size_t i = 0; i < off.size(); ++i)
+      EXPECT_EQ(parts[i], fingerprint_bytes(buf.data() + off[i], size[i])) << "part " << i;
+  }
+  // Negative control: a changed byte inside a part changes it and the whole.
+  std::vector<Fingerprint> before, after;
+  const Fingerprint w0 = fingerprint_with_parts(buf.data(), buf.size(), {100}, {10}, &before);
+  buf[105] ^= 1;
+  const Fingerprint w1 = fingerprint_with_parts(buf.data(), buf.size(), {100}, {10}, &after);
+  EXPECT_NE(w0, w1);
+  EXPECT_NE(before[0], after[0]);
 }

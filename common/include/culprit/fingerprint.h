@@ -35,6 +35,13 @@ Fingerprint fingerprint_bytes(const void* data, std::size_t nbytes);
 // path hashes the chunks on the device and combines them here). nchunks = 0: the empty input's.
 Fingerprint combine_chunk_hashes(const std::uint64_t* hashes, std::size_t nchunks);
 
+// fingerprint_bytes of the whole buffer and of each part (parts[i]: bytes [offsets[i], offsets[i] +
+// sizes[i]), in order, inside the buffer) in one pass over memory: each part's chunks are hashed
+// while the whole buffer's chunk holding them is still in cache. The values are those of separate
+// calls (a flat gradient and its parameters' slices: the trace's grad_fp and param_grad).
+Fingerprint fingerprint_with_parts(const void* data, std::size_t nbytes, const std::vector<std::size_t>& offsets,
+                                   const std::vector<std::size_t>& sizes, std::vector<Fingerprint>* parts);
+
 // The hash of one chunk (at most kFingerprintChunkBytes): XXH3-64, seed 0. A tensor held in slices
 // by several ranks is fingerprinted from its slices' chunk hashes (culprit_harness's shard.h).
 std::uint64_t chunk_hash(const void* data, std::size_t nbytes);
