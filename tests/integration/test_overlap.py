@@ -21,6 +21,8 @@ MODELS = {
     "cnn": ["--model", "cnn"],
     # A tied head: one parameter whose gradient comes from two places; AdamW and clipping.
     "gpt-tied": ["--model", "gpt", "--tie-head", "--optimizer", "adamw", "--lr", "0.003", "--clip-grad-norm", "0.5"],
+    # bf16 forward passes; the update of each rank's slice, then the gather.
+    "mlp-bf16-sharded": ["--model", "mlp", "--precision", "bf16", "--shard-optimizer", "--optimizer", "adamw"],
 }
 
 
