@@ -243,10 +243,14 @@ void OverlappedReduce::finish() {
   for (std::size_t b = 0; b < buckets_.size(); ++b)
     if (!final_[b]) final_[b] = true;
   while (next_ < buckets_.size()) launch(next_++);
-  if (comm_.watchdog) {
-    comm_.watchdog->wait_until([this] { return all_done(); }, "the gradient reduction");
-  } else {
-    while (!all_done()) {
+  // Polled without a pause for the first 50 ms, as Watchdog::wait polls a collective: a bucket
+  // moves one phase per poll, and a pause per poll would add up to milliseconds a step. Longer
+  // waits (a slow rank) go through the watchdog, which bounds them.
+  const double t0 = MPI_Wtime();
+  for (unsigned i = 1; !all_done(); ++i) {
+    if (i % 64 == 0 && MPI_Wtime() - t0 > 0.05 && comm_.watchdog) {
+      comm_.watchdog->wait_until([this] { return all_done(); }, "the gradient reduction");
+      break;
     }
   }
   acc_->push(last_, false);
