@@ -60,9 +60,12 @@ MODELS = {
     "resmlp": {"global_batch": 256, "lr": 0.005},
     "gpt": {"global_batch": 16, "lr": 0.3},
 }
-VARIANTS = ("culprit", "culprit-bare", "ddp")
 BARE = ["--detect-nonfinite", "false", "--comm-check", "false", "--spike-window", "0", "--replica-check-every", "0",
         "--check-invariants", "false", "--collective-timeout", "0", "--trace", "off"]
+# culprit's variants: their options after the common ones (culprit-after: the reduction after the last
+# backward pass, not overlapped with it: what --bucket-mb buys). ddp is always run.
+CULPRIT_VARIANTS = {"culprit": [], "culprit-after": ["--bucket-mb", "0"], "culprit-bare": BARE}
+VARIANTS = tuple(CULPRIT_VARIANTS) + ("ddp",)
 
 
 def free_port():
@@ -100,7 +103,7 @@ def one(work, info, model, world, micro, variant, steps, warmup):
         cmd = MPIRUN + ["-np", str(world), CULPRIT, "train", "--run-dir", run_dir,
                         "--model", "torchscript:" + info["pt"], "--data", "hdf5:" + info["h5"],
                         "--optimizer", "sgd", "--lr", str(cfg["lr"]), "--momentum", "0.9", "--threads", "1",
-                        "--quiet", "--checkpoint-every", "0"] + common + (BARE if variant == "culprit-bare" else [])
+                        "--quiet", "--checkpoint-every", "0"] + common + CULPRIT_VARIANTS[variant]
         run(cmd, tag)
         rows = [json.loads(l) for l in open(os.path.join(run_dir, "metrics.jsonl"))]
         shutil.rmtree(run_dir, ignore_errors=True)
@@ -132,6 +135,8 @@ def main():
     ap.add_argument("--warmup", type=int, default=3, help="steps left out of each run's median")
     ap.add_argument("--models", default=",".join(MODELS))
     ap.add_argument("--worlds", default="1,2,4")
+    ap.add_argument("--variants", default="culprit,culprit-bare",
+                    help="culprit's variants to run beside ddp: %s" % ", ".join(CULPRIT_VARIANTS))
     ap.add_argument("--out", help="JSON file for every raw number")
     ap.add_argument("--work", help="directory for the models, data and runs (default: a temporary one, deleted)")
     a = ap.parse_args()
@@ -156,7 +161,11 @@ def main():
     if over:
         print("note: %d cores here: W = %s oversubscribes them (expected; those ranks share cores)" %
               (cores, ", ".join(map(str, over))))
-    keys = [(m, w, mm, v) for m in models for w in worlds for mm in (w, 4 * w) for v in VARIANTS]
+    variants = [v for v in a.variants.split(",") if v] + ["ddp"]
+    for v in variants[:-1]:
+        if v not in CULPRIT_VARIANTS:
+            raise SystemExit("unknown variant '%s' (valid: %s)" % (v, ", ".join(CULPRIT_VARIANTS)))
+    keys = [(m, w, mm, v) for m in models for w in worlds for mm in (w, 4 * w) for v in variants]
     res = {k: [] for k in keys}
     try:
         for r in range(a.rounds):
@@ -177,26 +186,31 @@ def main():
 
     print("\nmedians over %d round(s) of each run's median step (steps %d-%d of %d); ratios paired within a "
           "round: median [min, max]" % (a.rounds, a.warmup + 1, a.steps, a.steps))
-    print("%-7s %2s %3s  %10s %10s %10s  %-24s %-24s  %9s %9s  %8s" % (
-        "model", "W", "M", "culprit s", "bare s", "ddp s", "culprit/ddp", "bare/ddp", "detectors", "data wait",
-        "|dloss|"))
+    ours = variants[:-1]
+    print("%-7s %2s %3s  %s%10s  %s %9s %9s  %8s" % (
+        "model", "W", "M", "".join("%16s" % (v + " s") for v in ours), "ddp s",
+        "".join("%-30s" % (v + "/ddp") for v in ours), "detectors", "data wait", "|dloss|"))
     summary = []
     for m in models:
         for w in worlds:
             for mm in (w, 4 * w):
-                c, b, d = (res[(m, w, mm, v)] for v in VARIANTS)
-                cd = [c[i]["median"] / d[i]["median"] for i in range(a.rounds)]
-                bd = [b[i]["median"] / d[i]["median"] for i in range(a.rounds)]
+                d = res[(m, w, mm, "ddp")]
                 med = lambda xs: statistics.median(x["median"] for x in xs)
+                ratios = {v: [res[(m, w, mm, v)][i]["median"] / d[i]["median"] for i in range(a.rounds)] for v in ours}
+                c = res[(m, w, mm, ours[0])]
                 det = statistics.median(x["detector_share"] for x in c)
                 wait = statistics.median(x["data_wait_share"] for x in c)
                 dloss = max(abs(p - q) for i in range(a.rounds) for p, q in zip(c[i]["loss"], d[i]["loss"]))
-                print("%-7s %2d %3d  %10.4f %10.4f %10.4f  %-24s %-24s  %8.1f%% %8.1f%%  %8.1e%s" % (
-                    m, w, mm, med(c), med(b), med(d), spread(cd), spread(bd), 100 * det, 100 * wait, dloss,
+                print("%-7s %2d %3d  %s%10.4f  %s %8.1f%% %8.1f%%  %8.1e%s" % (
+                    m, w, mm, "".join("%16.4f" % med(res[(m, w, mm, v)]) for v in ours), med(d),
+                    "".join("%-30s" % spread(ratios[v]) for v in ours), 100 * det, 100 * wait, dloss,
                     "  (oversubscribed)" if w > cores else ""))
-                summary.append({"model": m, "world": w, "micro_shards": mm, "culprit": med(c), "culprit_bare": med(b),
-                                "ddp": med(d), "culprit_over_ddp": cd, "bare_over_ddp": bd,
-                                "detector_share": det, "data_wait_share": wait, "max_loss_difference": dloss})
+                row = {"model": m, "world": w, "micro_shards": mm, "ddp": med(d), "detector_share": det,
+                       "data_wait_share": wait, "max_loss_difference": dloss}
+                for v in ours:
+                    row[v] = med(res[(m, w, mm, v)])
+                    row[v + "_over_ddp"] = ratios[v]
+                summary.append(row)
     print("detectors, data wait: culprit (default) runs' median share of the step in detector_seconds and "
           "data_wait_seconds (rank 0's metrics.jsonl); |dloss|: the largest |culprit loss - ddp loss| of a step")
     if over:
