@@ -6,6 +6,7 @@
 #pragma once
 #include <cstddef>
 #include <cstdint>
+#include <cmath>
 #include <cstring>
 
 namespace culprit::harness {
@@ -56,6 +57,18 @@ inline bool copy_all_finite(const float* src, float* dst, std::size_t n) {
     acc |= finite_detail::nonfinite_bits(dst + i, len);
   }
   return (acc & 0x80000000u) == 0;
+}
+
+// The L2 norm in double, accumulated in 8 interleaved lanes (lane j: the elements i = j mod 8, in
+// order), the lanes then added pairwise: ((l0 + l1) + (l2 + l3)) + ((l4 + l5) + (l6 + l7)). Eight
+// independent sums run 1.7 times as fast as one here (docs/determinism.md).
+inline double l2_norm(const float* g, std::size_t n) {
+  double l[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  std::size_t i = 0;
+  for (; i + 8 <= n; i += 8)
+    for (int j = 0; j < 8; ++j) l[j] += static_cast<double>(g[i + j]) * g[i + j];
+  for (int j = 0; i < n; ++i, ++j) l[j] += static_cast<double>(g[i]) * g[i];
+  return std::sqrt(((l[0] + l[1]) + (l[2] + l[3])) + ((l[4] + l[5]) + (l[6] + l[7])));
 }
 
 }  // namespace culprit::harness

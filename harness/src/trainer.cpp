@@ -27,18 +27,6 @@ namespace fs = std::filesystem;
 
 namespace {
 
-// The L2 norm in double, accumulated in 8 interleaved lanes (lane j: the elements i = j mod 8, in
-// order), the lanes then added pairwise: ((l0 + l1) + (l2 + l3)) + ((l4 + l5) + (l6 + l7)). Eight
-// independent sums run about four times as fast as one (docs/determinism.md).
-double l2_norm(const float* g, std::size_t n) {
-  double l[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-  std::size_t i = 0;
-  for (; i + 8 <= n; i += 8)
-    for (int j = 0; j < 8; ++j) l[j] += static_cast<double>(g[i + j]) * g[i + j];
-  for (int j = 0; i < n; ++i, ++j) l[j] += static_cast<double>(g[i]) * g[i];
-  return std::sqrt(((l[0] + l[1]) + (l[2] + l[3])) + ((l[4] + l[5]) + (l[6] + l[7])));
-}
-
 std::string json_float(float v) {
   if (!std::isfinite(v)) return "null";
   char buf[32];

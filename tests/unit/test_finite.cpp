@@ -43,3 +43,18 @@ TEST(Finite, EveryNonFiniteValueAtEveryPositionIsFound) {
 
 }  // namespace
 }  // namespace culprit::harness
+
+// grad_norm's order (docs/determinism.md): lane j sums elements j, j + 8, ... in order; the lanes are
+// added pairwise. Written out here independently; a value the order matters for tells them apart.
+TEST(L2Norm, EightLanesThenPairwise) {
+  std::vector<float> g(1003);
+  for (std::size_t i = 0; i < g.size(); ++i) g[i] = (i % 97 == 0 ? 1e8f : 1.0f) * static_cast<float>((i * 37) % 11) * 0.1f;
+  double lane[8] = {};
+  for (std::size_t i = 0; i < g.size(); ++i) lane[i % 8] += static_cast<double>(g[i]) * g[i];
+  const double want = std::sqrt(((lane[0] + lane[1]) + (lane[2] + lane[3])) + ((lane[4] + lane[5]) + (lane[6] + lane[7])));
+  EXPECT_EQ(culprit::harness::l2_norm(g.data(), g.size()), want);
+  double seq = 0;
+  for (float v : g) seq += static_cast<double>(v) * v;
+  EXPECT_NEAR(culprit::harness::l2_norm(g.data(), g.size()), std::sqrt(seq), 1e-9 * std::sqrt(seq));
+  EXPECT_EQ(culprit::harness::l2_norm(g.data(), 0), 0.0);
+}
