@@ -92,7 +92,8 @@ void StepDetectors::vote(StepFacts& f) {
     layout.replica = mine.replica.size();
   }
   mine.bad_shard = f.bad_shard;
-  mine.bad_params = cfg_->detect.nonfinite && !probe_.params_finite();
+  mine.bad_params =
+      cfg_->detect.nonfinite && !(f.params_finite >= 0 ? f.params_finite == 1 : probe_.params_finite());
   mine.violated = !f.violation.empty();
   if (comm_check) {
     layout.comm = true;

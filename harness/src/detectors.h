@@ -30,6 +30,7 @@ struct StepFacts {
   bool shards_exchanged = false; // the spot check's exchange carried them (metrics: spot_checked)
   const CommCheck* comm = nullptr;       // this step's reduction message fingerprints
   std::vector<Fingerprint> param_fps;    // every parameter after the update
+  int params_finite = -1;                // 1/0: they are all finite (scanned with their fingerprints); -1: not scanned
   std::vector<Fingerprint> opt_fps;      // every parameter's optimizer state (with the trace; else empty)
   const float* reduced = nullptr;        // the reduced gradient, P values, then the loss
   double update_scale = 1;               // --clip-grad-norm: the clip factor the update applied to it

@@ -8,6 +8,9 @@
 #include <cstdint>
 #include <cmath>
 #include <cstring>
+#include <vector>
+
+#include "culprit/fingerprint.h"
 
 namespace culprit::harness {
 
@@ -57,6 +60,23 @@ inline bool copy_all_finite(const float* src, float* dst, std::size_t n) {
     acc |= finite_detail::nonfinite_bits(dst + i, len);
   }
   return (acc & 0x80000000u) == 0;
+}
+
+// fingerprint_bytes of n floats, and whether all were finite, in one pass: each 4 KiB chunk is
+// scanned while hashing has it in L1 (the parameters' fingerprint and the NaN/Inf detector's scan
+// of them, which would otherwise read 4P bytes from memory twice a step).
+inline Fingerprint fingerprint_finite(const float* p, std::size_t n, bool* finite) {
+  constexpr std::size_t kChunk = kFingerprintChunkBytes / sizeof(float);
+  std::vector<std::uint64_t> hashes;
+  hashes.reserve((n + kChunk - 1) / kChunk);
+  std::uint32_t acc = 0;
+  for (std::size_t i = 0; i < n; i += kChunk) {
+    const std::size_t len = n - i < kChunk ? n - i : kChunk;
+    hashes.push_back(chunk_hash(p + i, len * sizeof(float)));
+    acc |= finite_detail::nonfinite_bits(p + i, len);
+  }
+  *finite = (acc & 0x80000000u) == 0;
+  return combine_chunk_hashes(hashes.data(), hashes.size());
 }
 
 // The L2 norm in double, accumulated in 8 interleaved lanes (lane j: the elements i = j mod 8, in

@@ -3,6 +3,8 @@
 
 #include <ATen/autocast_mode.h>
 
+#include "finite.h"
+
 #ifdef CULPRIT_HAVE_CUDA
 #include "culprit/fingerprint_cuda.h"
 #endif
@@ -71,12 +73,24 @@ Fingerprint tensor_fingerprint(const at::Tensor& t) {
   return fingerprint_bytes(c.data_ptr(), n);
 }
 
-Fingerprint set_fingerprint(const std::vector<NamedTensor>& tensors, std::vector<Fingerprint>* each) {
+// The tensor's fingerprint; *finite &= whether its elements are (one pass for float32 on the CPU).
+static Fingerprint fingerprint_and_scan(const at::Tensor& t, bool* finite) {
+  if (t.device().is_cpu() && t.scalar_type() == at::kFloat && t.is_contiguous()) {
+    bool ok = true;
+    const Fingerprint f = fingerprint_finite(t.data_ptr<float>(), static_cast<std::size_t>(t.numel()), &ok);
+    *finite = *finite && ok;
+    return f;
+  }
+  if (at::isFloatingType(t.scalar_type()) && *finite) *finite = torch::isfinite(t).all().item<bool>();
+  return tensor_fingerprint(t);
+}
+
+Fingerprint set_fingerprint(const std::vector<NamedTensor>& tensors, std::vector<Fingerprint>* each, bool* finite) {
   FingerprintSet set;
   if (each) each->clear();
   for (const auto& nt : tensors) {
     auto sizes = nt.tensor.sizes();
-    const Fingerprint f = tensor_fingerprint(nt.tensor);
+    const Fingerprint f = finite ? fingerprint_and_scan(nt.tensor, finite) : tensor_fingerprint(nt.tensor);
     if (each) each->push_back(f);
     set.add(nt.name, to_dtype(nt.tensor.scalar_type()), std::vector<std::int64_t>(sizes.begin(), sizes.end()), f);
   }

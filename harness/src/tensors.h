@@ -16,8 +16,10 @@ namespace culprit::harness {
 DType to_dtype(at::ScalarType t);
 at::ScalarType to_scalar(DType t);
 Fingerprint tensor_fingerprint(const at::Tensor& t);
-// The set fingerprint of named tensors; *each (optional) gets every tensor's own fingerprint.
-Fingerprint set_fingerprint(const std::vector<NamedTensor>& tensors, std::vector<Fingerprint>* each = nullptr);
+// The set fingerprint of named tensors; *each (optional) gets every tensor's own fingerprint;
+// *finite (optional): whether every element was finite (float32 on the CPU scanned while hashed).
+Fingerprint set_fingerprint(const std::vector<NamedTensor>& tensors, std::vector<Fingerprint>* each = nullptr,
+                            bool* finite = nullptr);
 // Deterministic libtorch settings (docs/determinism.md); returns the BLAS thread count set (0: no
 // thread control found).
 int setup_determinism(int threads);

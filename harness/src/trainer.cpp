@@ -245,7 +245,9 @@ Fingerprint Trainer::record(double lr, trace::StepRow* row) {
   row->step = f.step;
   row->loss = reduced_[flat_.size];
   row->lr = lr;
-  const Fingerprint fp = set_fingerprint(flat_.params, &row->param_fps);
+  bool finite = true;  // the NaN/Inf detector's scan of the parameters, in the fingerprints' pass
+  const Fingerprint fp = set_fingerprint(flat_.params, &row->param_fps, cfg_.detect.nonfinite ? &finite : nullptr);
+  if (cfg_.detect.nonfinite) f.params_finite = finite ? 1 : 0;
   f.param_fps = row->param_fps;
   if (cfg_.detect.invariants) {
     Stopwatch sw(&f.seconds);

@@ -58,3 +58,22 @@ TEST(L2Norm, EightLanesThenPairwise) {
   EXPECT_NEAR(culprit::harness::l2_norm(g.data(), g.size()), std::sqrt(seq), 1e-9 * std::sqrt(seq));
   EXPECT_EQ(culprit::harness::l2_norm(g.data(), 0), 0.0);
 }
+
+// The parameters' fingerprint and NaN/Inf scan in one pass: the fingerprint is fingerprint_bytes's
+// (format fp1) at every length around the chunk size, and a non-finite value in any chunk is seen.
+TEST(FingerprintFinite, SameFingerprintAndScan) {
+  for (std::size_t n : {0u, 1u, 17u, 1023u, 1024u, 1025u, 5000u}) {
+    std::vector<float> v(n);
+    for (std::size_t i = 0; i < n; ++i) v[i] = static_cast<float>(i) * 0.25f - 3.0f;
+    bool finite = false;
+    EXPECT_EQ(culprit::harness::fingerprint_finite(v.data(), n, &finite), culprit::fingerprint_bytes(v.data(), n * sizeof(float))) << n;
+    EXPECT_TRUE(finite) << n;
+    for (std::size_t at : {std::size_t{0}, n / 2, n - 1}) {
+      if (n == 0) break;
+      const float keep = v[at];
+      v[at] = std::numeric_limits<float>::infinity();
+      EXPECT_FALSE((culprit::harness::fingerprint_finite(v.data(), n, &finite), finite)) << n << " at " << at;
+      v[at] = keep;
+    }
+  }
+}
