@@ -72,6 +72,9 @@ import time
 import h5py
 import numpy as np
 
+from pmpi_shim import build_shim, parse_dump
+from scale_tables import tables
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 CULPRIT = os.environ.get("CULPRIT_BIN", os.path.join(HERE, "..", "build", "culprit"))
 COMM = os.path.basename(CULPRIT)[:15]  # the process's name in /proc/PID/status (15 characters at most)
@@ -91,109 +94,6 @@ ENV_VARIANTS = [  # (name, environment, mpirun options)
      []),
     ("vader: no fast boxes, free list 64", {}, ["--mca", "btl_vader_fbox_max", "0", "--mca", "btl_vader_free_list_max", "64"]),
 ]
-
-SHIM_C = r'''
-/* bench/scale.py's shim (LD_PRELOAD): the bytes each collective call contributes and receives, counted
-   through PMPI, and /proc/self/status + smaps_rollup written before MPI_Finalize and at exit. */
-#define _GNU_SOURCE
-#include <mpi.h>
-#include <pthread.h>
-#include <stdio.h>
-#include <stdlib.h>
-#include <unistd.h>
-#define NKEYS 512
-static struct { const char* fn; long long send, recv, calls; } keys[NKEYS];
-static int nkeys;
-static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
-static void note(const char* fn, long long send, long long recv) {
-  pthread_mutex_lock(&mu);
-  int i;
-  for (i = 0; i < nkeys; ++i)
-    if (keys[i].fn == fn && keys[i].send == send && keys[i].recv == recv) break;
-  if (i == nkeys && nkeys < NKEYS) { keys[i].fn = fn; keys[i].send = send; keys[i].recv = recv; keys[i].calls = 0; ++nkeys; }
-  if (i < NKEYS) keys[i].calls++;
-  pthread_mutex_unlock(&mu);
-}
-static long long tsize(MPI_Datatype t) { int s = 0; if (t != MPI_DATATYPE_NULL) PMPI_Type_size(t, &s); return s; }
-static int me(MPI_Comm c) { int r = 0; PMPI_Comm_rank(c, &r); return r; }
-static int nprocs(MPI_Comm c) { int n = 1; PMPI_Comm_size(c, &n); return n; }
-int MPI_Iallgather(const void* sb, int sc, MPI_Datatype st, void* rb, int rc, MPI_Datatype rt, MPI_Comm c, MPI_Request* q) {
-  long long own = sb == MPI_IN_PLACE ? rc * tsize(rt) : sc * tsize(st);
-  note("Iallgather", own, own * (nprocs(c) - 1));
-  return PMPI_Iallgather(sb, sc, st, rb, rc, rt, c, q);
-}
-int MPI_Allgather(const void* sb, int sc, MPI_Datatype st, void* rb, int rc, MPI_Datatype rt, MPI_Comm c) {
-  long long own = sb == MPI_IN_PLACE ? rc * tsize(rt) : sc * tsize(st);
-  note("Allgather", own, own * (nprocs(c) - 1));
-  return PMPI_Allgather(sb, sc, st, rb, rc, rt, c);
-}
-int MPI_Iallgatherv(const void* sb, int sc, MPI_Datatype st, void* rb, const int rcs[], const int d[], MPI_Datatype rt,
-                    MPI_Comm c, MPI_Request* q) {
-  int n = nprocs(c), r = me(c); long long all = 0, ts = tsize(rt);
-  for (int i = 0; i < n; ++i) all += rcs[i];
-  note("Iallgatherv", rcs[r] * ts, (all - rcs[r]) * ts);
-  return PMPI_Iallgatherv(sb, sc, st, rb, rcs, d, rt, c, q);
-}
-int MPI_Ialltoallv(const void* sb, const int scs[], const int sd[], MPI_Datatype st, void* rb, const int rcs[],
-                   const int rd[], MPI_Datatype rt, MPI_Comm c, MPI_Request* q) {
-  int n = nprocs(c), r = me(c); long long s = 0, v = 0;
-  for (int i = 0; i < n; ++i) if (i != r) { s += scs[i]; v += rcs[i]; }
-  note("Ialltoallv", s * tsize(st), v * tsize(rt));
-  return PMPI_Ialltoallv(sb, scs, sd, st, rb, rcs, rd, rt, c, q);
-}
-int MPI_Iallreduce(const void* sb, void* rb, int n, MPI_Datatype t, MPI_Op o, MPI_Comm c, MPI_Request* q) {
-  note("Iallreduce", n * tsize(t), n * tsize(t));
-  return PMPI_Iallreduce(sb, rb, n, t, o, c, q);
-}
-int MPI_Allreduce(const void* sb, void* rb, int n, MPI_Datatype t, MPI_Op o, MPI_Comm c) {
-  note("Allreduce", n * tsize(t), n * tsize(t));
-  return PMPI_Allreduce(sb, rb, n, t, o, c);
-}
-int MPI_Ibcast(void* b, int n, MPI_Datatype t, int root, MPI_Comm c, MPI_Request* q) {
-  note("Ibcast", me(c) == root ? n * tsize(t) : 0, me(c) == root ? 0 : n * tsize(t));
-  return PMPI_Ibcast(b, n, t, root, c, q);
-}
-int MPI_Bcast(void* b, int n, MPI_Datatype t, int root, MPI_Comm c) {
-  note("Bcast", me(c) == root ? n * tsize(t) : 0, me(c) == root ? 0 : n * tsize(t));
-  return PMPI_Bcast(b, n, t, root, c);
-}
-static void copy(FILE* out, const char* path) {
-  char line[512];
-  FILE* f = fopen(path, "r");
-  if (!f) return;
-  while (fgets(line, sizeof line, f)) fputs(line, out);
-  fclose(f);
-}
-static void dump(const char* when) {
-  const char* base = getenv("SCALE_SHIM_OUT");
-  const char* rank = getenv("OMPI_COMM_WORLD_RANK");
-  char path[4096];
-  if (!base) return;
-  snprintf(path, sizeof path, "%s-%s-%d.%s", base, rank ? rank : "x", (int)getpid(), when);
-  FILE* out = fopen(path, "w");
-  if (!out) return;
-  pthread_mutex_lock(&mu);
-  for (int i = 0; i < nkeys; ++i) fprintf(out, "mpi %s %lld %lld %lld\n", keys[i].fn, keys[i].send, keys[i].recv, keys[i].calls);
-  pthread_mutex_unlock(&mu);
-  copy(out, "/proc/self/status");
-  copy(out, "/proc/self/smaps_rollup");
-  fclose(out);
-}
-int MPI_Finalize(void) { dump("finalize"); return PMPI_Finalize(); }
-__attribute__((destructor)) static void at_exit(void) { dump("exit"); }
-'''
-
-
-def build_shim(work):
-    src, so = os.path.join(work, "shim.c"), os.path.join(work, "shim.so")
-    with open(src, "w") as f:
-        f.write(SHIM_C)
-    p = subprocess.run(["mpicc", "-O2", "-shared", "-fPIC", "-o", so, src], capture_output=True, text=True)
-    if p.returncode != 0:
-        print("no PMPI shim (mpicc failed): vote bytes from the formula only\n" + p.stderr[-500:], flush=True)
-        return None
-    return so
-
 
 def mem_available_kib():
     for line in open("/proc/meminfo"):
@@ -219,24 +119,6 @@ class MemSampler(threading.Thread):
         self.done.set()
         self.join()
         return (self.before - self.lowest) / 1024.0
-
-
-def parse_dump(path):
-    """A shim dump: {'mpi': {(fn, send, recv): calls}, 'status': {field: kB or text}}."""
-    out = {"mpi": {}, "status": {}}
-    for line in open(path):
-        if line.startswith("mpi "):
-            _, fn, s, r, n = line.split()
-            out["mpi"][(fn, int(s), int(r))] = int(n)
-            continue
-        if ":" not in line:
-            continue
-        k, v = line.split(":", 1)
-        v = v.split()
-        if not v:
-            continue
-        out["status"][k.strip()] = int(v[0]) if v[0].isdigit() else v[0]
-    return out
 
 
 def run_ranks(work, tag, world, args, shim, env=None, mca=()):
@@ -523,66 +405,6 @@ def env_variants(work, world, shim):
     return out
 
 
-def fmt(v, f="%.1f"):
-    return "-" if v is None else f % v
-
-
-def tables(results, load):
-    lines = []
-    lines.append("cost per W (vote and reduction: bytes per rank per step; trace: bytes per step per rank)")
-    lines.append("%3s %8s %8s %9s %15s %17s %13s %21s %7s %14s %13s" % (
-        "W", "train s", "step ms", "detect ms", "vote B f/meas", "vote recv B", "reduction B", "trace B files/rows/f",
-        "ckpt B", "bisect s (own)", "audit s (own)"))
-    for r in results:
-        c, f, tr = r["train"]["collectives"], r["formula"], r["trace"]
-        steps = max(1, tr["steps"])
-        ck = r["checkpoints"].get("step-%08d.h5" % K)
-        lines.append("%3d %8.1f %8.1f %9.2f %7d/%-7s %17s %13s %7.0f/%5.0f/%5.0f %7s %7.1f (%.2f) %7.1f (%.2f)" % (
-            r["world"], r["train"]["wall"], r["train"]["step_ms_median"], r["train"]["detector_ms_median"],
-            f["vote_send_bytes"], fmt(c.get("vote_send_bytes"), "%d"), fmt(c.get("vote_recv_bytes"), "%d"),
-            fmt((c.get("reduction_sent_bytes") or 0) + (c.get("reduction_gather_recv_bytes") or 0), "%.0f"),
-            tr["file_bytes"] / steps / r["world"], tr["row_bytes"] / steps / r["world"],
-            f["trace_row_bytes_per_step_rank"], fmt(ck, "%d"), r["bisect"]["wall"], r["bisect"].get("seconds") or 0,
-            r["audit"]["wall"], r["audit"].get("seconds") or 0))
-    lines.append("")
-    lines.append("memory per rank, MiB (peak: GNU time; anon/file/pss: training rank before MPI_Finalize; "
-                 "footprint: the machine's MemAvailable drop during training)")
-    lines.append("%3s %10s %10s %8s %8s %8s %8s %10s %10s %11s %10s" % (
-        "W", "train max", "train med", "anon", "file", "shmem", "pss", "sum pss", "footprint", "bisect max",
-        "audit max"))
-    lines.append("%3s %10.1f %10s %8.1f %8.1f %8s %8.1f %10s %10s %11s %10s   (culprit train --help: load only)" % (
-        "-", load["peak_rss_mib"], "", load.get("RssAnon", 0), load.get("RssFile", 0), "", load.get("Pss", 0),
-        "", "", "", ""))
-    for r in results:
-        m = r["train"]["memory"]
-        lines.append("%3d %10.1f %10.1f %8.1f %8.1f %8s %8.1f %10.0f %10.0f %11.1f %10.1f" % (
-            r["world"], m["peak_rss_max_mib"], m["peak_rss_median_mib"], m["rss_anon_median_mib"] or 0,
-            m["rss_file_median_mib"] or 0, fmt(m["rss_shmem_median_mib"]), m["pss_median_mib"] or 0,
-            m["pss_sum_mib"] or 0, m["job_mem_drop_mib"], r["bisect"]["memory"]["peak_rss_max_mib"] or 0,
-            r["audit"]["memory"]["peak_rss_max_mib"] or 0))
-    lines.append("")
-    lines.append("diagnosis against the injected truth (detected: step %d rank W-1 fc2 forward NaN; silent: step %d rank "
-                 "W/2-1 fc3 forward bitflip)" % (S_DETECTED, S_SILENT))
-    lines.append("%3s %-28s %-44s %-8s %-30s %s" % ("W", "incident (step/rank)", "bisect (verdict@step/phase/layer/rank, "
-                                                    "replayed)", "audit", "twin difference", "exact"))
-    for r in results:
-        b, s, inc, d = r["bisect"], r["score"], r["incident"] or {}, r.get("twin_difference") or {}
-        lines.append("%3d %-28s %-44s %-8s %-30s %s" % (
-            r["world"], "%s@%s r%s %s" % (inc.get("detector"), inc.get("step"), inc.get("rank"), "ok" if s["detect"] else "WRONG"),
-            "%s@%s/%s/%s/r%s, %s %s" % (b.get("verdict"), b.get("step"), b.get("phase"), b.get("layer"), b.get("rank"),
-                                        b.get("steps_replayed"), "ok" if s["bisect"] else "WRONG"),
-            "ok" if s["audit"] else "WRONG",
-            ("%s/k%s/r%s/%s %s" % (d.get("step"), d.get("shard"), d.get("rank"), d.get("layer"),
-                                   "ok" if s.get("twin") else "WRONG")) if "twin" in s else "-",
-            "yes" if s["exact"] else "NO"))
-    fps = {r.get("twin_fingerprint") for r in results if r.get("twin_fingerprint")}
-    if fps:
-        lines.append("clean twins' final fingerprints: %s" % (
-            "all equal (%s) at W = %s" % (fps.pop(), ", ".join(str(r["world"]) for r in results)) if len(fps) == 1
-            else "DIFFER: %s" % sorted(fps)))
-    return "\n".join(lines)
-
-
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--worlds", default="2,4,8,16,32,64")
@@ -627,7 +449,7 @@ def main():
             print("environment variants, clean training at W=%d:" % a.env_variants, flush=True)
             out["env_variants"] = env_variants(work, a.env_variants, shim)
         print()
-        print(tables(results, load))
+        print(tables(results, load, K, S_DETECTED, S_SILENT))
     finally:
         if a.json:
             with open(a.json, "w") as f:
