@@ -3,11 +3,11 @@
 #include "culprit/tree_overlap.h"
 
 #include <algorithm>
-#include <chrono>
 #include <cstring>
 #include <stdexcept>
 
 #include "culprit/watchdog.h"
+#include "tree_pack.h"
 
 namespace culprit {
 
@@ -39,22 +39,9 @@ namespace {
 
 enum class Stage { kWaiting, kPhase1, kPhase2, kDone };
 
-// [a, b): the part of chunk c (of n over W ranks) inside [lo, hi).
-struct Piece {
-  std::size_t a = 0, b = 0;
-  std::size_t len() const { return b - a; }
-};
-Piece piece(std::size_t n, int W, int c, const Bucket& bk) {
-  const std::size_t a = std::max(chunk_offset(n, W, c), bk.lo), b = std::min(chunk_offset(n, W, c + 1), bk.hi);
-  return a < b ? Piece{a, b} : Piece{a, a};
-}
-
-template <class F>
-void timed(CommCheck* check, F&& f) {
-  const auto t0 = std::chrono::steady_clock::now();
-  f();
-  check->seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-}
+using tree_detail::Piece;
+using tree_detail::timed;
+Piece piece(std::size_t n, int W, int c, const Bucket& bk) { return tree_detail::piece(n, W, c, bk.lo, bk.hi); }
 
 }  // namespace
 
@@ -118,47 +105,18 @@ void OverlappedReduce::launch(std::size_t b) {
     return;
   }
   const std::size_t nb = blocks_.size();
-  f.scount.assign(W, 0);
-  f.sdispl.assign(W, 0);
-  if (nb == 1 && !fault_) {  // one block: its pieces are in place
-    f.sendbuf = blocks_[0] + bk.lo;
-    for (int c = 0; c < W; ++c) {
-      const Piece p = piece(n, W, c, bk);
-      f.sdispl[c] = static_cast<int>(p.a - bk.lo);
-      f.scount[c] = static_cast<int>(p.len());
-    }
-  } else {
-    std::vector<float>& packed = ch_->send[b];
-    packed.resize(len * nb);
-    std::size_t pos = 0;
-    for (int c = 0; c < W; ++c) {
-      const Piece p = piece(n, W, c, bk);
-      f.sdispl[c] = static_cast<int>(pos);
-      f.scount[c] = static_cast<int>(p.len() * nb);
-      for (const float* blk : blocks_) {
-        std::memcpy(packed.data() + pos, blk + p.a, p.len() * sizeof(float));
-        pos += p.len();
-      }
-    }
-    f.sendbuf = packed.data();
-  }
+  tree_detail::Outgoing o = tree_detail::pack(blocks_, n, W, bk.lo, bk.hi, nb == 1 && !fault_, &ch_->send[b]);
   if (check_) {
     f.sent.assign(W, 0);
     timed(check_, [&] {
       for (int c = 0; c < W; ++c)
-        if (c != comm_.rank) f.sent[c] = fingerprint_bytes(f.sendbuf + f.sdispl[c], f.scount[c] * sizeof(float));
+        if (c != comm_.rank) f.sent[c] = fingerprint_bytes(o.buf + o.displ[c], o.count[c] * sizeof(float));
     });
   }
-  // A faulty link corrupts what it carries after the sender fingerprinted it (tree_allreduce).
-  if (fault_ && fault_->offset >= bk.lo && fault_->offset < bk.hi) {
-    int c = 0;
-    while (chunk_offset(n, W, c + 1) <= fault_->offset) ++c;
-    const Piece p = piece(n, W, c, bk);
-    for (std::size_t j = 0; j < nb; ++j) {
-      float& v = ch_->send[b][f.sdispl[c] + j * p.len() + (fault_->offset - p.a)];
-      v = fault_->apply(fault_->ctx, v);
-    }
-  }
+  if (fault_) tree_detail::corrupt_outgoing(*fault_, n, W, bk.lo, bk.hi, nb, o, &ch_->send[b]);
+  f.sendbuf = o.buf;
+  f.scount = std::move(o.count);
+  f.sdispl = std::move(o.displ);
   const Piece mine = piece(n, W, comm_.rank, bk);
   f.rcount.assign(W, 0);
   f.rdispl.assign(W, 0);

@@ -1,11 +1,16 @@
 #include "culprit/tree_reduce.h"
 #include "culprit/watchdog.h"
+#include "tree_pack.h"
 
-#include <chrono>
 #include <cstring>
 #include <stdexcept>
 
 namespace culprit {
+
+using tree_detail::corrupt_outgoing;
+using tree_detail::Outgoing;
+using tree_detail::pack;
+using tree_detail::timed;
 
 ShardRange shard_range(int rank, int world, int micro_shards) {
   const long long m = micro_shards;
@@ -89,67 +94,6 @@ namespace {
 std::size_t chunk_off(std::size_t n, int world, int c) { return chunk_offset(n, world, c); }
 }  // namespace
 
-namespace {
-
-// Adds the time of the communication check's fingerprints to check->seconds (the step's detector
-// cost, metrics.jsonl).
-template <class F>
-void timed(CommCheck* check, F&& f) {
-  const auto t0 = std::chrono::steady_clock::now();
-  f();
-  check->seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-}
-
-// This rank's phase-1 message: for each chunk c, every one of its blocks' slice c, to c's owner.
-struct Outgoing {
-  const float* buf = nullptr;
-  std::vector<int> count, displ;
-};
-
-Outgoing pack(const std::vector<TreeAccumulator::Entry>& mine, std::size_t n, int W, bool direct,
-              std::vector<float>* packed) {
-  Outgoing o;
-  o.count.resize(W);
-  o.displ.resize(W);
-  if (direct) {  // one block: its chunks are already in place
-    for (int c = 0; c < W; ++c) {
-      o.displ[c] = static_cast<int>(chunk_off(n, W, c));
-      o.count[c] = static_cast<int>(chunk_off(n, W, c + 1) - chunk_off(n, W, c));
-    }
-    o.buf = mine[0].data.data();
-    return o;
-  }
-  const std::size_t nb = mine.size();
-  packed->resize(n * nb);
-  std::size_t pos = 0;
-  for (int c = 0; c < W; ++c) {
-    const std::size_t off = chunk_off(n, W, c), len = chunk_off(n, W, c + 1) - off;
-    o.displ[c] = static_cast<int>(pos);
-    o.count[c] = static_cast<int>(len * nb);
-    for (const auto& b : mine) {
-      std::memcpy(packed->data() + pos, b.data.data() + off, len * sizeof(float));
-      pos += len;
-    }
-  }
-  o.buf = packed->data();
-  return o;
-}
-
-// A faulty link: element `offset` of every block's slice this rank sends (after the rank meant it).
-void corrupt_outgoing(const SendFault& fault, std::size_t n, int W, std::size_t nb, const Outgoing& o,
-                      std::vector<float>* packed) {
-  if (fault.offset >= n) return;
-  int c = 0;
-  while (chunk_off(n, W, c + 1) <= fault.offset) ++c;
-  const std::size_t len = chunk_off(n, W, c + 1) - chunk_off(n, W, c);
-  for (std::size_t j = 0; j < nb; ++j) {
-    float& v = (*packed)[o.displ[c] + j * len + (fault.offset - chunk_off(n, W, c))];
-    v = fault.apply(fault.ctx, v);
-  }
-}
-
-}  // namespace
-
 // This rank's chunk: the nodes every rank sent (rank order, each rank's blocks in tree order),
 // combined bottom-up in tree order, in place in the receive buffer; returns the root.
 const float* tree_combine(float* recv, std::size_t len, int W, int micro_shards) {
@@ -198,13 +142,15 @@ void tree_allreduce(const Comm& comm, int micro_shards, const TreeAccumulator& a
   // Phase 1: each chunk's owner receives every node's slice of that chunk. The sender fingerprints
   // what it means to send before it leaves its hands (not its message to itself, which never
   // leaves the process).
-  const Outgoing o = pack(mine, n, W, mine.size() == 1 && !fault, &ws->packed);
+  std::vector<const float*> blocks;
+  for (const auto& b : mine) blocks.push_back(b.data.data());
+  const Outgoing o = pack(blocks, n, W, 0, n, mine.size() == 1 && !fault, &ws->packed);
   if (checking)
     timed(check, [&] {
       for (int c = 0; c < W; ++c)
         if (c != comm.rank) check->sent[c] = fingerprint_bytes(o.buf + o.displ[c], o.count[c] * sizeof(float));
     });
-  if (fault) corrupt_outgoing(*fault, n, W, mine.size(), o, &ws->packed);
+  if (fault) corrupt_outgoing(*fault, n, W, 0, n, mine.size(), o, &ws->packed);
   const std::size_t my_off = chunk_off(n, W, comm.rank);
   const std::size_t my_len = chunk_off(n, W, comm.rank + 1) - my_off;
   std::vector<int> rcount(W), rdispl(W);
