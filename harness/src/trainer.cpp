@@ -245,9 +245,12 @@ Fingerprint Trainer::record(double lr, trace::StepRow* row) {
   row->step = f.step;
   row->loss = reduced_[flat_.size];
   row->lr = lr;
-  bool finite = true;  // the NaN/Inf detector's scan of the parameters, in the fingerprints' pass
-  const Fingerprint fp = set_fingerprint(flat_.params, &row->param_fps, cfg_.detect.nonfinite ? &finite : nullptr);
-  if (cfg_.detect.nonfinite) f.params_finite = finite ? 1 : 0;
+  // The NaN/Inf detector's scan of the parameters, in the fingerprints' pass on the CPU (on a GPU
+  // the vote's one scan of the flat buffer stays: a scan per tensor would sync per tensor).
+  const bool scan = cfg_.detect.nonfinite && !flat_.flat.is_cuda();
+  bool finite = true;
+  const Fingerprint fp = set_fingerprint(flat_.params, &row->param_fps, scan ? &finite : nullptr);
+  if (scan) f.params_finite = finite ? 1 : 0;
   f.param_fps = row->param_fps;
   if (cfg_.detect.invariants) {
     Stopwatch sw(&f.seconds);

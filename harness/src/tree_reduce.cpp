@@ -156,10 +156,10 @@ void tree_allreduce(const Comm& comm, int micro_shards, const TreeAccumulator& a
   std::vector<int> rcount(W), rdispl(W);
   std::size_t rtotal = 0;
   for (int r = 0; r < W; ++r) {
-    const std::size_t blocks = canonical_blocks(shard_range(r, W, micro_shards)).size();
+    const std::size_t nblocks = canonical_blocks(shard_range(r, W, micro_shards)).size();
     rdispl[r] = static_cast<int>(rtotal);
-    rcount[r] = static_cast<int>(my_len * blocks);
-    rtotal += my_len * blocks;
+    rcount[r] = static_cast<int>(my_len * nblocks);
+    rtotal += my_len * nblocks;
   }
   std::vector<float>& recv = ws->recv;
   recv.resize(rtotal);
