@@ -1,78 +1,64 @@
-// culprit: find the step, the layer and the GPU behind a broken training run. Dispatch only: every
-// command, its options and its exit codes live next to its library (culprit/command.h).
-#include <cstdio>
+// culprit: find the step, the layer and the GPU behind a broken training run. The commands are
+// cli/commands.cpp's; a run made from Python is handed to the Python package first.
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
 #include <string>
 #include <vector>
 
-#include "culprit/bisect.h"
-#include "culprit/checkpoint_tools.h"
+#include "culprit/cli.h"
 #include "culprit/command.h"
 #include "culprit/exit_codes.h"
 #include "culprit/harness.h"
-#include "culprit/replay.h"
-#include "culprit/screen.h"
 
 namespace {
 
-std::vector<culprit::cli::Command> commands() {
-  namespace c = culprit;
-  std::vector<c::cli::Command> all = {
-      // --on-detect diagnose: training hands a halted run to the bisection, on the same ranks.
-      c::harness::train_command(c::bisect::diagnose_after_halt),
-      c::replay::replay_command(),
-      c::bisect::bisect_command(),
-      c::replay::audit_command(),
-      c::harness::screen_command(),
-      c::harness::prepare_data_command(),
-      c::harness::verify_data_command(),
-  };
-  for (auto& t : c::ckpt::commands()) all.push_back(std::move(t));
-  return all;
+// The run directory an existing run's command names (--run-dir RUN or --run-dir=RUN), or "".
+std::string run_dir_of(const std::vector<std::string>& args) {
+  for (std::size_t i = 0; i < args.size(); ++i) {
+    if (args[i] == "--run-dir" && i + 1 < args.size()) return args[i + 1];
+    if (args[i].rfind("--run-dir=", 0) == 0) return args[i].substr(10);
+  }
+  return "";
 }
 
-std::string usage(const std::vector<culprit::cli::Command>& all) {
-  std::string out =
-      "usage: culprit <command> [options]\n"
-      "       mpirun -np W culprit train --run-dir RUN [options]\n"
-      "\n"
-      "commands:\n";
-  for (const auto& c : all) {
-    char line[256];
-    std::snprintf(line, sizeof line, "  %-8s %s\n", c.name.c_str(), c.summary.c_str());
-    out += line;
-  }
-  return out +
-         "\n"
-         "'culprit <command> --help' lists a command's options. The options of train, replay, bisect and\n"
-         "screen can also come from an INI file given with --config FILE (key = value, the option's name\n"
-         "without dashes; the command line wins). Exit codes: README.md.\n";
+// A run made from Python (--model python:SCRIPT:FUNCTION) is replayed, bisected, audited or resumed
+// by re-entering its script: this process becomes `python3 -m culprit ARGS...` (the same pid, so
+// under mpirun or srun every rank does the same, before any of them starts MPI). Returns only when
+// the run is not a Python run, or with the exit code of a failed hand-off.
+int hand_python_runs_to_the_package(const std::vector<std::string>& args) {
+  if (args.empty()) return -1;
+  const std::string dir = run_dir_of(args);
+  culprit::harness::TrainConfig cfg;
+  if (dir.empty() || !culprit::harness::load_run_config(dir, &cfg).ok() ||
+      cfg.model.kind != culprit::harness::ModelKind::kPython)
+    return -1;
+#ifdef CULPRIT_PYTHON_DIR
+  const char* old = std::getenv("PYTHONPATH");
+  const std::string path = std::string(CULPRIT_PYTHON_DIR) + (old && *old ? std::string(":") + old : "");
+  setenv("PYTHONPATH", path.c_str(), 1);
+  std::vector<std::string> argv_s = {CULPRIT_PYTHON, "-m", "culprit"};
+  argv_s.insert(argv_s.end(), args.begin(), args.end());
+  std::vector<char*> argv;
+  for (auto& a : argv_s) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  execv(CULPRIT_PYTHON, argv.data());
+  culprit::cli::error_line(std::string("run '") + dir + "' was made from Python: cannot start " + CULPRIT_PYTHON +
+                           ": " + std::strerror(errno));
+  return culprit::kExitFailure;
+#else
+  culprit::cli::error_line("run '" + dir + "' was made from Python (model " + cfg.model.text() +
+                           ") and this culprit was built without the Python package (pybind11-dev): docs/python.md");
+  return culprit::kExitUsage;
+#endif
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
-  const auto all = commands();
   std::vector<std::string> args(argv + 1, argv + argc);
-  if (args.empty()) {
-    std::fputs(usage(all).c_str(), stderr);
-    return culprit::kExitUsage;
-  }
-  const std::string cmd = args[0];
-  args.erase(args.begin());
-  if (cmd == "--help" || cmd == "-h" || cmd == "help") {
-    std::printf("%s\n", usage(all).c_str());
-    for (const auto& c : all) std::printf("culprit %s:\n%s\n", c.name.c_str(), c.help().c_str());
-    return culprit::kExitOk;
-  }
-  if (cmd == "--version") {
-    std::printf("culprit %s\n", CULPRIT_VERSION);
-    return culprit::kExitOk;
-  }
-  std::string names;
-  for (const auto& c : all) {
-    if (c.name == cmd) return c.main(args);
-    names += (names.empty() ? "" : ", ") + c.name;
-  }
-  culprit::cli::error_line("unknown command '" + cmd + "' (valid: " + names + "; see culprit --help)");
-  return culprit::kExitUsage;
+  if (const int code = hand_python_runs_to_the_package(args); code >= 0) return code;
+  return culprit::cli::run_command_line(std::move(args));
 }

@@ -8,6 +8,7 @@
 #include <cstring>
 
 #include "data_prepare.h"
+#include "external.h"
 #include "finite.h"
 
 namespace culprit::harness {
@@ -240,15 +241,18 @@ SampleChecks run_checks(const TrainConfig& cfg, const Dataset& d) {
 Status load_dataset(const TrainConfig& cfg, Dataset* out, const OpenOptions& how) {
   *out = Dataset();
   if (cfg.data.kind == DataKind::kSynthetic) return open_synthetic(cfg, out);
-  Status st = cfg.data.kind == DataKind::kHdf5 ? open_hdf5(cfg, cfg.data.path, out)
-                                               : open_tokens(cfg, cfg.data.path, out, how.token_window);
+  const ExternalSource* ext = external_source();
+  Status st = cfg.data.kind == DataKind::kHdf5     ? open_hdf5(cfg, cfg.data.path, out)
+              : cfg.data.kind == DataKind::kTokens ? open_tokens(cfg, cfg.data.path, out, how.token_window)
+              : ext                                ? ext->open_data(cfg, out)
+                                                   : no_external_source("data python");
   SampleChecks k;
   if (st.ok()) {
     k = checks_for(cfg, *out);
     // prepare-data's record of this very file stands for the scan (docs/data.md); otherwise every
     // sample is read once now, so a bad label or value is one line before any training.
     PreparedFacts facts;
-    if (!how.scan && find_prepared(cfg.data, *out, &facts) && facts.checked(k.classes, k.token_limit)) {
+    if (!how.scan && cfg.data.kind != DataKind::kPython && find_prepared(cfg.data, *out, &facts) && facts.checked(k.classes, k.token_limit)) {
       out->max_label = facts.max_label;
       out->max_label_at = facts.max_label_at;
       out->max_token = facts.max_token;

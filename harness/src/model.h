@@ -43,6 +43,9 @@ class Model {
   virtual std::vector<std::string> embeddings() const { return {}; }
   // False when forward is opaque and layers() is only the model's output (kOutputLayer).
   virtual bool per_layer() const { return true; }
+  // The model's own loss: the sum over the samples of `out` of each sample's loss (undefined: none,
+  // culprit's cross entropy or MSE). The trainer divides it by the global batch's target elements.
+  virtual at::Tensor summed_loss(const at::Tensor& out, const at::Tensor& y) { return {}; }
   void set_observer(LayerObserver* o) { observer_ = o; }
 
  protected:

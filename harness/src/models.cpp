@@ -4,6 +4,7 @@
 
 #include <filesystem>
 
+#include "external.h"
 #include "error_line.h"
 #include "model.h"
 #include "sizes.h"
@@ -278,6 +279,9 @@ Status make_model(const TrainConfig& cfg, const Dataset& d, std::unique_ptr<Mode
     const std::int64_t vocab = d.classes;
     CULPRIT_RETURN_IF_ERROR(check_model_size(cfg, d.x_shape, vocab, world));
     *out = std::make_unique<Gpt>(vocab, d.x_shape[0], cfg.gpt);
+  } else if (cfg.model.kind == ModelKind::kPython) {
+    const ExternalSource* ext = external_source();
+    CULPRIT_RETURN_IF_ERROR(ext ? ext->make_model(cfg, d, out) : no_external_source("model " + m));
   } else {
     const std::string& path = cfg.model.path;
     std::error_code ec;

@@ -101,7 +101,7 @@ Status check_synthetic_sizes(const TrainConfig& c, int world) {
   if (c.model.kind == ModelKind::kGpt) shape_given = "of --seq-len " + std::to_string(shape[0]) + " tokens";
   CULPRIT_RETURN_IF_ERROR(
       check_fits_memory("synthetic data (--samples " + std::to_string(c.samples) + " " + shape_given + ")", data));
-  if (c.model.kind == ModelKind::kTorchScript) return Status::OK();
+  if (c.model.kind == ModelKind::kTorchScript || c.model.kind == ModelKind::kPython) return Status::OK();
   const double params = builtin_parameters(c, shape, synthetic_classes(c));
   double bytes = data + state_bytes(c, params, world);
   if (c.model.kind == ModelKind::kGpt) bytes += gpt_activation_bytes(c, product(shape), synthetic_classes(c));
@@ -117,7 +117,7 @@ Status check_synthetic_sizes(const TrainConfig& c, int world) {
 
 Status check_model_size(const TrainConfig& c, const std::vector<std::int64_t>& x_shape, std::int64_t out,
                         int world) {
-  if (c.model.kind == ModelKind::kTorchScript) return Status::OK();
+  if (c.model.kind == ModelKind::kTorchScript || c.model.kind == ModelKind::kPython) return Status::OK();
   const double params = builtin_parameters(c, x_shape, static_cast<double>(out));
   double bytes = state_bytes(c, params, world);
   if (c.model.kind == ModelKind::kGpt) bytes += gpt_activation_bytes(c, product(x_shape), static_cast<double>(out));

@@ -35,22 +35,30 @@ Status parse_list(const std::string& opt, const std::string& text, std::vector<d
 }
 
 Status set_model(C* c, const std::string& t) {
-  const std::string ts = "torchscript:";
+  const std::string ts = "torchscript:", py = "python:";
   if (t.rfind(ts, 0) == 0) {
     if (t.size() == ts.size()) return Status::BadInput("option '--model': torchscript: needs a path");
     c->model = {ModelKind::kTorchScript, t.substr(ts.size())};
     return Status::OK();
   }
+  if (t.rfind(py, 0) == 0) {  // SCRIPT:FUNCTION, as the Python package records it
+    const std::size_t colon = t.rfind(':');
+    if (colon <= py.size() || colon + 1 == t.size())
+      return Status::BadInput("option '--model': '" + t + "' is not python:SCRIPT:FUNCTION");
+    c->model = {ModelKind::kPython, t.substr(py.size())};
+    return Status::OK();
+  }
   ModelKind k{};
-  if (!parse_name(t, &k) || k == ModelKind::kTorchScript)
-    return Status::BadInput("option '--model': unknown model '" + t + "' (valid: mlp, cnn, gpt, torchscript:PATH)");
+  if (!parse_name(t, &k) || k == ModelKind::kTorchScript || k == ModelKind::kPython)
+    return Status::BadInput("option '--model': unknown model '" + t +
+                            "' (valid: mlp, cnn, gpt, torchscript:PATH, python:SCRIPT:FUNCTION)");
   c->model = {k, ""};
   return Status::OK();
 }
 
 Status set_data(C* c, const std::string& t) {
-  if (t == "synthetic") {
-    c->data = {DataKind::kSynthetic, ""};
+  if (t == "synthetic" || t == "python") {
+    c->data = {t == "python" ? DataKind::kPython : DataKind::kSynthetic, ""};
     return Status::OK();
   }
   for (const auto& [prefix, kind] : {std::pair<std::string, DataKind>{"hdf5:", DataKind::kHdf5}, {"tokens:", DataKind::kTokens}}) {
@@ -59,7 +67,7 @@ Status set_data(C* c, const std::string& t) {
     c->data = {kind, t.substr(prefix.size())};
     return Status::OK();
   }
-  return Status::BadInput("option '--data': unknown data source '" + t + "' (valid: synthetic, hdf5:PATH, tokens:PATH)");
+  return Status::BadInput("option '--data': unknown data source '" + t + "' (valid: synthetic, hdf5:PATH, tokens:PATH, python)");
 }
 
 Status set_betas(C* c, const std::string& t) {
@@ -143,8 +151,8 @@ opts::Table<C> make_table() {
     number<C>("global-batch", &C::global_batch, "samples per step (B)", Range<std::int64_t>{1, 1 << 30}, kCritical),
     number<C>("micro-shards", &C::micro_shards, "micro-shards per step (M: a power of two, B divisible by M, world size <= M)", Range<int>{1, 1 << 20}, kCritical),
     number<C>("seed", &C::seed, "seed of data order, initialisation, dropout and synthetic data", {}, kCritical),
-    custom<C>("model", "mlp | cnn | gpt | torchscript:PATH", set_model, [](const C& c) { return c.model.text(); }, kCritical),
-    custom<C>("data", "synthetic | hdf5:PATH (datasets x and y) | tokens:PATH (a flat file of uint16/uint32 token ids; docs/data.md)", set_data, [](const C& c) { return c.data.text(); }, kCritical),
+    custom<C>("model", "mlp | cnn | gpt | torchscript:PATH | python:SCRIPT:FUNCTION (a PyTorch module built by FUNCTION of SCRIPT; set by the Python package, docs/python.md)", set_model, [](const C& c) { return c.model.text(); }, kCritical),
+    custom<C>("data", "synthetic | hdf5:PATH (datasets x and y) | tokens:PATH (a flat file of uint16/uint32 token ids; docs/data.md) | python (the data set of the model's script; docs/python.md)", set_data, [](const C& c) { return c.data.text(); }, kCritical),
     choice<C>("token-dtype", &C::token_dtype, "tokens data: auto | uint16 | uint32: the token ids' type (auto: PATH.json's \"dtype\")", kCritical),
     choice<C>("shuffle", &C::shuffle, "randperm | feistel: the epoch's sample order: torch.randperm (8 bytes per sample) or a keyed Feistel bijection (O(1) memory; docs/determinism.md)", kCritical),
     flag<C>("shard-optimizer", &C::shard_optimizer, "each rank keeps the optimizer state of, and updates, one slice of the flat parameters, then the ranks gather the parameters (ZeRO-1); the same bits as without"),

@@ -41,6 +41,7 @@ std::string json_float(float v) {
 at::Tensor Trainer::loss_of(const at::Tensor& out, const at::Tensor& y) const {
   // (sum of per-sample losses) / B; a sample's loss is the mean over its target elements.
   const double denom = static_cast<double>(cfg_.global_batch * std::max<std::int64_t>(1, data_.y_numel()));
+  if (at::Tensor own = model_.summed_loss(out, y); own.defined()) return own / denom;  // a Python model's loss
   if (data_.classification()) {
     const auto C = out.size(-1);
     return torch::nn::functional::cross_entropy(

@@ -65,24 +65,33 @@ constexpr NameTable<DecayParams> enum_names(DecayParams) {
   return {kDecayParamsNames, std::size(kDecayParamsNames), "parameter set"};
 }
 
-// --model mlp | cnn | gpt | torchscript:PATH
-enum class ModelKind { kMlp, kCnn, kGpt, kTorchScript };
-inline constexpr NameRow<ModelKind> kModelNames[] = {
-    {ModelKind::kMlp, "mlp"}, {ModelKind::kCnn, "cnn"}, {ModelKind::kGpt, "gpt"}, {ModelKind::kTorchScript, "torchscript"}};
+// --model mlp | cnn | gpt | torchscript:PATH | python:SCRIPT:FUNCTION. python: a user's PyTorch
+// module, built by FUNCTION of SCRIPT (the Python package, docs/python.md); set by the package.
+enum class ModelKind { kMlp, kCnn, kGpt, kTorchScript, kPython };
+inline constexpr NameRow<ModelKind> kModelNames[] = {{ModelKind::kMlp, "mlp"},
+                                                     {ModelKind::kCnn, "cnn"},
+                                                     {ModelKind::kGpt, "gpt"},
+                                                     {ModelKind::kTorchScript, "torchscript"},
+                                                     {ModelKind::kPython, "python"}};
 constexpr NameTable<ModelKind> enum_names(ModelKind) { return {kModelNames, std::size(kModelNames), "model"}; }
 struct ModelSpec {
   ModelKind kind = ModelKind::kMlp;
-  std::string path;  // torchscript
-  std::string text() const { return kind == ModelKind::kTorchScript ? "torchscript:" + path : name_of(kind); }
+  std::string path;  // torchscript: the file; python: SCRIPT:FUNCTION
+  bool has_path() const { return kind == ModelKind::kTorchScript || kind == ModelKind::kPython; }
+  std::string text() const { return has_path() ? std::string(name_of(kind)) + ":" + path : name_of(kind); }
 };
 
-// --data synthetic | hdf5:PATH | tokens:PATH (docs/data.md)
-enum class DataKind { kSynthetic, kHdf5, kTokens };
+// --data synthetic | hdf5:PATH | tokens:PATH | python (docs/data.md). python: the data set the
+// model's script gives (docs/python.md).
+enum class DataKind { kSynthetic, kHdf5, kTokens, kPython };
 struct DataSpec {
   DataKind kind = DataKind::kSynthetic;
   std::string path;  // hdf5, tokens
   std::string text() const {
-    return kind == DataKind::kHdf5 ? "hdf5:" + path : kind == DataKind::kTokens ? "tokens:" + path : "synthetic";
+    return kind == DataKind::kHdf5     ? "hdf5:" + path
+           : kind == DataKind::kTokens ? "tokens:" + path
+           : kind == DataKind::kPython ? "python"
+                                       : "synthetic";
   }
 };
 

@@ -1,0 +1,20 @@
+"""culprit: deterministic, world-size-invariant data-parallel training of your own PyTorch model,
+with culprit's fingerprints, trace, checkpoints, detectors, replay and bisection (docs/python.md).
+
+    import culprit
+
+    def build():                      # module-level: replays re-enter the script and call it again
+        return culprit.Setup(model=Net(), loss=summed_loss, data=MyDataset(),
+                             optimizer=lambda params: torch.optim.SGD(params, lr=0.1, momentum=0.9))
+
+    if __name__ == "__main__":
+        raise SystemExit(culprit.main(build))
+
+    $ mpirun -np 4 /usr/bin/python3 train.py --run-dir RUN --steps 100 --global-batch 64 --micro-shards 8
+    $ culprit bisect --run-dir RUN    # or: mpirun -np 2 /usr/bin/python3 -m culprit bisect --run-dir RUN
+"""
+import torch  # first: the extension's tensors need torch's Python bindings loaded
+
+from ._setup import IndexedBatches, Setup, main  # noqa: E402
+
+__all__ = ["IndexedBatches", "Setup", "main"]

@@ -1,0 +1,113 @@
+#include "py_model.h"
+
+#include <ATen/Functions.h>
+#include <torch/csrc/autograd/python_variable.h>
+
+#include "py_call.h"
+
+namespace culprit::python {
+
+PyModel::PyModel(py::object module, py::object loss, std::vector<std::string> layers,
+                 std::vector<std::string> embeddings)
+    : module_(std::move(module)), loss_(std::move(loss)), layers_(std::move(layers)), embeddings_(std::move(embeddings)) {
+  hook_layers();
+}
+
+PyModel::~PyModel() {
+  py::gil_scoped_acquire gil;
+  for (auto& h : handles_) h.attr("remove")();
+  handles_.clear();
+  module_ = loss_ = py::object();
+}
+
+void PyModel::hook_layers() {
+  py::dict modules;
+  for (auto item : module_.attr("named_modules")()) {
+    auto t = item.cast<py::tuple>();
+    modules[t[0]] = t[1];
+  }
+  for (const std::string& name : layers_) {
+    // Returning None keeps the output; a tensor replaces it (an injected fault).
+    auto hook = py::cpp_function([this, name](py::object, py::object, py::object output) -> py::object {
+      if (!observer_ || !THPVariable_Check(output.ptr())) return py::none();
+      const at::Tensor t = output.cast<at::Tensor>();
+      at::Tensor r = tap(name, t);
+      if (r.is_same(t)) return py::none();
+      return py::cast(r);
+    });
+    handles_.push_back(modules[py::str(name)].attr("register_forward_hook")(hook));
+  }
+}
+
+at::Tensor PyModel::forward(const at::Tensor& x) {
+  return call_python("the model's forward", [&] {
+    py::object out = module_(x);
+    if (!THPVariable_Check(out.ptr()))
+      throw PythonError("the model's forward returned " + py::str(py::type::of(out)).cast<std::string>() +
+                        ", not one tensor");
+    return out.cast<at::Tensor>();
+  });
+}
+
+at::Tensor PyModel::summed_loss(const at::Tensor& out, const at::Tensor& y) {
+  return call_python("the loss function", [&] {
+    py::object l = loss_(out, y);
+    if (!THPVariable_Check(l.ptr()) || l.cast<at::Tensor>().dim() != 0)
+      throw PythonError("the loss function must return a 0-dim tensor (the summed loss of the samples), not " +
+                        py::str(py::type::of(l)).cast<std::string>() +
+                        (THPVariable_Check(l.ptr()) ? " of shape " + py::str(l.attr("shape")).cast<std::string>() : ""));
+    return l.cast<at::Tensor>();
+  });
+}
+
+namespace {
+std::vector<harness::NamedTensor> named(const py::object& module, const char* which) {
+  return call_python(std::string("the model's ") + which, [&] {
+    std::vector<harness::NamedTensor> out;
+    for (auto item : module.attr(which)()) {
+      auto t = item.cast<py::tuple>();
+      out.push_back({t[0].cast<std::string>(), t[1].cast<at::Tensor>()});
+    }
+    return out;
+  });
+}
+}  // namespace
+
+std::vector<harness::NamedTensor> PyModel::parameters() { return named(module_, "named_parameters"); }
+std::vector<harness::NamedTensor> PyModel::buffers() { return named(module_, "named_buffers"); }
+
+void PyModel::set_training(bool on) {
+  call_python("the model's train()", [&] { module_.attr("train")(on); });
+}
+
+namespace {
+// Sample 0 of the data as a batch of one: the forward pass that finds the layers' call order.
+Status first_sample(const harness::Dataset& d, at::Tensor* x) {
+  std::vector<unsigned char> xb(d.x_bytes()), yb(d.y_bytes());
+  const std::int64_t i = 0;
+  CULPRIT_RETURN_IF_ERROR(d.reader->read(&i, 1, xb.data(), yb.data()));
+  std::vector<std::int64_t> shape{1};
+  shape.insert(shape.end(), d.x_shape.begin(), d.x_shape.end());
+  const auto dtype = d.x_dtype == DType::kInt64 ? at::kLong : at::kFloat;
+  *x = at::from_blob(xb.data(), shape, at::TensorOptions().dtype(dtype)).clone();
+  return Status::OK();
+}
+}  // namespace
+
+Status make_python_model(py::object setup, const harness::Dataset& d, std::unique_ptr<harness::Model>* out) {
+  at::Tensor x;
+  CULPRIT_RETURN_IF_ERROR(first_sample(d, &x));
+  try {
+    call_python("the model", [&] {
+      auto facts = setup_module().attr("_model_facts")(setup, x).cast<py::tuple>();
+      *out = std::make_unique<PyModel>(setup.attr("model"), setup.attr("loss"),
+                                       facts[0].cast<std::vector<std::string>>(),
+                                       facts[1].cast<std::vector<std::string>>());
+    });
+  } catch (const std::exception& e) {
+    return Status::BadInput(e.what());
+  }
+  return Status::OK();
+}
+
+}  // namespace culprit::python

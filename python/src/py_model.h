@@ -1,0 +1,43 @@
+// A user's torch.nn.Module as culprit's Model (--model python:SCRIPT:FUNCTION). Its layers are its
+// leaf modules, named as named_modules() names them, in the order a forward pass calls them; a
+// forward hook on each hands its output to culprit's layer observer (fingerprints, fault
+// injection), and the user's loss function gives the summed loss. Every call takes the GIL.
+#pragma once
+#include <torch/csrc/utils/pybind.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "data.h"
+#include "model.h"
+
+namespace culprit::python {
+
+namespace py = pybind11;
+
+class PyModel : public harness::Model {
+ public:
+  // module: a torch.nn.Module; loss: loss(output, target) -> the summed loss of the samples.
+  // layers, embeddings: culprit._setup._model_facts's (leaf modules in call order; embedding weights).
+  PyModel(py::object module, py::object loss, std::vector<std::string> layers, std::vector<std::string> embeddings);
+  ~PyModel() override;
+  at::Tensor forward(const at::Tensor& x) override;
+  std::vector<harness::NamedTensor> parameters() override;
+  std::vector<harness::NamedTensor> buffers() override;
+  void set_training(bool on) override;
+  std::vector<std::string> layers() const override { return layers_; }
+  std::vector<std::string> embeddings() const override { return embeddings_; }
+  at::Tensor summed_loss(const at::Tensor& out, const at::Tensor& y) override;
+
+ private:
+  void hook_layers();  // a forward hook on each layer
+  py::object module_, loss_;
+  std::vector<std::string> layers_, embeddings_;
+  std::vector<py::object> handles_;  // the hooks' RemovableHandles
+};
+
+// Builds the model of a Setup (a culprit._setup.Setup) for data `d`.
+Status make_python_model(py::object setup, const harness::Dataset& d, std::unique_ptr<harness::Model>* out);
+
+}  // namespace culprit::python

@@ -1,0 +1,98 @@
+#include "py_source.h"
+
+#include <torch/torch.h>
+
+#include <memory>
+
+#include "external.h"
+#include "py_call.h"
+#include "py_data.h"
+#include "py_model.h"
+#include "tensors.h"
+
+namespace culprit::python {
+
+namespace {
+
+// A Python object dropped with the GIL held, whichever way the scope ends.
+struct Held {
+  py::object o;
+  ~Held() {
+    py::gil_scoped_acquire gil;
+    o = py::object();
+  }
+};
+
+struct Registered {
+  py::object build;
+  bool have_fp = false;
+  Fingerprint initial_fp = 0;  // the first Setup's initial parameters
+};
+
+// A fresh Setup from the setup function, seeded as culprit seeds its own models.
+py::object build_setup(const Registered& r, const harness::TrainConfig& cfg) {
+  torch::manual_seed(cfg.seed);
+  return setup_module().attr("_checked_setup")(r.build());
+}
+
+Fingerprint initial_fingerprint(const py::object& setup) {
+  std::vector<harness::NamedTensor> params;
+  for (auto item : setup.attr("model").attr("named_parameters")()) {
+    auto t = item.cast<py::tuple>();
+    params.push_back({t[0].cast<std::string>(), t[1].cast<at::Tensor>().detach()});
+  }
+  return harness::set_fingerprint(params);
+}
+
+// The same seed, the same initial parameters: otherwise the script draws random numbers culprit
+// does not seed, and ranks (and replays) would start from different models.
+void check_same_start(Registered* r, const py::object& setup, const harness::TrainConfig& cfg) {
+  const Fingerprint fp = initial_fingerprint(setup);
+  if (!r->have_fp) {
+    r->have_fp = true;
+    r->initial_fp = fp;
+  } else if (fp != r->initial_fp) {
+    throw PythonError("model " + cfg.model.text() +
+                      ": two calls of the setup function under the same seed gave different initial parameters "
+                      "(random numbers culprit does not seed: numpy, random, a generator of its own, the clock; "
+                      "docs/python.md)");
+  }
+}
+
+}  // namespace
+
+void register_setup(py::object build) {
+  auto r = std::make_shared<Registered>();
+  r->build = std::move(build);
+  harness::ExternalSource s;
+  s.open_data = [r](const harness::TrainConfig& cfg, harness::Dataset* out) {
+    Held setup, data;
+    try {
+      call_python("the setup function", [&] {
+        setup.o = build_setup(*r, cfg);
+        check_same_start(r.get(), setup.o, cfg);
+        data.o = setup.o.attr("data");
+      });
+    } catch (const std::exception& e) {
+      return Status::BadInput(e.what());
+    }
+    return open_python_data(data.o, out);
+  };
+  s.make_model = [r](const harness::TrainConfig& cfg, const harness::Dataset& d, std::unique_ptr<harness::Model>* out) {
+    Held setup;
+    try {
+      call_python("the setup function", [&] {
+        setup.o = build_setup(*r, cfg);
+        check_same_start(r.get(), setup.o, cfg);
+      });
+    } catch (const std::exception& e) {
+      return Status::BadInput(e.what());
+    }
+    return make_python_model(setup.o, d, out);
+  };
+  harness::set_external_source(std::move(s));
+}
+
+void unregister_setup() { harness::clear_external_source(); }
+
+}  // namespace culprit::python

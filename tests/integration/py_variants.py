@@ -1,0 +1,61 @@
+#!/usr/bin/python3
+"""Scripts that break docs/python.md's contract, one per CULPRIT_VARIANT, for test_python.py's
+refusals: each must end with one clear line and exit 2 on every rank."""
+import os
+import random
+import sys
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+sys.path.insert(0, os.environ["CULPRIT_PYTHON_DIR"])
+import culprit  # noqa: E402
+
+VARIANT = os.environ.get("CULPRIT_VARIANT", "ok")
+
+
+class Data:
+    def __init__(self, noisy=False):
+        g = torch.Generator().manual_seed(3)
+        self.x, self.noisy = torch.randn(64, 8, generator=g), noisy
+        self.y = (self.x[:, 0] > 0).long()
+
+    def __len__(self):
+        return len(self.x)
+
+    def __getitem__(self, i):
+        # noisy: a random augmentation drawn from the global generator (not a function of i)
+        return (self.x[i] + torch.rand(8) if self.noisy else self.x[i]), self.y[i]
+
+
+def model():
+    if VARIANT == "batchnorm":
+        return nn.Sequential(nn.Linear(8, 16), nn.BatchNorm1d(16), nn.Linear(16, 2))
+    net = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 2))
+    if VARIANT == "hidden_rng":  # initialised from Python's own random module, which culprit does not seed
+        with torch.no_grad():
+            net[0].weight.mul_(random.random())
+    return net
+
+
+def summed(o, y):
+    return F.cross_entropy(o, y, reduction="sum")
+
+
+def per_sample(o, y):  # a loss per sample, not their sum
+    return F.cross_entropy(o, y, reduction="none")
+
+
+def raising(o, y):
+    raise RuntimeError("the user's loss is broken")
+
+
+def build():
+    opt = {"adam": lambda p: torch.optim.Adam(p, lr=0.01)}.get(VARIANT, lambda p: torch.optim.SGD(p, lr=0.1))
+    loss = {"vector_loss": per_sample, "raises": raising}.get(VARIANT, summed)
+    return culprit.Setup(model=model(), loss=loss, data=Data(noisy=VARIANT == "noisy_data"), optimizer=opt)
+
+
+if __name__ == "__main__":
+    sys.exit(culprit.main(build))

@@ -1,0 +1,126 @@
+"""The Python package (docs/python.md) under the real mpirun: a plain PyTorch model with dropout and
+LayerNorm (examples/train_mlp.py) trains to the same bits at W = 1, 2, 4 and to the same bits as
+`culprit train` on its TorchScript export; a fault injected at one of its layers is named by
+`culprit bisect` (which re-enters the script), a clean run gets "none"; audit and replay work on
+its runs; scripts that break the contract are refused with one line and exit 2 on every rank."""
+import json
+import os
+import subprocess
+import sys
+import unittest
+
+sys.path.insert(0, os.path.dirname(__file__))
+from culprit_testlib import MPIRUN, TIMEOUT, TempDirTest, run  # noqa: E402
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.normpath(os.path.join(HERE, "..", ".."))
+EXAMPLE = os.path.join(ROOT, "examples", "train_mlp.py")
+VARIANTS = os.path.join(HERE, "py_variants.py")
+PKG = os.environ.get("CULPRIT_PYTHON_DIR", os.path.join(ROOT, "build", "python"))
+PY = "/usr/bin/python3"
+SIZE = ["--global-batch", "32", "--micro-shards", "4", "--steps", "6", "--checkpoint-every", "2", "--keep-last", "10",
+        "--quiet"]
+
+
+def py_env(**extra):
+    env = dict(os.environ, PYTHONPATH=PKG, CULPRIT_PYTHON_DIR=PKG)
+    env.update(extra)
+    return env
+
+
+def run_script(script, args, world, env=None, cwd=None):
+    """mpirun -np W python3 SCRIPT ARGS; every rank's exit code (a wrapper writes them)."""
+    wrapper = os.path.join(cwd, "rank.sh")
+    with open(wrapper, "w") as f:
+        f.write('#!/bin/sh\n"$@"\necho $? > "%s/rc.$OMPI_COMM_WORLD_RANK"\n' % cwd)
+    os.chmod(wrapper, 0o755)
+    for r in range(world):
+        if os.path.exists(os.path.join(cwd, "rc.%d" % r)):
+            os.remove(os.path.join(cwd, "rc.%d" % r))
+    proc = subprocess.run(MPIRUN + ["-np", str(world), wrapper, PY, script] + args, capture_output=True, text=True,
+                          timeout=TIMEOUT, env=env or py_env(), cwd=cwd)
+    codes = []
+    for r in range(world):
+        with open(os.path.join(cwd, "rc.%d" % r)) as f:
+            codes.append(int(f.read()))
+    return codes, proc.stdout, proc.stderr
+
+
+def metrics(run_dir):
+    with open(os.path.join(run_dir, "metrics.jsonl")) as f:
+        return [{k: m[k] for k in ("step", "loss", "grad_norm", "fingerprint")} for m in map(json.loads, f)]
+
+
+class Python(TempDirTest):
+    def train(self, name, world, extra=(), script=EXAMPLE, env=None):
+        run_dir = self.path(name)
+        codes, out, err = run_script(script, ["--run-dir", run_dir] + SIZE + list(extra), world, env, self.tmp)
+        self.assertEqual(codes, [0] * world, out + err)
+        return run_dir
+
+    def test_same_bits_at_any_world_size_and_as_torchscript(self):
+        runs = {w: metrics(self.train("w%d" % w, w, ["--trace", "layer"])) for w in (1, 2, 4)}
+        self.assertEqual(len(runs[1]), 6)
+        self.assertEqual(runs[1], runs[2])
+        self.assertEqual(runs[1], runs[4])
+        with open(os.path.join(self.path("w2"), "run.json")) as f:
+            self.assertIn("model = python:%s:build" % EXAMPLE, json.load(f)["config"])
+        # The same model exported as TorchScript, its data as HDF5: `culprit train` gives the same bits.
+        subprocess.run([PY, EXAMPLE, "export", self.path("export")], check=True, env=py_env(), timeout=TIMEOUT)
+        with open(self.path("export", "args")) as f:
+            opt = f.read().split()
+        ts = run(["train", "--model", "torchscript:" + self.path("export", "model.pt"),
+                  "--data", "hdf5:" + self.path("export", "data.h5")] + opt + SIZE, world=2, run_dir=self.path("ts"))
+        self.assertEqual(ts.code, 0, ts.err)
+        self.assertEqual(metrics(self.path("ts")), runs[1])
+        # Negative control: another seed gives other bits (the comparison can fail).
+        other = metrics(self.train("seed", 2, ["--seed", "99"]))
+        self.assertNotEqual(other[-1]["fingerprint"], runs[1][-1]["fingerprint"])
+        # The checkpoints are culprit's own: verify reads them clean.
+        res = run(["verify", self.path("w2")])
+        self.assertEqual(res.code, 0, res.out + res.err)
+
+    def test_fault_at_a_layer_is_localised_and_clean_run_is_none(self):
+        spec = "step=3,rank=1,layer=body.4,index=5,phase=forward,kind=bitflip,bit=22"
+        bad = self.train("bad", 2, ["--trace", "layer", "--on-detect", "warn", "--inject", spec])
+        res = run(["bisect", "--run-dir", bad], world=2, use_mpirun=True, env=py_env())
+        self.assertEqual(res.code, 20, res.out + res.err)  # hardware-transient
+        with open(os.path.join(bad, "diagnosis.json")) as f:
+            got = json.load(f)
+        self.assertEqual((got["verdict"], got["step"], got["phase"], got["layer"], got["rank"]),
+                         ("hardware-transient", 3, "forward", "body.4", 1), got)
+        clean = self.train("clean", 2, ["--trace", "layer"])
+        res = run(["bisect", "--run-dir", clean], world=2, use_mpirun=True, env=py_env())
+        self.assertEqual(res.code, 0, res.out + res.err)
+        self.assertIn("verdict: none", res.out)
+        # audit replays every checkpoint interval of the clean run through the script, too.
+        res = run(["audit", "--run-dir", clean], world=2, use_mpirun=True, env=py_env())
+        self.assertEqual(res.code, 0, res.out + res.err)
+        # replay of one step, as `python3 -m culprit`.
+        proc = subprocess.run(MPIRUN + ["-np", "2", PY, "-m", "culprit", "replay", "--run-dir", clean, "--step", "4"],
+                              capture_output=True, text=True, timeout=TIMEOUT, env=py_env())
+        self.assertEqual(proc.returncode, 0, proc.stdout + proc.stderr)
+
+    def test_contract_breaches_are_refused_on_every_rank(self):
+        cases = [("noisy_data", "read twice gave different inputs"),
+                 ("batchnorm", "updates state in its forward pass ('1.running_mean'"),
+                 ("hidden_rng", "gave different initial parameters"),
+                 ("adam", "torch.optim.SGD or torch.optim.AdamW, not Adam"),
+                 ("vector_loss", "must return a 0-dim tensor"),
+                 ("raises", "RuntimeError: the user's loss is broken")]
+        for variant, message in cases:
+            with self.subTest(variant=variant):
+                codes, out, err = run_script(VARIANTS, ["--run-dir", self.path(variant), "--steps", "2",
+                                                        "--global-batch", "8", "--micro-shards", "2"], 2,
+                                             py_env(CULPRIT_VARIANT=variant), self.tmp)
+                self.assertEqual(codes, [2, 2], out + err)
+                lines = [l for l in err.splitlines() if l.startswith("culprit: error:")]
+                self.assertTrue(lines and message in lines[0], err)
+                self.assertNotIn("Traceback", err)
+        codes, out, err = run_script(VARIANTS, ["--run-dir", self.path("lr"), "--lr", "0.3"], 2, py_env(), self.tmp)
+        self.assertEqual(codes, [2, 2], err)
+        self.assertIn("option '--lr' comes from the script's Setup", err)
+
+
+if __name__ == "__main__":
+    unittest.main()
