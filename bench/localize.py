@@ -5,7 +5,8 @@ diagnosed by `culprit bisect`, scored against the injected truth.
     /usr/bin/python3 bench/localize.py --trials 300 --seed 1 [--out results.jsonl]
 
 Every trial draws a model (mlp, cnn, gpt, or a residual MLP of this script's own as a TorchScript
-file on HDF5 data), a training world size 1-4 and a bisecting one 2-4, a phase, kind, mode, rank,
+file on HDF5 data; with --models py, examples/train_mlp.py's plain PyTorch model trained through the
+Python package), a training world size 1-4 and a bisecting one 2-4, a phase, kind, mode, rank,
 layer, step, index and bit, and trains with culprit's default options (checkpoints every 10 steps,
 the newest 3 and the run's start kept, --on-detect halt, --trace layer) for 16 steps, then the same
 run without the fault (the twin). The truth is the injected rank, phase and layer, at the first step
@@ -59,7 +60,13 @@ MODELS = {
              "--lr", "0.003"], ["tok_emb", "blocks.0.attn.qkv", "blocks.0.attn.proj", "blocks.0.mlp.fc", "blocks.1.mlp.proj",
                                 "head"]),
     "ts": (None, ["fc_in", "block1", "block2", "head"]),  # filled in by make_torchscript
+    # examples/train_mlp.py through the Python package (docs/python.md): a plain PyTorch model with
+    # dropout and LayerNorm, trained by `mpirun python3 SCRIPT`, bisected by `culprit bisect`, which
+    # re-enters the script. Its layers with parameters (a fault of any phase lands on them).
+    "py": (["--global-batch", "32", "--micro-shards", "4"], ["body.0", "body.3", "body.4", "head"]),
 }
+PY_EXAMPLE = os.path.join(HERE, "..", "examples", "train_mlp.py")
+PY_ENV = dict(os.environ, PYTHONPATH=os.environ.get("CULPRIT_PYTHON_DIR", os.path.join(HERE, "..", "build", "python")))
 # The training recipes (--models bf16,...): bf16 autocast (faults in bfloat16 activations and their
 # gradients) and clipped updates, drawn like the others.
 GPT_LAYERS = MODELS["gpt"][1]
@@ -141,12 +148,13 @@ def draw(rng, i, models=DEFAULT_MODELS):
 
 def run(cmd, timeout=600):
     t0 = time.time()
-    p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=PY_ENV)
     return p.returncode, p.stdout + p.stderr, time.time() - t0
 
 
 def train(run_dir, t, inject):
-    args = [CULPRIT, "train", "--run-dir", run_dir, "--steps", str(STEPS), "--quiet"] + MODELS[t["model"]][0]
+    trainer = ["/usr/bin/python3", PY_EXAMPLE] if t["model"] == "py" else [CULPRIT, "train"]
+    args = trainer + ["--run-dir", run_dir, "--steps", str(STEPS), "--quiet"] + MODELS[t["model"]][0]
     if inject:
         args += ["--inject", inject]
     return run(MPIRUN + ["-np", str(t["w_train"])] + args)
@@ -315,7 +323,7 @@ def main():
     ap.add_argument("--min-correct", type=float, default=0, help="exit 1 below this fraction exact or ambiguous")
     ap.add_argument("--rescore", default="", help="score the trials of an earlier --out file again and summarise")
     ap.add_argument("--models", default=",".join(DEFAULT_MODELS),
-                    help="models to draw from: %s (recipes: %s)" % (", ".join(DEFAULT_MODELS), ", ".join(RECIPES)))
+                    help="models to draw from: %s, py (recipes: %s)" % (", ".join(DEFAULT_MODELS), ", ".join(RECIPES)))
     ap.add_argument("--again", default="", help="run the trials listed in FILE, one per line as this script prints "
                     "them (e.g. the non-exact ones of docs/bisect.md), instead of drawing")
     a = ap.parse_args()

@@ -36,8 +36,11 @@ int hand_python_runs_to_the_package(const std::vector<std::string>& args) {
       cfg.model.kind != culprit::harness::ModelKind::kPython)
     return -1;
 #ifdef CULPRIT_PYTHON_DIR
+  // The package built with this executable, unless CULPRIT_PYTHON_DIR names another copy.
+  const char* pkg = std::getenv("CULPRIT_PYTHON_DIR");
   const char* old = std::getenv("PYTHONPATH");
-  const std::string path = std::string(CULPRIT_PYTHON_DIR) + (old && *old ? std::string(":") + old : "");
+  const std::string path =
+      std::string(pkg && *pkg ? pkg : CULPRIT_PYTHON_DIR) + (old && *old ? std::string(":") + old : "");
   setenv("PYTHONPATH", path.c_str(), 1);
   std::vector<std::string> argv_s = {CULPRIT_PYTHON, "-m", "culprit"};
   argv_s.insert(argv_s.end(), args.begin(), args.end());

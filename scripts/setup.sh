@@ -15,6 +15,7 @@ PACKAGES=(
   googletest libgtest-dev
   clang libclang-rt-14-dev           # libFuzzer target (tests/fuzz)
   python3-torch python3-h5py python3-xxhash python3-numpy  # reference and interop tests
+  pybind11-dev python3-dev           # the Python package (python/, docs/python.md)
   chromium                           # headless: loads diagnosis.html in a real browser (test_bisect)
   slurm-wlm munge                    # a real single-node Slurm for jobs/ (scripts/slurm.sh, test_slurm)
 )

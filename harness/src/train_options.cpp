@@ -152,6 +152,7 @@ opts::Table<C> make_table() {
     number<C>("micro-shards", &C::micro_shards, "micro-shards per step (M: a power of two, B divisible by M, world size <= M)", Range<int>{1, 1 << 20}, kCritical),
     number<C>("seed", &C::seed, "seed of data order, initialisation, dropout and synthetic data", {}, kCritical),
     custom<C>("model", "mlp | cnn | gpt | torchscript:PATH | python:SCRIPT:FUNCTION (a PyTorch module built by FUNCTION of SCRIPT; set by the Python package, docs/python.md)", set_model, [](const C& c) { return c.model.text(); }, kCritical),
+    text<C>("script-fingerprint", &C::script_fingerprint, "--model python: the fingerprint of SCRIPT as trained (set by the Python package; replays of an edited script are refused)", kCritical),
     custom<C>("data", "synthetic | hdf5:PATH (datasets x and y) | tokens:PATH (a flat file of uint16/uint32 token ids; docs/data.md) | python (the data set of the model's script; docs/python.md)", set_data, [](const C& c) { return c.data.text(); }, kCritical),
     choice<C>("token-dtype", &C::token_dtype, "tokens data: auto | uint16 | uint32: the token ids' type (auto: PATH.json's \"dtype\")", kCritical),
     choice<C>("shuffle", &C::shuffle, "randperm | feistel: the epoch's sample order: torch.randperm (8 bytes per sample) or a keyed Feistel bijection (O(1) memory; docs/determinism.md)", kCritical),
@@ -218,6 +219,9 @@ Status validate_model_options(const C& c) {
   const GptOptions d;
   if (c.model.kind != ModelKind::kMlp && c.hidden != TrainConfig().hidden)
     return Status::BadInput("option '--hidden' applies to --model mlp, not " + c.model.text());
+  if (!c.script_fingerprint.empty() && c.model.kind != ModelKind::kPython)
+    return Status::BadInput("option '--script-fingerprint' applies to --model python:SCRIPT:FUNCTION, not " +
+                            c.model.text());
   const bool tokens = c.data.kind == DataKind::kTokens;  // --seq-len and --vocab shape the data for any model
   if (tokens && c.classes != 0)
     return Status::BadInput("option '--classes' does not apply to tokens data: its width is the vocabulary, --vocab " +

@@ -112,6 +112,7 @@ class Trainer {
   Status select_device();
   void build_flat_params();
   Status check_model(StepMode mode);  // the model accepts the data; its forward pass changes no state
+  Status check_forward_changes_no_state();  // no buffer or parameter changed by a forward pass
   Status check_training_pass();  // one forward (under the run's precision), loss and backward
   Status narrow_output(const std::vector<std::int64_t>& got) const;  // check_model's error: labels past the output
   StateProbe probe();

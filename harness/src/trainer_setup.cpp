@@ -232,12 +232,22 @@ Status Trainer::check_model(StepMode mode) {
     CULPRIT_RETURN_IF_ERROR(check_training_pass());
     if (layers_) CULPRIT_RETURN_IF_ERROR(faults_.check_dtypes(layers_->output_dtypes()));
   }
-  // State that a training-mode forward pass changes (batch-norm running statistics) would depend on
-  // which micro-shards each rank computed: outside the determinism contract. Refuse it plainly.
-  if (data_.n < 2 || model_.buffers().empty()) return Status::OK();
-  std::vector<Fingerprint> before;
-  for (const auto& b : model_.buffers()) before.push_back(tensor_fingerprint(b.tensor));
-  std::string changed;
+  return check_forward_changes_no_state();
+}
+
+// State that a training-mode forward pass changes (batch-norm running statistics) would depend on
+// which micro-shards each rank computed, and a parameter changed outside the update (a user's
+// module scaling its own weights) would escape the update's fingerprints: outside the determinism
+// contract. Refuse both plainly.
+Status Trainer::check_forward_changes_no_state() {
+  if (data_.n < 2) return Status::OK();
+  const auto fingerprints = [](const std::vector<NamedTensor>& ts) {
+    std::vector<Fingerprint> fps;
+    for (const auto& t : ts) fps.push_back(tensor_fingerprint(t.tensor));
+    return fps;
+  };
+  const std::vector<Fingerprint> params = fingerprints(flat_.params), buffers = fingerprints(model_.buffers());
+  std::string changed, param;
   {
     BufferGuard keep(model_);
     CULPRIT_RETURN_IF_ERROR(guarded(StatusCode::kBadInput, "model " + cfg_.model.text(), [&] {
@@ -247,8 +257,14 @@ Status Trainer::check_model(StepMode mode) {
     }));
     const auto bufs = model_.buffers();
     for (std::size_t i = 0; i < bufs.size(); ++i)
-      if (changed.empty() && tensor_fingerprint(bufs[i].tensor) != before[i]) changed = bufs[i].name;
+      if (changed.empty() && tensor_fingerprint(bufs[i].tensor) != buffers[i]) changed = bufs[i].name;
+    for (std::size_t i = 0; i < flat_.params.size(); ++i)
+      if (param.empty() && tensor_fingerprint(flat_.params[i].tensor) != params[i]) param = flat_.params[i].name;
   }
+  if (!param.empty())
+    return Status::BadInput("model " + cfg_.model.text() + " changes its parameter '" + param +
+                            "' in its forward pass: parameters change only in the update (the optimizer step), "
+                            "between culprit's fingerprints");
   if (!changed.empty())
     return Status::BadInput("model " + cfg_.model.text() + " updates state in its forward pass ('" + changed +
                          "', e.g. batch-norm running statistics): it would depend on which micro-shards each "

@@ -12,7 +12,7 @@ from . import _culprit
 
 # culprit's options that the script's Setup decides: given on the command line as well, they would
 # contradict it (the run records the script's).
-_SCRIPT_OPTIONS = ("--model", "--data", "--optimizer", "--lr", "--momentum", "--nesterov", "--weight-decay",
+_SCRIPT_OPTIONS = ("--model", "--data", "--script-fingerprint", "--optimizer", "--lr", "--momentum", "--nesterov", "--weight-decay",
                    "--betas", "--eps", "--weight-decay-params")
 _DTYPES = {torch.float32: "float32", torch.int64: "int64"}
 
@@ -208,7 +208,9 @@ def main(build, argv=None):
             if given:
                 raise SetupError(f"option '{given[0]}' comes from the script's Setup (docs/python.md)")
             torch.manual_seed(0)
-            args += ["--model", "python:" + _script_of(build), "--data", "python"]
+            script = _script_of(build)
+            args += ["--model", "python:" + script, "--data", "python",
+                     "--script-fingerprint", _culprit.script_fingerprint(script.rsplit(":", 1)[0])]
             args += _optimizer_args(_checked_setup(build()))
     except SetupError as e:
         return _error(str(e))

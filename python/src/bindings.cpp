@@ -54,6 +54,13 @@ std::string run_model(const std::string& run_dir) {
   return cfg.model.text();
 }
 
+std::string script_fingerprint(const std::string& path) {
+  std::string hex;
+  const culprit::Status st = culprit::python::script_fingerprint(path, &hex);
+  if (!st.ok()) throw py::value_error(st.message());
+  return hex;
+}
+
 }  // namespace
 
 PYBIND11_MODULE(_culprit, m) {
@@ -62,5 +69,6 @@ PYBIND11_MODULE(_culprit, m) {
   m.def("main", &main_entry, py::arg("argv"), py::arg("build"),
         "Runs `culprit ARGV...` with `build` (or None) as the setup function of --model python runs; the exit code.");
   m.def("command_names", &culprit::cli::command_names, "culprit's commands");
+  m.def("script_fingerprint", &script_fingerprint, py::arg("path"), "a script's fingerprint (--script-fingerprint)");
   m.def("run_model", &run_model, py::arg("run_dir"), "the --model a run recorded (RUN/run.json)");
 }

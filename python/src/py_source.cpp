@@ -2,8 +2,11 @@
 
 #include <torch/torch.h>
 
+#include <fstream>
 #include <memory>
+#include <sstream>
 
+#include "culprit/fingerprint.h"
 #include "external.h"
 #include "py_call.h"
 #include "py_data.h"
@@ -29,8 +32,22 @@ struct Registered {
   Fingerprint initial_fp = 0;  // the first Setup's initial parameters
 };
 
+// The script the run was trained with, unedited: a replay of other code would not reproduce it.
+void check_script(const harness::TrainConfig& cfg) {
+  if (cfg.script_fingerprint.empty()) return;
+  const std::string script = cfg.model.path.substr(0, cfg.model.path.rfind(':'));
+  std::string now;
+  const Status st = script_fingerprint(script, &now);
+  if (!st.ok()) throw PythonError(st.message());
+  if (now != cfg.script_fingerprint)
+    throw PythonError("script '" + script + "' changed since the run was trained (fingerprint " +
+                      cfg.script_fingerprint + ", now " + now +
+                      "): replaying edited code would not reproduce the run's steps; restore the script as trained");
+}
+
 // A fresh Setup from the setup function, seeded as culprit seeds its own models.
 py::object build_setup(const Registered& r, const harness::TrainConfig& cfg) {
+  check_script(cfg);
   torch::manual_seed(cfg.seed);
   return setup_module().attr("_checked_setup")(r.build());
 }
@@ -60,6 +77,16 @@ void check_same_start(Registered* r, const py::object& setup, const harness::Tra
 }
 
 }  // namespace
+
+Status script_fingerprint(const std::string& path, std::string* hex) {
+  std::ifstream in(path, std::ios::binary);
+  std::ostringstream bytes;
+  bytes << in.rdbuf();
+  if (!in) return Status::BadInput("cannot read the run's script '" + path + "'");
+  const std::string b = bytes.str();
+  *hex = fingerprint_hex(fingerprint_bytes(b.data(), b.size()));
+  return Status::OK();
+}
 
 void register_setup(py::object build) {
   auto r = std::make_shared<Registered>();

@@ -5,6 +5,10 @@
 #pragma once
 #include <torch/csrc/utils/pybind.h>
 
+#include <string>
+
+#include "culprit/status.h"
+
 namespace culprit::python {
 
 namespace py = pybind11;
@@ -13,5 +17,8 @@ namespace py = pybind11;
 // the GIL held; unregister_setup() before the interpreter ends.
 void register_setup(py::object build);
 void unregister_setup();
+
+// The fingerprint of a script's bytes, as --script-fingerprint records it.
+Status script_fingerprint(const std::string& path, std::string* hex);
 
 }  // namespace culprit::python

@@ -32,6 +32,8 @@ class Data:
 def model():
     if VARIANT == "batchnorm":
         return nn.Sequential(nn.Linear(8, 16), nn.BatchNorm1d(16), nn.Linear(16, 2))
+    if VARIANT == "inplace_param":
+        return InPlace()
     net = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 2))
     if VARIANT == "hidden_rng":  # initialised from Python's own random module, which culprit does not seed
         with torch.no_grad():
@@ -51,9 +53,30 @@ def raising(o, y):
     raise RuntimeError("the user's loss is broken")
 
 
+CALLS = [0]
+
+
+def raising_later_on_rank1(o, y):  # an exception in the middle of training, on one rank only
+    CALLS[0] += 1
+    if os.environ.get("OMPI_COMM_WORLD_RANK") == "1" and CALLS[0] > 6:
+        raise RuntimeError("rank 1's loss broke mid-run")
+    return summed(o, y)
+
+
+class InPlace(nn.Module):  # changes its own weights in the forward pass, outside the optimizer
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(8, 2)
+
+    def forward(self, x):
+        with torch.no_grad():
+            self.fc.weight.mul_(0.999)
+        return self.fc(x)
+
+
 def build():
     opt = {"adam": lambda p: torch.optim.Adam(p, lr=0.01)}.get(VARIANT, lambda p: torch.optim.SGD(p, lr=0.1))
-    loss = {"vector_loss": per_sample, "raises": raising}.get(VARIANT, summed)
+    loss = {"vector_loss": per_sample, "raises": raising, "raises_later": raising_later_on_rank1}.get(VARIANT, summed)
     return culprit.Setup(model=model(), loss=loss, data=Data(noisy=VARIANT == "noisy_data"), optimizer=opt)
 
 

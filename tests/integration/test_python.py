@@ -5,8 +5,10 @@ LayerNorm (examples/train_mlp.py) trains to the same bits at W = 1, 2, 4 and to 
 its runs; scripts that break the contract are refused with one line and exit 2 on every rank."""
 import json
 import os
+import shutil
 import subprocess
 import sys
+import time
 import unittest
 
 sys.path.insert(0, os.path.dirname(__file__))
@@ -18,8 +20,7 @@ EXAMPLE = os.path.join(ROOT, "examples", "train_mlp.py")
 VARIANTS = os.path.join(HERE, "py_variants.py")
 PKG = os.environ.get("CULPRIT_PYTHON_DIR", os.path.join(ROOT, "build", "python"))
 PY = "/usr/bin/python3"
-SIZE = ["--global-batch", "32", "--micro-shards", "4", "--steps", "6", "--checkpoint-every", "2", "--keep-last", "10",
-        "--quiet"]
+SIZE = ["--global-batch", "32", "--micro-shards", "4", "--checkpoint-every", "2", "--keep-last", "10", "--quiet"]
 
 
 def py_env(**extra):
@@ -52,9 +53,10 @@ def metrics(run_dir):
 
 
 class Python(TempDirTest):
-    def train(self, name, world, extra=(), script=EXAMPLE, env=None):
+    def train(self, name, world, extra=(), script=EXAMPLE, env=None, steps=6):
         run_dir = self.path(name)
-        codes, out, err = run_script(script, ["--run-dir", run_dir] + SIZE + list(extra), world, env, self.tmp)
+        args = ["--run-dir", run_dir, "--steps", str(steps)] + SIZE + list(extra)
+        codes, out, err = run_script(script, args, world, env, self.tmp)
         self.assertEqual(codes, [0] * world, out + err)
         return run_dir
 
@@ -69,7 +71,7 @@ class Python(TempDirTest):
         subprocess.run([PY, EXAMPLE, "export", self.path("export")], check=True, env=py_env(), timeout=TIMEOUT)
         with open(self.path("export", "args")) as f:
             opt = f.read().split()
-        ts = run(["train", "--model", "torchscript:" + self.path("export", "model.pt"),
+        ts = run(["train", "--model", "torchscript:" + self.path("export", "model.pt"), "--steps", "6",
                   "--data", "hdf5:" + self.path("export", "data.h5")] + opt + SIZE, world=2, run_dir=self.path("ts"))
         self.assertEqual(ts.code, 0, ts.err)
         self.assertEqual(metrics(self.path("ts")), runs[1])
@@ -107,7 +109,8 @@ class Python(TempDirTest):
                  ("hidden_rng", "gave different initial parameters"),
                  ("adam", "torch.optim.SGD or torch.optim.AdamW, not Adam"),
                  ("vector_loss", "must return a 0-dim tensor"),
-                 ("raises", "RuntimeError: the user's loss is broken")]
+                 ("raises", "RuntimeError: the user's loss is broken"),
+                 ("inplace_param", "changes its parameter 'fc.weight' in its forward pass")]
         for variant, message in cases:
             with self.subTest(variant=variant):
                 codes, out, err = run_script(VARIANTS, ["--run-dir", self.path(variant), "--steps", "2",
@@ -120,6 +123,38 @@ class Python(TempDirTest):
         codes, out, err = run_script(VARIANTS, ["--run-dir", self.path("lr"), "--lr", "0.3"], 2, py_env(), self.tmp)
         self.assertEqual(codes, [2, 2], err)
         self.assertIn("option '--lr' comes from the script's Setup", err)
+
+    def test_exception_mid_run_on_one_rank_ends_the_job(self):
+        start = time.time()
+        proc = subprocess.run(MPIRUN + ["-np", "2", PY, VARIANTS, "--run-dir", self.path("r"), "--steps", "6",
+                                        "--global-batch", "8", "--micro-shards", "2"], capture_output=True, text=True,
+                              timeout=TIMEOUT, env=py_env(CULPRIT_VARIANT="raises_later"))
+        self.assertNotEqual(proc.returncode, 0)
+        self.assertLess(time.time() - start, 120)  # ended, not left waiting for --collective-timeout (300 s)
+        self.assertIn("culprit: error: rank 1: the loss function raised RuntimeError: rank 1's loss broke mid-run",
+                      proc.stderr)
+        self.assertTrue(os.path.exists(self.path("r", "checkpoints")))  # what was written is kept
+
+    def test_on_detect_diagnose_and_an_edited_script(self):
+        script = self.path("train.py")  # a copy: this test edits it
+        shutil.copy(EXAMPLE, script)
+        spec = "step=4,rank=1,layer=body.0,index=3,phase=grad,kind=nan,mode=persistent"
+        codes, out, err = run_script(script, ["--run-dir", self.path("d"), "--steps", "6"] + SIZE +
+                                     ["--on-detect", "diagnose", "--inject", spec], 2, py_env(), self.tmp)
+        self.assertEqual(codes, [21, 21], out + err)  # hardware-persistent, decided in the training job
+        with open(self.path("d", "diagnosis.json")) as f:
+            got = json.load(f)
+        self.assertEqual((got["step"], got["phase"], got["layer"], got["rank"]), (4, "grad", "body.0", 1), got)
+        # Resumed through the executable (it hands the run to the package), then the script is edited:
+        clean = self.train("c", 2, script=script, steps=4)
+        res = run(["train", "--resume", "--steps", "6", "--run-dir", clean, "--quiet"], world=2, env=py_env())
+        self.assertEqual(res.code, 0, res.out + res.err)
+        self.assertEqual(metrics(clean), metrics(self.train("whole", 2, script=script)))
+        with open(script, "a") as f:
+            f.write("# edited after training\n")
+        res = run(["bisect", "--run-dir", clean], world=2, use_mpirun=True, env=py_env())
+        self.assertEqual(res.code, 2, res.out + res.err)
+        self.assertIn("changed since the run was trained", res.err)
 
 
 if __name__ == "__main__":

@@ -194,6 +194,9 @@ struct TrainConfig {
   int micro_shards = 8;
   std::uint64_t seed = 1234;
   ModelSpec model;
+  // --model python: the fingerprint of SCRIPT's bytes when the run was trained (set by the Python
+  // package): a replay of an edited script is refused.
+  std::string script_fingerprint;
   DataSpec data;
   TokenDType token_dtype = TokenDType::kAuto;
   Shuffle shuffle = Shuffle::kRandperm;
