@@ -2,6 +2,7 @@
 // cli/commands.cpp's; a run made from Python is handed to the Python package first.
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
@@ -30,7 +31,10 @@ std::string run_dir_of(const std::vector<std::string>& args) {
 // the run is not a Python run, or with the exit code of a failed hand-off.
 int hand_python_runs_to_the_package(const std::vector<std::string>& args) {
   if (args.empty()) return -1;
-  const std::string dir = run_dir_of(args);
+  const auto given = [&](const char* o) { return std::find(args.begin(), args.end(), o) != args.end(); };
+  const bool existing_run = args[0] == "replay" || args[0] == "bisect" || args[0] == "audit" ||
+                            (args[0] == "train" && (given("--resume") || given("--resume-from")));
+  const std::string dir = existing_run ? run_dir_of(args) : "";
   culprit::harness::TrainConfig cfg;
   if (dir.empty() || !culprit::harness::load_run_config(dir, &cfg).ok() ||
       cfg.model.kind != culprit::harness::ModelKind::kPython)

@@ -138,6 +138,7 @@ class EngineImpl : public Engine {
     CULPRIT_RETURN_IF_ERROR(agree(comm, guarded(StatusCode::kInternal, "model " + cfg_.model.text(), [&] { return make_model(cfg_, data_, &model_); })));
     trainer_ = std::make_unique<Trainer>(cfg_, layout_, data_, *model_);
     CULPRIT_RETURN_IF_ERROR(agree(comm, guarded(StatusCode::kInternal, "setup", [&] { return trainer_->init(StepMode::kReplay); })));
+    CULPRIT_RETURN_IF_ERROR(trainer_->check_ranks_agree());
     CULPRIT_RETURN_IF_ERROR(agree(comm, check_compatible(cfg_, data_, c, path)));
     CULPRIT_RETURN_IF_ERROR(agree(comm, guarded(StatusCode::kInternal, "restoring " + path, [&] { return trainer_->restore(c); })));
     trainer_->begin_replay(c.step, comm.rank);
@@ -145,7 +146,7 @@ class EngineImpl : public Engine {
   }
   std::int64_t step() const override { return trainer_->replayed(); }
   Status run_step(StepResult* out, int round = 0) override {
-    return agree(comm_, guarded(StatusCode::kInternal, "replaying step " + std::to_string(step() + 1), [&] {
+    return agree(comm_, guarded_step(StatusCode::kInternal, "replaying step " + std::to_string(step() + 1), [&] {
       trainer_->replay_step(out, round);
       return trainer_->take_data_status();
     }));

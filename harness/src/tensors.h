@@ -3,6 +3,7 @@
 #pragma once
 #include <torch/torch.h>
 
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -30,6 +31,28 @@ template <class Fn>
 Status guarded(StatusCode code, const std::string& what, Fn&& f) {
   try {
     return f();
+  } catch (const std::exception& e) {
+    return Status::Error(code, what + ": " + error_line(e.what()));
+  }
+}
+
+// An exception raised by a user's own code (the Python package's model, loss or data set). In
+// setup every rank runs the same code on the same samples, and guarded() + agree() turn it into one
+// error; in the middle of a step it may be this rank's alone, raised while the others wait in the
+// step's collectives, so it must end the job (the package's entry does) rather than become a Status
+// this rank alone agrees on.
+class UserCodeError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+// guarded() for a computation with collectives inside (a replayed step): a UserCodeError escapes.
+template <class Fn>
+Status guarded_step(StatusCode code, const std::string& what, Fn&& f) {
+  try {
+    return f();
+  } catch (const UserCodeError&) {
+    throw;
   } catch (const std::exception& e) {
     return Status::Error(code, what + ": " + error_line(e.what()));
   }

@@ -78,6 +78,9 @@ class Trainer {
   // Selects the device (--device), builds the flat parameters and optimizer, parses the faults,
   // checks the model against the data. mode: whether the trainer will train or replay.
   Status init(StepMode mode);
+  // Collective, after an agreed init(): every rank built the same initial parameters and reads the
+  // same first sample (rank-dependent code in a model's construction, rank-local data files).
+  Status check_ranks_agree();
   // Restores parameters, buffers and optimizer state from a verified checkpoint.
   Status restore(const ckpt::Checkpoint& c);
   Status run(std::int64_t start_step, const std::string& resumed_from);
@@ -113,6 +116,7 @@ class Trainer {
   void build_flat_params();
   Status check_model(StepMode mode);  // the model accepts the data; its forward pass changes no state
   Status check_forward_changes_no_state();  // no buffer or parameter changed by a forward pass
+  Status check_summed_loss(const at::Tensor& out, const at::Tensor& y);  // a model's own loss adds up
   Status check_training_pass();  // one forward (under the run's precision), loss and backward
   Status narrow_output(const std::vector<std::int64_t>& got) const;  // check_model's error: labels past the output
   StateProbe probe();

@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdlib>
 #include <thread>
 
@@ -191,7 +192,7 @@ Status Trainer::check_training_pass() {
     if (!loss.is_floating_point() || loss.scalar_type() == at::kDouble || !loss.requires_grad())
       return Status::BadInput(fwd + ": its loss is " + std::string(c10::toString(loss.scalar_type())) +
                               (loss.requires_grad() ? "" : " and has no gradient"));
-    return Status::OK();
+    return check_summed_loss(out, y.to(device_));
   });
   if (st.ok())
     st = guarded(StatusCode::kBadInput, model + " cannot be trained: its backward pass fails", [&] {
@@ -270,6 +271,37 @@ Status Trainer::check_forward_changes_no_state() {
                          "', e.g. batch-norm running statistics): it would depend on which micro-shards each "
                          "rank computed; use LayerNorm or GroupNorm, or BatchNorm with track_running_stats=False");
   return Status::OK();
+}
+
+Status Trainer::check_ranks_agree() {
+  const std::string mine = fingerprint_hex(set_fingerprint(flat_.params)) + " " +
+                           fingerprint_hex(tensor_fingerprint(first_samples(1).first));
+  const std::string root = broadcast_string(comm_, mine);
+  Status st;
+  if (mine.substr(0, 16) != root.substr(0, 16))
+    st = Status::BadInput("model " + cfg_.model.text() + ": rank " + std::to_string(comm_.rank) +
+                          " built other initial parameters than rank 0 (fingerprint " + mine.substr(0, 16) + ", rank 0 " +
+                          root.substr(0, 16) + "): the model's construction depends on the rank or on files that differ");
+  else if (mine != root)
+    st = Status::BadInput("data " + cfg_.data.text() + ": rank " + std::to_string(comm_.rank) +
+                          " reads another sample 0 than rank 0: the data differs between ranks");
+  return agree(comm_, st);
+}
+
+// A model's own loss must be the sum of its samples' losses (culprit divides by the batch): a mean
+// (PyTorch's default reduction) would scale every gradient by M / B without an error.
+Status Trainer::check_summed_loss(const at::Tensor& out, const at::Tensor& y) {
+  if (out.size(0) < 2) return Status::OK();
+  torch::NoGradGuard ng;
+  const at::Tensor o = out.detach(), whole = model_.summed_loss(o, y);
+  if (!whole.defined()) return Status::OK();  // culprit's own loss
+  const double all = whole.item<double>();
+  const double parts = model_.summed_loss(o.narrow(0, 0, 1), y.narrow(0, 0, 1)).item<double>() +
+                       model_.summed_loss(o.narrow(0, 1, o.size(0) - 1), y.narrow(0, 1, y.size(0) - 1)).item<double>();
+  if (std::abs(all - parts) <= 1e-4 * std::max({std::abs(all), std::abs(parts), 1e-6})) return Status::OK();
+  return Status::BadInput("model " + cfg_.model.text() + ": its loss of " + std::to_string(o.size(0)) + " samples is " +
+                          std::to_string(all) + " but its losses of sample 0 and of the rest add up to " +
+                          std::to_string(parts) + ": the loss must be the sum over the samples (reduction=\"sum\")");
 }
 
 // What the detectors may ask of this rank's state.

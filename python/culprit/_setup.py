@@ -5,6 +5,7 @@ import importlib.util
 import inspect
 import os
 import sys
+import weakref
 
 import torch
 
@@ -45,11 +46,19 @@ class Setup:
         self.model, self.loss, self.data, self.optimizer = model, loss, data, optimizer
 
 
+# Every model a setup function returned (alive): a second call must build a new one.
+_MODELS = weakref.WeakSet()
+
+
 def _checked_setup(setup):
     if not isinstance(setup, Setup):
         raise SetupError(f"the setup function must return a culprit.Setup, not {type(setup).__name__}")
     if not isinstance(setup.model, torch.nn.Module):
         raise SetupError(f"Setup.model must be a torch.nn.Module, not {type(setup.model).__name__}")
+    if setup.model in _MODELS:
+        raise SetupError("the setup function returned a model it had returned before: it must construct a new "
+                         "model on every call (replays and rebuilds start from a fresh one)")
+    _MODELS.add(setup.model)
     for name in ("loss", "optimizer"):
         if not callable(getattr(setup, name)):
             raise SetupError(f"Setup.{name} must be callable")
@@ -60,7 +69,7 @@ def _checked_setup(setup):
 
 
 def _as_tensor(v, what, i):
-    t = torch.as_tensor(v)
+    t = torch.as_tensor(v).cpu()  # the loader copies host memory
     if t.dtype not in _DTYPES:
         raise SetupError(f"data python: sample {i}'s {what} is {t.dtype}: culprit reads float32 values "
                          "or int64 labels and token ids (convert in the data set)")
@@ -109,13 +118,23 @@ class _Source:
 
 
 def _model_facts(setup, x):
-    """The model's layers (leaf modules, in the order a forward pass of x calls them; leaves not
-    called follow in definition order) and embedding weights (weight decay skips them)."""
+    """The model's layers (leaf modules whose output is one tensor, in the order a forward pass of x
+    calls them; leaves not called follow in definition order) and embedding weights (weight decay
+    skips them). A leaf returning a tuple (an LSTM, attention with weights) is no layer: culprit
+    could neither fingerprint nor corrupt its output."""
     model = setup.model
     leaves = [n for n, m in model.named_modules() if n and not any(True for _ in m.children())]
-    order = []
-    hooks = [m.register_forward_hook(lambda mod, i, o, n=n: order.append(n) if n not in order else None)
-             for n, m in model.named_modules() if n in leaves]
+    order, other = [], set()
+
+    def seen(n, o):
+        if n in order or n in other:
+            return
+        if isinstance(o, torch.Tensor):
+            order.append(n)
+        else:
+            other.add(n)
+
+    hooks = [m.register_forward_hook(lambda mod, i, o, n=n: seen(n, o)) for n, m in model.named_modules() if n in leaves]
     was_training = model.training
     try:
         model.eval()
@@ -125,7 +144,7 @@ def _model_facts(setup, x):
         model.train(was_training)
         for h in hooks:
             h.remove()
-    layers = order + [n for n in leaves if n not in order]
+    layers = order + [n for n in leaves if n not in order and n not in other]
     embeddings = [f"{n}.weight" if n else "weight" for n, m in model.named_modules()
                   if isinstance(m, (torch.nn.Embedding, torch.nn.EmbeddingBag))]
     return layers, embeddings
@@ -214,6 +233,8 @@ def main(build, argv=None):
             args += _optimizer_args(_checked_setup(build()))
     except SetupError as e:
         return _error(str(e))
+    except Exception as e:  # the user's setup function or optimizer factory: one line, not a traceback
+        return _error(f"the setup function raised {type(e).__name__}: {e}")
     return _culprit.main([cmd] + args, build)
 
 
@@ -245,4 +266,6 @@ def run_module(args):
             raise SetupError(f"the run's script '{script}' has no function '{func}'")
     except (SetupError, ValueError) as e:
         return _error(str(e))
+    except Exception as e:  # importing the script ran its module-level code
+        return _error(f"importing the run's script raised {type(e).__name__}: {e}")
     return main(build, args)

@@ -7,15 +7,23 @@
 #include <stdexcept>
 #include <string>
 
+#include "tensors.h"
+
 namespace culprit::python {
 
 namespace py = pybind11;
 
-// The failure of a call into the user's code: "WHAT raised ExceptionType: message".
-class PythonError : public std::runtime_error {
+// The failure of a call into the user's code: "WHAT raised ExceptionType: message". A
+// UserCodeError: mid-step it ends the job instead of leaving other ranks in a collective.
+class PythonError : public harness::UserCodeError {
  public:
-  using std::runtime_error::runtime_error;
+  using harness::UserCodeError::UserCodeError;
 };
+
+// "ExceptionType: message", without the traceback pybind11 appends to what().
+inline std::string exception_text(py::error_already_set& e) {
+  return py::str(e.type().attr("__name__")).cast<std::string>() + ": " + py::str(e.value()).cast<std::string>();
+}
 
 template <class Fn>
 auto call_python(const std::string& what, Fn&& fn) {
@@ -23,7 +31,7 @@ auto call_python(const std::string& what, Fn&& fn) {
   try {
     return fn();
   } catch (py::error_already_set& e) {
-    throw PythonError(what + " raised " + e.what());
+    throw PythonError(what + " raised " + exception_text(e));
   } catch (const py::cast_error& e) {
     throw PythonError(what + ": " + e.what());
   }

@@ -1,8 +1,12 @@
 #include "py_data.h"
 
+#include <ATen/core/Generator.h>
+#include <ATen/CPUGeneratorImpl.h>
+
 #include <cstring>
 
 #include "py_call.h"
+#include "tensors.h"
 
 namespace culprit::python {
 
@@ -48,7 +52,7 @@ harness::SampleLocation PyDataSource::locate(std::int64_t i) {
   return at;
 }
 
-Status open_python_data(py::object data, harness::Dataset* out) {
+Status open_python_data(const py::object& data, harness::Dataset* out) {
   try {
     call_python("data python", [&] {
       py::object src = setup_module().attr("_Source")(data);
@@ -68,6 +72,8 @@ Status open_python_data(py::object data, harness::Dataset* out) {
   std::vector<std::int64_t> idx(k);
   for (std::size_t i = 0; i < k; ++i) idx[i] = static_cast<std::int64_t>(i);
   std::vector<unsigned char> x[2], y[2];
+  const auto rng_state = [] { return harness::tensor_fingerprint(at::detail::getDefaultCPUGenerator().get_state()); };
+  const Fingerprint rng_before = rng_state();
   for (int r = 0; r < 2; ++r) {
     x[r].resize(k * out->x_bytes());
     y[r].resize(k * out->y_bytes());
@@ -82,6 +88,10 @@ Status open_python_data(py::object data, harness::Dataset* out) {
                               ": culprit needs a deterministic data set (a sample a pure function of its index; "
                               "no random augmentation of its own, docs/python.md)");
   }
+  if (rng_state() != rng_before)
+    return Status::BadInput("data python: reading samples draws from (or seeds) torch's default random generator, "
+                            "which culprit's dropout masks use and the loader reads beside: give the data set a "
+                            "torch.Generator of its own, seeded from the sample's index (docs/python.md)");
   return Status::OK();
 }
 

@@ -16,16 +16,17 @@ class PyDataSource : public harness::DataSource {
   ~PyDataSource() override;
   Status read(const std::int64_t* idx, std::size_t count, unsigned char* x, unsigned char* y) override;
   harness::SampleLocation locate(std::int64_t i) override;
+  // A Python data set has no file whose bytes culprit could map to samples (prepare-data's blocks).
   std::vector<std::pair<std::int64_t, std::int64_t>> samples_in(std::uint64_t, std::uint64_t) override { return {}; }
-  py::object source() const { return source_; }
 
  private:
   py::object source_;  // culprit._setup._Source
 };
 
-// Opens Setup.data as the run's data set: its size, shapes and dtypes, a reader, and the check that
-// reading the same samples twice gives the same bytes (a data set that draws random numbers of its
-// own is refused: a replay could not reproduce its samples).
-Status open_python_data(py::object data, harness::Dataset* out);
+// Opens Setup.data as the run's data set: its size, shapes and dtypes, a reader, and the checks that
+// reading the same samples twice gives the same bytes and leaves torch's default generator as it
+// was (a data set that draws random numbers of its own is refused: a replay could not reproduce its
+// samples, and reads run on the loader's thread while the step draws dropout masks).
+Status open_python_data(const py::object& data, harness::Dataset* out);
 
 }  // namespace culprit::python

@@ -10,14 +10,29 @@ namespace culprit::python {
 PyModel::PyModel(py::object module, py::object loss, std::vector<std::string> layers,
                  std::vector<std::string> embeddings)
     : module_(std::move(module)), loss_(std::move(loss)), layers_(std::move(layers)), embeddings_(std::move(embeddings)) {
-  hook_layers();
+  try {
+    hook_layers();
+  } catch (...) {
+    remove_hooks();  // the hooks capture this
+    throw;
+  }
 }
 
 PyModel::~PyModel() {
   py::gil_scoped_acquire gil;
-  for (auto& h : handles_) h.attr("remove")();
-  handles_.clear();
+  remove_hooks();
   module_ = loss_ = py::object();
+}
+
+void PyModel::remove_hooks() {
+  for (auto& h : handles_) {
+    try {
+      h.attr("remove")();
+    } catch (py::error_already_set& e) {
+      e.discard_as_unraisable("culprit: removing a layer hook");
+    }
+  }
+  handles_.clear();
 }
 
 void PyModel::hook_layers() {
@@ -60,8 +75,7 @@ at::Tensor PyModel::summed_loss(const at::Tensor& out, const at::Tensor& y) {
   });
 }
 
-namespace {
-std::vector<harness::NamedTensor> named(const py::object& module, const char* which) {
+std::vector<harness::NamedTensor> named_tensors(const py::object& module, const char* which) {
   return call_python(std::string("the model's ") + which, [&] {
     std::vector<harness::NamedTensor> out;
     for (auto item : module.attr(which)()) {
@@ -71,10 +85,9 @@ std::vector<harness::NamedTensor> named(const py::object& module, const char* wh
     return out;
   });
 }
-}  // namespace
 
-std::vector<harness::NamedTensor> PyModel::parameters() { return named(module_, "named_parameters"); }
-std::vector<harness::NamedTensor> PyModel::buffers() { return named(module_, "named_buffers"); }
+std::vector<harness::NamedTensor> PyModel::parameters() { return named_tensors(module_, "named_parameters"); }
+std::vector<harness::NamedTensor> PyModel::buffers() { return named_tensors(module_, "named_buffers"); }
 
 void PyModel::set_training(bool on) {
   call_python("the model's train()", [&] { module_.attr("train")(on); });
@@ -94,7 +107,7 @@ Status first_sample(const harness::Dataset& d, at::Tensor* x) {
 }
 }  // namespace
 
-Status make_python_model(py::object setup, const harness::Dataset& d, std::unique_ptr<harness::Model>* out) {
+Status make_python_model(const py::object& setup, const harness::Dataset& d, std::unique_ptr<harness::Model>* out) {
   at::Tensor x;
   CULPRIT_RETURN_IF_ERROR(first_sample(d, &x));
   try {

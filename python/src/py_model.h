@@ -31,13 +31,17 @@ class PyModel : public harness::Model {
   at::Tensor summed_loss(const at::Tensor& out, const at::Tensor& y) override;
 
  private:
-  void hook_layers();  // a forward hook on each layer
+  void hook_layers();   // a forward hook on each layer
+  void remove_hooks();  // with the GIL held
   py::object module_, loss_;
   std::vector<std::string> layers_, embeddings_;
   std::vector<py::object> handles_;  // the hooks' RemovableHandles
 };
 
 // Builds the model of a Setup (a culprit._setup.Setup) for data `d`.
-Status make_python_model(py::object setup, const harness::Dataset& d, std::unique_ptr<harness::Model>* out);
+Status make_python_model(const py::object& setup, const harness::Dataset& d, std::unique_ptr<harness::Model>* out);
+
+// A module's named_parameters() or named_buffers() (which) as culprit's named tensors.
+std::vector<harness::NamedTensor> named_tensors(const py::object& module, const char* which);
 
 }  // namespace culprit::python

@@ -52,19 +52,10 @@ py::object build_setup(const Registered& r, const harness::TrainConfig& cfg) {
   return setup_module().attr("_checked_setup")(r.build());
 }
 
-Fingerprint initial_fingerprint(const py::object& setup) {
-  std::vector<harness::NamedTensor> params;
-  for (auto item : setup.attr("model").attr("named_parameters")()) {
-    auto t = item.cast<py::tuple>();
-    params.push_back({t[0].cast<std::string>(), t[1].cast<at::Tensor>().detach()});
-  }
-  return harness::set_fingerprint(params);
-}
-
 // The same seed, the same initial parameters: otherwise the script draws random numbers culprit
 // does not seed, and ranks (and replays) would start from different models.
 void check_same_start(Registered* r, const py::object& setup, const harness::TrainConfig& cfg) {
-  const Fingerprint fp = initial_fingerprint(setup);
+  const Fingerprint fp = harness::set_fingerprint(named_tensors(setup.attr("model"), "named_parameters"));
   if (!r->have_fp) {
     r->have_fp = true;
     r->initial_fp = fp;
@@ -74,6 +65,19 @@ void check_same_start(Registered* r, const py::object& setup, const harness::Tra
                       "(random numbers culprit does not seed: numpy, random, a generator of its own, the clock; "
                       "docs/python.md)");
   }
+}
+
+// A fresh, checked Setup into *setup; a refusal as a Status.
+Status fresh_setup(Registered* r, const harness::TrainConfig& cfg, Held* setup) {
+  try {
+    call_python("the setup function", [&] {
+      setup->o = build_setup(*r, cfg);
+      check_same_start(r, setup->o, cfg);
+    });
+  } catch (const std::exception& e) {
+    return Status::BadInput(e.what());
+  }
+  return Status::OK();
 }
 
 }  // namespace
@@ -94,27 +98,13 @@ void register_setup(py::object build) {
   harness::ExternalSource s;
   s.open_data = [r](const harness::TrainConfig& cfg, harness::Dataset* out) {
     Held setup, data;
-    try {
-      call_python("the setup function", [&] {
-        setup.o = build_setup(*r, cfg);
-        check_same_start(r.get(), setup.o, cfg);
-        data.o = setup.o.attr("data");
-      });
-    } catch (const std::exception& e) {
-      return Status::BadInput(e.what());
-    }
+    CULPRIT_RETURN_IF_ERROR(fresh_setup(r.get(), cfg, &setup));
+    call_python("the setup function", [&] { data.o = setup.o.attr("data"); });
     return open_python_data(data.o, out);
   };
   s.make_model = [r](const harness::TrainConfig& cfg, const harness::Dataset& d, std::unique_ptr<harness::Model>* out) {
     Held setup;
-    try {
-      call_python("the setup function", [&] {
-        setup.o = build_setup(*r, cfg);
-        check_same_start(r.get(), setup.o, cfg);
-      });
-    } catch (const std::exception& e) {
-      return Status::BadInput(e.what());
-    }
+    CULPRIT_RETURN_IF_ERROR(fresh_setup(r.get(), cfg, &setup));
     return make_python_model(setup.o, d, out);
   };
   harness::set_external_source(std::move(s));

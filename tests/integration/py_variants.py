@@ -26,10 +26,20 @@ class Data:
 
     def __getitem__(self, i):
         # noisy: a random augmentation drawn from the global generator (not a function of i)
+        if VARIANT == "seeding_data":  # a function of i, but it reseeds the generator dropout uses
+            torch.manual_seed(i)
+            return self.x[i] + 0 * torch.rand(8), self.y[i]
         return (self.x[i] + torch.rand(8) if self.noisy else self.x[i]), self.y[i]
 
 
+GLOBAL = nn.Sequential(nn.Linear(8, 2))
+
+
 def model():
+    if VARIANT == "global_model":  # the same module on every call
+        return GLOBAL
+    if VARIANT == "rank_model":  # initialised from the rank: the ranks start from different models
+        torch.manual_seed(int(os.environ.get("OMPI_COMM_WORLD_RANK", "0")))
     if VARIANT == "batchnorm":
         return nn.Sequential(nn.Linear(8, 16), nn.BatchNorm1d(16), nn.Linear(16, 2))
     if VARIANT == "inplace_param":
@@ -47,6 +57,10 @@ def summed(o, y):
 
 def per_sample(o, y):  # a loss per sample, not their sum
     return F.cross_entropy(o, y, reduction="none")
+
+
+def mean(o, y):  # PyTorch's default reduction: a 0-dim tensor, but a mean
+    return F.cross_entropy(o, y)
 
 
 def raising(o, y):
@@ -76,8 +90,12 @@ class InPlace(nn.Module):  # changes its own weights in the forward pass, outsid
 
 def build():
     opt = {"adam": lambda p: torch.optim.Adam(p, lr=0.01)}.get(VARIANT, lambda p: torch.optim.SGD(p, lr=0.1))
-    loss = {"vector_loss": per_sample, "raises": raising, "raises_later": raising_later_on_rank1}.get(VARIANT, summed)
-    return culprit.Setup(model=model(), loss=loss, data=Data(noisy=VARIANT == "noisy_data"), optimizer=opt)
+    loss = {"vector_loss": per_sample, "mean_loss": mean, "raises": raising,
+            "raises_later": raising_later_on_rank1}.get(VARIANT, summed)
+    data = Data(noisy=VARIANT == "noisy_data")
+    if VARIANT == "batches":  # the same samples as a function from indices to a batch
+        data = culprit.IndexedBatches(len(data.x), lambda idx, d=data: (d.x[idx], d.y[idx]))
+    return culprit.Setup(model=model(), loss=loss, data=data, optimizer=opt)
 
 
 if __name__ == "__main__":

@@ -103,6 +103,12 @@ class Python(TempDirTest):
                               capture_output=True, text=True, timeout=TIMEOUT, env=py_env())
         self.assertEqual(proc.returncode, 0, proc.stdout + proc.stderr)
 
+    def test_a_batch_function_reads_as_the_indexable_data_set(self):
+        by_index = self.train("ok", 2, script=VARIANTS, env=py_env(CULPRIT_VARIANT="ok"), steps=3)
+        by_batch = self.train("batches", 2, script=VARIANTS, env=py_env(CULPRIT_VARIANT="batches"), steps=3)
+        self.assertEqual(metrics(by_index), metrics(by_batch))
+        self.assertEqual(len(metrics(by_batch)), 3)
+
     def test_contract_breaches_are_refused_on_every_rank(self):
         cases = [("noisy_data", "read twice gave different inputs"),
                  ("batchnorm", "updates state in its forward pass ('1.running_mean'"),
@@ -110,7 +116,11 @@ class Python(TempDirTest):
                  ("adam", "torch.optim.SGD or torch.optim.AdamW, not Adam"),
                  ("vector_loss", "must return a 0-dim tensor"),
                  ("raises", "RuntimeError: the user's loss is broken"),
-                 ("inplace_param", "changes its parameter 'fc.weight' in its forward pass")]
+                 ("inplace_param", "changes its parameter 'fc.weight' in its forward pass"),
+                 ("mean_loss", "the loss must be the sum over the samples"),
+                 ("global_model", "returned a model it had returned before"),
+                 ("seeding_data", "reading samples draws from (or seeds) torch's default random generator"),
+                 ("rank_model", "rank 1 built other initial parameters than rank 0")]
         for variant, message in cases:
             with self.subTest(variant=variant):
                 codes, out, err = run_script(VARIANTS, ["--run-dir", self.path(variant), "--steps", "2",
@@ -120,6 +130,11 @@ class Python(TempDirTest):
                 lines = [l for l in err.splitlines() if l.startswith("culprit: error:")]
                 self.assertTrue(lines and message in lines[0], err)
                 self.assertNotIn("Traceback", err)
+        # The executable alone cannot build a Python model: one line, naming the way that can.
+        res = run(["train", "--model", "python:%s:build" % VARIANTS, "--data", "python", "--quiet"], world=2,
+                  run_dir=self.path("exe"))
+        self.assertEqual(res.code, 2, res.err)
+        self.assertIn("is built by a Python script: run it through the Python package", res.err)
         codes, out, err = run_script(VARIANTS, ["--run-dir", self.path("lr"), "--lr", "0.3"], 2, py_env(), self.tmp)
         self.assertEqual(codes, [2, 2], err)
         self.assertIn("option '--lr' comes from the script's Setup", err)

@@ -207,7 +207,7 @@ TEST(Config, EveryRecordedOptionRoundTripsThroughIni) {
   // Every option is in the help; the critical ones are those that fix a run's results.
   const std::string help_text = table.help();
   for (const auto& o : table.options()) EXPECT_NE(help_text.find("--" + o.name), std::string::npos) << o.name;
-  EXPECT_EQ(table.critical(), (std::vector<std::string>{"trace", "global-batch", "micro-shards", "seed", "model", "data",
+  EXPECT_EQ(table.critical(), (std::vector<std::string>{"trace", "global-batch", "micro-shards", "seed", "model", "script-fingerprint", "data",
                                                         "token-dtype", "shuffle", "hidden", "samples", "sample-shape", "classes", "layers", "width",
                                                         "heads", "seq-len", "vocab", "tie-head", "init", "precision", "optimizer",
                                                         "lr", "momentum", "nesterov", "weight-decay", "weight-decay-params",
@@ -333,11 +333,23 @@ TEST(Config, ModelAndDataSources) {
   TrainConfig c;
   bool help = false;
   auto msg = [&](std::vector<std::string> a) { return parse_train_options(a, &c, &help).message(); };
-  EXPECT_EQ(msg({"--model", "resnet"}), "option '--model': unknown model 'resnet' (valid: mlp, cnn, gpt, torchscript:PATH)");
-  EXPECT_EQ(msg({"--model", "torchscript"}), "option '--model': unknown model 'torchscript' (valid: mlp, cnn, gpt, torchscript:PATH)");
+  EXPECT_EQ(msg({"--model", "resnet"}), "option '--model': unknown model 'resnet' (valid: mlp, cnn, gpt, torchscript:PATH, python:SCRIPT:FUNCTION)");
+  EXPECT_EQ(msg({"--model", "torchscript"}), "option '--model': unknown model 'torchscript' (valid: mlp, cnn, gpt, torchscript:PATH, python:SCRIPT:FUNCTION)");
   EXPECT_EQ(msg({"--model", "torchscript:"}), "option '--model': torchscript: needs a path");
-  EXPECT_EQ(msg({"--data", "csv:x"}), "option '--data': unknown data source 'csv:x' (valid: synthetic, hdf5:PATH, tokens:PATH)");
+  EXPECT_EQ(msg({"--data", "csv:x"}), "option '--data': unknown data source 'csv:x' (valid: synthetic, hdf5:PATH, tokens:PATH, python)");
   EXPECT_EQ(msg({"--data", "hdf5:"}), "option '--data': hdf5: needs a path");
+  // A Python model (set by the package): SCRIPT:FUNCTION, split at the last colon.
+  EXPECT_EQ(msg({"--model", "python:train.py"}), "option '--model': 'python:train.py' is not python:SCRIPT:FUNCTION");
+  EXPECT_EQ(msg({"--model", "python:train.py:"}), "option '--model': 'python:train.py:' is not python:SCRIPT:FUNCTION");
+  EXPECT_EQ(msg({"--model", "python"}), "option '--model': unknown model 'python' (valid: mlp, cnn, gpt, torchscript:PATH, python:SCRIPT:FUNCTION)");
+  ASSERT_TRUE(parse_train_options({"--run-dir", "r", "--model", "python:/a:b/t.py:build", "--data", "python"}, &c, &help).ok());
+  EXPECT_EQ(c.model.path, "/a:b/t.py:build");
+  EXPECT_EQ(c.model.text(), "python:/a:b/t.py:build");
+  EXPECT_EQ(c.data.text(), "python");
+  EXPECT_EQ(validate(c, 1).message(), "");
+  c.model = culprit::harness::ModelSpec();
+  c.script_fingerprint = "0123456789abcdef";
+  EXPECT_EQ(validate(c, 1).message(), "option '--script-fingerprint' applies to --model python:SCRIPT:FUNCTION, not mlp");
   EXPECT_EQ(msg({"--sample-shape", "1,0"}),
             "option '--sample-shape': every dimension must be an integer in [1, 16777216], got '1,0'");
   EXPECT_EQ(msg({"--trace", "deep"}), "option '--trace': unknown level 'deep' (valid: off, step, layer)");
