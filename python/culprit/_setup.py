@@ -158,7 +158,9 @@ def _matrices(model):
 
 def _optimizer_args(setup):
     """The script's optimizer as culprit's options: culprit's update is its libtorch implementation of
-    the same algorithm (what checkpoints, --shard-optimizer and the float64 update check know)."""
+    the same algorithm (what checkpoints, --shard-optimizer and the float64 update check know),
+    checked here to give bitwise what the optimizer's own step() gives. Steps the Setup's model:
+    call it on a Setup of its own."""
     model = setup.model
     params = list(model.parameters())
     opt = setup.optimizer(params)
@@ -193,7 +195,29 @@ def _optimizer_args(setup):
             raise SetupError("optimizer: weight decay must apply to every parameter, or to the weight matrices "
                              "(2 or more dimensions, not embeddings) alone")
         which = "matrices"
-    return args + ["--lr", repr(float(g0["lr"])), "--weight-decay", repr(wd), "--weight-decay-params", which]
+    args += ["--lr", repr(float(g0["lr"])), "--weight-decay", repr(wd), "--weight-decay-params", which]
+    decayed = {id(p) for g in groups if g["weight_decay"] > 0 for p in g["params"]}
+    _check_update(opt, model, args, [wd == 0 or id(p) in decayed for p in params])
+    return args
+
+
+def _check_update(opt, model, args, decays):
+    """culprit's update, configured by args, must equal the optimizer's own step(): two steps of
+    seeded random gradients on the model's parameters, compared bitwise (an option culprit does not
+    map, or an implementation that differs, is refused rather than trained differently)."""
+    names, params = zip(*model.named_parameters())
+    g = torch.Generator().manual_seed(0)
+    start = [p.detach().clone() for p in params]
+    grads = [[torch.randn(p.shape, generator=g) for p in params] for _ in range(2)]
+    for step in grads:
+        for p, grad in zip(params, step):
+            p.grad = grad.clone()
+        opt.step()
+    ours = _culprit.reference_update(args, start, decays, grads)
+    for name, theirs, mine in zip(names, params, ours):
+        if not torch.equal(theirs.detach(), mine):
+            raise SetupError(f"optimizer: {type(opt).__name__}.step() and culprit's update ({' '.join(args)}) "
+                             f"differ at parameter '{name}': an option culprit does not map (docs/python.md)")
 
 
 def _script_of(build):

@@ -12,6 +12,7 @@
 #include "culprit/command.h"
 #include "culprit/exit_codes.h"
 #include "culprit/harness.h"
+#include "py_optim.h"
 #include "py_source.h"
 
 namespace py = pybind11;
@@ -61,6 +62,19 @@ std::string script_fingerprint(const std::string& path) {
   return hex;
 }
 
+std::vector<at::Tensor> reference_update(const std::vector<std::string>& args, const std::vector<at::Tensor>& start,
+                                         const std::vector<bool>& decays,
+                                         const std::vector<std::vector<at::Tensor>>& grads) {
+  std::vector<at::Tensor> out;
+  culprit::Status st;
+  {
+    py::gil_scoped_release nogil;
+    st = culprit::python::reference_update(args, start, decays, grads, &out);
+  }
+  if (!st.ok()) throw py::value_error(st.message());
+  return out;
+}
+
 }  // namespace
 
 PYBIND11_MODULE(_culprit, m) {
@@ -70,5 +84,7 @@ PYBIND11_MODULE(_culprit, m) {
         "Runs `culprit ARGV...` with `build` (or None) as the setup function of --model python runs; the exit code.");
   m.def("command_names", &culprit::cli::command_names, "culprit's commands");
   m.def("script_fingerprint", &script_fingerprint, py::arg("path"), "a script's fingerprint (--script-fingerprint)");
+  m.def("reference_update", &reference_update, py::arg("args"), py::arg("start"), py::arg("decays"), py::arg("grads"),
+        "culprit's update of `start` by each step's gradients, with the optimizer the options name");
   m.def("run_model", &run_model, py::arg("run_dir"), "the --model a run recorded (RUN/run.json)");
 }

@@ -88,8 +88,22 @@ class InPlace(nn.Module):  # changes its own weights in the forward pass, outsid
         return self.fc(x)
 
 
+def odd_sgd(params):  # an SGD whose step() does something of its own after the update
+    opt = torch.optim.SGD(params, lr=0.1)
+    plain = opt.step
+
+    def step(closure=None):
+        plain()
+        with torch.no_grad():
+            for p in params:
+                p.mul_(0.999)
+    opt.step = step
+    return opt
+
+
 def build():
-    opt = {"adam": lambda p: torch.optim.Adam(p, lr=0.01)}.get(VARIANT, lambda p: torch.optim.SGD(p, lr=0.1))
+    opt = {"adam": lambda p: torch.optim.Adam(p, lr=0.01), "odd_step": odd_sgd}.get(
+        VARIANT, lambda p: torch.optim.SGD(p, lr=0.1))
     loss = {"vector_loss": per_sample, "mean_loss": mean, "raises": raising,
             "raises_later": raising_later_on_rank1}.get(VARIANT, summed)
     data = Data(noisy=VARIANT == "noisy_data")

@@ -75,9 +75,14 @@ class Python(TempDirTest):
                   "--data", "hdf5:" + self.path("export", "data.h5")] + opt + SIZE, world=2, run_dir=self.path("ts"))
         self.assertEqual(ts.code, 0, ts.err)
         self.assertEqual(metrics(self.path("ts")), runs[1])
+        # The same run directory: checkpoints and trace agree bitwise with culprit train's.
+        res = run(["audit", "--compare", self.path("w2"), self.path("ts")])
+        self.assertEqual(res.code, 0, res.out + res.err)
+        self.assertIn("the runs agree bitwise everywhere they can be compared", res.out)
         # Negative control: another seed gives other bits (the comparison can fail).
         other = metrics(self.train("seed", 2, ["--seed", "99"]))
         self.assertNotEqual(other[-1]["fingerprint"], runs[1][-1]["fingerprint"])
+        self.assertNotEqual(run(["audit", "--compare", self.path("seed"), self.path("ts")]).code, 0)
         # The checkpoints are culprit's own: verify reads them clean.
         res = run(["verify", self.path("w2")])
         self.assertEqual(res.code, 0, res.out + res.err)
@@ -114,6 +119,7 @@ class Python(TempDirTest):
                  ("batchnorm", "updates state in its forward pass ('1.running_mean'"),
                  ("hidden_rng", "gave different initial parameters"),
                  ("adam", "torch.optim.SGD or torch.optim.AdamW, not Adam"),
+                 ("odd_step", "SGD.step() and culprit's update (--optimizer sgd --momentum 0.0 --lr 0.1"),
                  ("vector_loss", "must return a 0-dim tensor"),
                  ("raises", "RuntimeError: the user's loss is broken"),
                  ("inplace_param", "changes its parameter 'fc.weight' in its forward pass"),
