@@ -3,7 +3,9 @@
 # synthetic data, printing loss and parameter fingerprint per step and a summary; then one rank
 # trains the same run to show the parameters are bitwise the same at any world size; then a run
 # with a silent fault (one wrong value on one rank, reduced into every replica: nothing fires
-# online) is diagnosed after the fact by culprit bisect, which names its step, layer, phase and rank.
+# online) is diagnosed after the fact by culprit bisect, which names its step, layer, phase and rank;
+# last, a plain PyTorch model (examples/train_mlp.py) trained through the Python package on 2 and 1
+# ranks, with the same bits (docs/python.md).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh
@@ -47,4 +49,18 @@ if [ "$found" != "23 fc2 forward 2" ]; then
   exit 1
 fi
 echo "the diagnosis names the injected fault exactly; its report: $run/silent/diagnosis.html"
+if [ -d build/python/culprit ]; then
+  echo
+  echo "== your own PyTorch model: mpirun -np 2 /usr/bin/python3 examples/train_mlp.py --run-dir $run/py2 --steps 20"
+  mpirun --oversubscribe --bind-to none -np 2 /usr/bin/python3 examples/train_mlp.py --run-dir "$run/py2" --steps 20 \
+    --quiet | tail -n 1
+  /usr/bin/python3 examples/train_mlp.py --run-dir "$run/py1" --steps 20 --quiet | tail -n 1
+  a=$(tail -n 1 "$run/py2/metrics.jsonl" | sed 's/.*"fingerprint": "\([0-9a-f]*\)".*/\1/')
+  b=$(tail -n 1 "$run/py1/metrics.jsonl" | sed 's/.*"fingerprint": "\([0-9a-f]*\)".*/\1/')
+  if [ "$a" != "$b" ]; then
+    echo "MISMATCH: Python model W=2 $a, W=1 $b" >&2
+    exit 1
+  fi
+  echo "the Python model ends with the same parameters on 2 ranks and on 1: fingerprint $a"
+fi
 echo "run directories: $run/w4 $run/w1 $run/silent (run.json, metrics.jsonl, checkpoints/, trace/)"
