@@ -13,7 +13,8 @@ from . import _culprit
 
 # culprit's options that the script's Setup decides: given on the command line as well, they would
 # contradict it (the run records the script's).
-_SCRIPT_OPTIONS = ("--model", "--data", "--script-fingerprint", "--optimizer", "--lr", "--momentum", "--nesterov", "--weight-decay",
+_SCRIPT_OPTIONS = ("--model", "--data", "--script-fingerprint", "--optimizer", "--lr", "--momentum", "--nesterov",
+                   "--weight-decay",
                    "--betas", "--eps", "--weight-decay-params")
 _DTYPES = {torch.float32: "float32", torch.int64: "int64"}
 
@@ -134,7 +135,8 @@ def _model_facts(setup, x):
         else:
             other.add(n)
 
-    hooks = [m.register_forward_hook(lambda mod, i, o, n=n: seen(n, o)) for n, m in model.named_modules() if n in leaves]
+    hooks = [m.register_forward_hook(lambda mod, i, o, n=n: seen(n, o))
+             for n, m in model.named_modules() if n in leaves]
     was_training = model.training
     try:
         model.eval()
@@ -174,16 +176,19 @@ def _optimizer_args(setup):
     if g0.get("maximize", False):
         raise SetupError("optimizer: maximize=True is not supported")
     if type(opt) is torch.optim.SGD:
-        if any(g["dampening"] != 0 or g["momentum"] != g0["momentum"] or g["nesterov"] != g0["nesterov"] for g in groups):
+        if any(g["dampening"] != 0 or g["momentum"] != g0["momentum"] or g["nesterov"] != g0["nesterov"]
+               for g in groups):
             raise SetupError("optimizer: SGD needs dampening=0 and one momentum and nesterov for every group")
-        args = ["--optimizer", "sgd", "--momentum", repr(float(g0["momentum"]))] + (["--nesterov"] if g0["nesterov"] else [])
+        args = ["--optimizer", "sgd", "--momentum", repr(float(g0["momentum"]))]
+        args += ["--nesterov"] if g0["nesterov"] else []
     elif type(opt) is torch.optim.AdamW:
         if any(g["amsgrad"] or g["betas"] != g0["betas"] or g["eps"] != g0["eps"] for g in groups):
             raise SetupError("optimizer: AdamW needs amsgrad=False and one betas and eps for every group")
         b1, b2 = g0["betas"]
         args = ["--optimizer", "adamw", "--betas", f"{float(b1)!r},{float(b2)!r}", "--eps", repr(float(g0["eps"]))]
     else:
-        raise SetupError(f"optimizer: culprit updates with torch.optim.SGD or torch.optim.AdamW, not {type(opt).__name__}")
+        raise SetupError("optimizer: culprit updates with torch.optim.SGD or torch.optim.AdamW, "
+                         f"not {type(opt).__name__}")
     decays = {float(g["weight_decay"]) for g in groups}
     wd = max(decays)
     which = "all"

@@ -36,7 +36,7 @@ Status PyDataSource::read(const std::int64_t* idx, std::size_t count, unsigned c
       for (std::size_t i = 0; i < count; ++i) ids.append(idx[i]);
       auto xy = source_.attr("read")(ids).cast<py::tuple>();
       const auto xt = xy[0].cast<at::Tensor>(), yt = xy[1].cast<at::Tensor>();
-      const std::size_t xb = source_.attr("x_bytes").cast<std::size_t>(), yb = source_.attr("y_bytes").cast<std::size_t>();
+      const auto xb = source_.attr("x_bytes").cast<std::size_t>(), yb = source_.attr("y_bytes").cast<std::size_t>();
       copy_out(xt, x, count * xb, "x");
       copy_out(yt, y, count * yb, "y");
     });
@@ -80,8 +80,9 @@ Status open_python_data(const py::object& data, harness::Dataset* out) {
     CULPRIT_RETURN_IF_ERROR(out->reader->read(idx.data(), k, x[r].data(), y[r].data()));
   }
   for (std::size_t i = 0; i < k; ++i) {
-    const bool xs = std::memcmp(x[0].data() + i * out->x_bytes(), x[1].data() + i * out->x_bytes(), out->x_bytes()) == 0;
-    const bool ys = std::memcmp(y[0].data() + i * out->y_bytes(), y[1].data() + i * out->y_bytes(), out->y_bytes()) == 0;
+    const std::size_t xn = out->x_bytes(), yn = out->y_bytes();
+    const bool xs = std::memcmp(x[0].data() + i * xn, x[1].data() + i * xn, xn) == 0;
+    const bool ys = std::memcmp(y[0].data() + i * yn, y[1].data() + i * yn, yn) == 0;
     if (!xs || !ys)
       return Status::BadInput("data python: sample " + std::to_string(i) + " read twice gave different " +
                               (xs ? "targets" : "inputs") +

@@ -9,7 +9,10 @@ namespace culprit::python {
 
 PyModel::PyModel(py::object module, py::object loss, std::vector<std::string> layers,
                  std::vector<std::string> embeddings)
-    : module_(std::move(module)), loss_(std::move(loss)), layers_(std::move(layers)), embeddings_(std::move(embeddings)) {
+    : module_(std::move(module)),
+      loss_(std::move(loss)),
+      layers_(std::move(layers)),
+      embeddings_(std::move(embeddings)) {
   try {
     hook_layers();
   } catch (...) {
@@ -67,10 +70,11 @@ at::Tensor PyModel::forward(const at::Tensor& x) {
 at::Tensor PyModel::summed_loss(const at::Tensor& out, const at::Tensor& y) {
   return call_python("the loss function", [&] {
     py::object l = loss_(out, y);
-    if (!THPVariable_Check(l.ptr()) || l.cast<at::Tensor>().dim() != 0)
+    const bool tensor = THPVariable_Check(l.ptr());
+    if (!tensor || l.cast<at::Tensor>().dim() != 0)
       throw PythonError("the loss function must return a 0-dim tensor (the summed loss of the samples), not " +
                         py::str(py::type::of(l)).cast<std::string>() +
-                        (THPVariable_Check(l.ptr()) ? " of shape " + py::str(l.attr("shape")).cast<std::string>() : ""));
+                        (tensor ? " of shape " + py::str(l.attr("shape")).cast<std::string>() : ""));
     return l.cast<at::Tensor>();
   });
 }
