@@ -10,7 +10,9 @@ submit with sbatch and read outcomes with scontrol):
 - a train.sbatch run that fails before any diagnosis still records its decision (stop);
 - postmortem.sbatch writes the expected diagnosis of a silent fault;
 - the audit array and its merge job write one report covering every interval;
-- screen.sbatch passes a healthy node and excludes it when a flip is injected into its matmul.
+- screen.sbatch passes a healthy node and excludes it when a flip is injected into its matmul;
+- a plain PyTorch model trained through the Python package under `srun --mpi=pmix` is diagnosed by
+  postmortem.sbatch (its `culprit bisect` hands the run to the package on every task).
 CULPRIT_SKIP_SLURM=1 skips these tests; otherwise daemons that do not start fail them."""
 import json
 import os
@@ -30,6 +32,7 @@ SHAPE = ["--steps", "8", "--keep-last", "10", "--trace", "layer", "--global-batc
          "--samples", "96", "--quiet"]
 SIZE = SHAPE + ["--checkpoint-every", "2"]
 SKIP = os.environ.get("CULPRIT_SKIP_SLURM") == "1"
+PKG = os.environ.get("CULPRIT_PYTHON_DIR", os.path.join(ROOT, "build", "python"))
 
 
 def slurm_env(extra=None):
@@ -213,6 +216,26 @@ class Slurm(TempDirTest):
         self.assertIn("verdict hardware-persistent", out)
         d = self.decisions(run_dir)[-1]
         self.assertEqual((d["decision"], d["slurm_job_id"], d["exit_code"], d["step"]), ("postmortem", job, 21, 5), d)
+
+    @unittest.skipUnless(os.path.isdir(os.path.join(PKG, "culprit")), "the Python package was not built")
+    def test_python_run_under_srun_and_its_postmortem_job(self):
+        run_dir = self.path("py")
+        spec = "step=3,rank=1,layer=body.4,index=5,phase=forward,kind=bitflip,bit=22"
+        env = slurm_env({"PYTHONPATH": PKG, "CULPRIT_PYTHON_DIR": PKG})
+        res = subprocess.run(["srun", "-O", "--mpi=pmix", "-n", "2", "/usr/bin/python3",
+                              os.path.join(ROOT, "examples", "train_mlp.py"), "--run-dir", run_dir, "--steps", "6",
+                              "--global-batch", "32", "--micro-shards", "4", "--checkpoint-every", "2",
+                              "--on-detect", "warn", "--inject", spec, "--quiet"],
+                             cwd=self.tmp, env=env, capture_output=True, text=True, timeout=300)
+        self.assertEqual(res.returncode, 0, res.stdout + res.stderr)
+        job = sbatch(["-n", "2", "-O", "-o", self.path("pm-%j.out"), os.path.join(JOBS, "postmortem.sbatch"),
+                      run_dir], cwd=self.tmp, extra={"CULPRIT_SRUN_ARGS": "-O", "CULPRIT_PYTHON_DIR": PKG})
+        state, code = wait(job)
+        out = open(self.path("pm-%s.out" % job)).read()
+        self.assertEqual((state, code), ("FAILED", 20), out)
+        diag = json.load(open(os.path.join(run_dir, "diagnosis.json")))
+        self.assertEqual((diag["verdict"], diag["step"], diag["phase"], diag["layer"], diag["rank"]),
+                         ("hardware-transient", 3, "forward", "body.4", 1), diag)
 
     def test_audit_array_and_merge_job_cover_every_interval(self):
         run_dir = self.path("audited")
