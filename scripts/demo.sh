@@ -62,5 +62,8 @@ if [ -d build/python/culprit ]; then
     exit 1
   fi
   echo "the Python model ends with the same parameters on 2 ranks and on 1: fingerprint $a"
+else
+  echo
+  echo "== (the Python package was not built: pybind11-dev or python3-dev missing; docs/python.md)"
 fi
 echo "run directories: $run/w4 $run/w1 $run/silent (run.json, metrics.jsonl, checkpoints/, trace/)"

@@ -147,15 +147,21 @@ def _model_facts(setup, x):
         for h in hooks:
             h.remove()
     layers = order + [n for n in leaves if n not in order and n not in other]
-    embeddings = [f"{n}.weight" if n else "weight" for n, m in model.named_modules()
-                  if isinstance(m, (torch.nn.Embedding, torch.nn.EmbeddingBag))]
-    return layers, embeddings
+    return layers, sorted(_embedding_names(model))
 
 
-def _matrices(model):
-    """culprit's --weight-decay-params matrices: parameters of 2 or more dimensions, embeddings excluded."""
-    emb = {id(m.weight) for m in model.modules() if isinstance(m, (torch.nn.Embedding, torch.nn.EmbeddingBag))}
-    return {id(p) for p in model.parameters() if p.dim() >= 2 and id(p) not in emb}
+def _embedding_names(model):
+    """The weights of the model's Embedding and EmbeddingBag modules, by name (as culprit's layers)."""
+    return {f"{n}.weight" if n else "weight" for n, m in model.named_modules()
+            if isinstance(m, (torch.nn.Embedding, torch.nn.EmbeddingBag))}
+
+
+def _decays(model, which):
+    """Per parameter (named_parameters() order): whether culprit's --weight-decay-params WHICH decays
+    it — the trainer's rule by name: every parameter, or those of 2 or more dimensions that are not
+    embedding weights."""
+    emb = _embedding_names(model)
+    return [which == "all" or (p.dim() >= 2 and n not in emb) for n, p in model.named_parameters()]
 
 
 def _optimizer_args(setup):
@@ -165,6 +171,11 @@ def _optimizer_args(setup):
     call it on a Setup of its own."""
     model = setup.model
     params = list(model.parameters())
+    if not params:
+        raise SetupError("the model has no parameters to train")
+    wide = [n for n, p in model.named_parameters() if p.dtype != torch.float32]
+    if wide:
+        raise SetupError(f"parameter '{wide[0]}' is not float32; culprit trains float32 parameters")
     opt = setup.optimizer(params)
     groups = opt.param_groups
     ids = [id(p) for g in groups for p in g["params"]]
@@ -196,13 +207,13 @@ def _optimizer_args(setup):
         raise SetupError("optimizer: the parameter groups may have one nonzero weight_decay (and 0)")
     if wd > 0 and 0.0 in decays:
         decayed = {id(p) for g in groups if g["weight_decay"] > 0 for p in g["params"]}
-        if decayed != _matrices(model):
+        matrices = {id(p) for p, d in zip(params, _decays(model, "matrices")) if d}
+        if decayed != matrices:
             raise SetupError("optimizer: weight decay must apply to every parameter, or to the weight matrices "
                              "(2 or more dimensions, not embeddings) alone")
         which = "matrices"
     args += ["--lr", repr(float(g0["lr"])), "--weight-decay", repr(wd), "--weight-decay-params", which]
-    decayed = {id(p) for g in groups if g["weight_decay"] > 0 for p in g["params"]}
-    _check_update(opt, model, args, [wd == 0 or id(p) in decayed for p in params])
+    _check_update(opt, model, args, _decays(model, which))
     return args
 
 
@@ -214,15 +225,24 @@ def _check_update(opt, model, args, decays):
     g = torch.Generator().manual_seed(0)
     start = [p.detach().clone() for p in params]
     grads = [[torch.randn(p.shape, generator=g) for p in params] for _ in range(2)]
-    for step in grads:
-        for p, grad in zip(params, step):
-            p.grad = grad.clone()
-        opt.step()
+    try:
+        for step in grads:
+            for p, grad in zip(params, step):
+                p.grad = grad.clone()
+            opt.step()
+        theirs = [p.detach().clone() for p in params]
+    finally:  # put the parameters back: their storage may be shared beyond this Setup (a module-level backbone)
+        with torch.no_grad():
+            for p, s in zip(params, start):
+                p.copy_(s)
+                p.grad = None
+        opt.state.clear()
     ours = _culprit.reference_update(args, start, decays, grads)
-    for name, theirs, mine in zip(names, params, ours):
-        if not torch.equal(theirs.detach(), mine):
+    for name, a, b in zip(names, theirs, ours):
+        if not torch.equal(a, b):
             raise SetupError(f"optimizer: {type(opt).__name__}.step() and culprit's update ({' '.join(args)}) "
-                             f"differ at parameter '{name}': an option culprit does not map (docs/python.md)")
+                             f"differ at parameter '{name}' in two steps: an option culprit does not map "
+                             "(docs/python.md)")
 
 
 def _script_of(build):

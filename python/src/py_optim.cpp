@@ -18,6 +18,9 @@ Status reference_update(std::vector<std::string> args, const std::vector<at::Ten
   bool help = false;
   args.insert(args.begin(), {"--run-dir", "."});
   CULPRIT_RETURN_IF_ERROR(harness::parse_train_options(args, &cfg, &help));
+  bool shapes = decays.size() == start.size();
+  for (const auto& step : grads) shapes = shapes && step.size() == start.size();
+  if (!shapes) return Status::BadInput("reference_update: one decay flag and one gradient per parameter and step");
   std::vector<at::Tensor> params;
   for (const auto& t : start) params.push_back(t.detach().clone().set_requires_grad(true));
   harness::OptimizerState opt(cfg.optim, params, decays);

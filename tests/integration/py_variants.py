@@ -101,9 +101,24 @@ def odd_sgd(params):  # an SGD whose step() does something of its own after the 
     return opt
 
 
+def matrices_decayed(params):  # AdamW with weight decay on the weight matrices only (GPT recipes)
+    groups = [{"params": [p for p in params if p.dim() >= 2], "weight_decay": 0.1},
+              {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}]
+    return torch.optim.AdamW(groups, lr=0.003, betas=(0.9, 0.95))
+
+
+OPTIMIZERS = {
+    "adam": lambda p: torch.optim.Adam(p, lr=0.01),
+    "odd_step": odd_sgd,
+    # accepted: culprit's update is checked bitwise against these at start
+    "adamw_groups": matrices_decayed,
+    "sgd_nesterov_foreach": lambda p: torch.optim.SGD(p, lr=0.1, momentum=0.8, nesterov=True, weight_decay=1e-3,
+                                                      foreach=True),
+}
+
+
 def build():
-    opt = {"adam": lambda p: torch.optim.Adam(p, lr=0.01), "odd_step": odd_sgd}.get(
-        VARIANT, lambda p: torch.optim.SGD(p, lr=0.1))
+    opt = OPTIMIZERS.get(VARIANT, lambda p: torch.optim.SGD(p, lr=0.1))
     loss = {"vector_loss": per_sample, "mean_loss": mean, "raises": raising,
             "raises_later": raising_later_on_rank1}.get(VARIANT, summed)
     data = Data(noisy=VARIANT == "noisy_data")

@@ -78,11 +78,14 @@ class Python(TempDirTest):
         # The same run directory: checkpoints and trace agree bitwise with culprit train's.
         res = run(["audit", "--compare", self.path("w2"), self.path("ts")])
         self.assertEqual(res.code, 0, res.out + res.err)
+        self.assertIn("checkpoints: 4 common, 2 compared; equal through step 6", res.out)
         self.assertIn("the runs agree bitwise everywhere they can be compared", res.out)
         # Negative control: another seed gives other bits (the comparison can fail).
         other = metrics(self.train("seed", 2, ["--seed", "99"]))
         self.assertNotEqual(other[-1]["fingerprint"], runs[1][-1]["fingerprint"])
-        self.assertNotEqual(run(["audit", "--compare", self.path("seed"), self.path("ts")]).code, 0)
+        res = run(["audit", "--compare", self.path("seed"), self.path("ts")])
+        self.assertEqual(res.code, 5, res.out + res.err)  # differ
+        self.assertIn("first differing step: 0", res.out)
         # The checkpoints are culprit's own: verify reads them clean.
         res = run(["verify", self.path("w2")])
         self.assertEqual(res.code, 0, res.out + res.err)
@@ -114,12 +117,21 @@ class Python(TempDirTest):
         self.assertEqual(metrics(by_index), metrics(by_batch))
         self.assertEqual(len(metrics(by_batch)), 3)
 
+    def test_optimizers_culprit_maps_train(self):
+        for variant, kind in (("adamw_groups", "adamw"), ("sgd_nesterov_foreach", "sgd")):
+            with self.subTest(variant=variant):
+                r = self.train(variant, 2, script=VARIANTS, env=py_env(CULPRIT_VARIANT=variant), steps=2)
+                with open(os.path.join(r, "run.json")) as f:
+                    config = json.load(f)["config"]
+                self.assertIn("optimizer = " + kind, config)
+                self.assertIn("weight-decay-params = " + ("matrices" if kind == "adamw" else "all"), config)
+
     def test_contract_breaches_are_refused_on_every_rank(self):
         cases = [("noisy_data", "read twice gave different inputs"),
                  ("batchnorm", "updates state in its forward pass ('1.running_mean'"),
                  ("hidden_rng", "gave different initial parameters"),
                  ("adam", "torch.optim.SGD or torch.optim.AdamW, not Adam"),
-                 ("odd_step", "SGD.step() and culprit's update (--optimizer sgd --momentum 0.0 --lr 0.1"),
+                 ("odd_step", "differ at parameter '0.weight' in two steps"),
                  ("vector_loss", "must return a 0-dim tensor"),
                  ("raises", "RuntimeError: the user's loss is broken"),
                  ("inplace_param", "changes its parameter 'fc.weight' in its forward pass"),
