@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""The Python package's overhead: the same model trained by `mpirun python3 SCRIPT` (an eager
+"""The Python package's overhead: examples/train_mlp.py's model (at a chosen width) trained by `mpirun python3 SCRIPT` (an eager
 nn.Module called back from culprit's C++ core, docs/python.md) and by `culprit train` on its
 TorchScript export with its data as HDF5, side by side in interleaved rounds.
 
@@ -24,51 +24,23 @@ PKG = os.environ.get("CULPRIT_PYTHON_DIR", os.path.join(HERE, "..", "build", "py
 MPIRUN = ["mpirun", "--oversubscribe", "--bind-to", "none"]
 ENV = dict(os.environ, PYTHONPATH=PKG, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
 
-# The model of examples/train_mlp.py with a chosen width (BENCH_WIDTH), as a script of its own.
-SCRIPT = '''
-import os, sys, torch, torch.nn.functional as F
-from torch import nn
-import culprit
-W, FEATURES, CLASSES, SAMPLES = int(os.environ["BENCH_WIDTH"]), 64, 10, 2048
-
-class Net(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.body = nn.Sequential(nn.Linear(FEATURES, W), nn.GELU(), nn.Dropout(0.1), nn.LayerNorm(W),
-                                  nn.Linear(W, W), nn.GELU())
-        self.head = nn.Linear(W, CLASSES)
-    def forward(self, x):
-        return self.head(self.body(x))
-
-class Data:
-    def __init__(self):
-        g = torch.Generator().manual_seed(7)
-        self.x = torch.randn(SAMPLES, FEATURES, generator=g)
-        self.y = self.x[:, :CLASSES].argmax(dim=1)
-    def __len__(self):
-        return SAMPLES
-    def __getitem__(self, i):
-        return self.x[i], self.y[i]
-
-def loss(o, y):
-    return F.cross_entropy(o, y, reduction="sum")
+# examples/train_mlp.py's Setup at a chosen width (BENCH_WIDTH), 64 features, 10 classes and 2048
+# samples: a script of its own that sets the example's shape and hands on its build() and export().
+SCRIPT = """
+import os, sys
+sys.path.insert(0, %r)
+import train_mlp as example
+example.FEATURES, example.HIDDEN, example.CLASSES, example.SAMPLES = 64, int(os.environ["BENCH_WIDTH"]), 10, 2048
 
 def build():
-    return culprit.Setup(model=Net(), loss=loss, data=Data(),
-                         optimizer=lambda p: torch.optim.SGD(p, lr=0.05, momentum=0.9))
+    return example.build()
 
 if __name__ == "__main__":
     if sys.argv[1:2] == ["export"]:
-        import h5py
-        torch.manual_seed(1234)
-        s = build()
-        torch.jit.script(s.model).save(sys.argv[2] + "/model.pt")
-        with h5py.File(sys.argv[2] + "/data.h5", "w") as f:
-            f["x"], f["y"] = s.data.x.numpy(), s.data.y.numpy()
-        print(" ".join(culprit._setup._optimizer_args(s)))
+        example.export(sys.argv[2])
         sys.exit(0)
-    sys.exit(culprit.main(build))
-'''
+    sys.exit(example.culprit.main(build))
+""" % os.path.join(HERE, "..", "examples")
 
 
 def step_seconds(run_dir):
@@ -101,9 +73,10 @@ def main():
     for width in {c[1] for c in configs}:
         d = os.path.join(work, "export%d" % width)
         os.makedirs(d)
-        p = subprocess.run(["/usr/bin/python3", script, "export", d], capture_output=True, text=True, check=True,
-                           env=dict(ENV, BENCH_WIDTH=str(width)))
-        opt[width] = p.stdout.split()
+        subprocess.run(["/usr/bin/python3", script, "export", d], capture_output=True, text=True, check=True,
+                       env=dict(ENV, BENCH_WIDTH=str(width)))
+        with open(os.path.join(d, "args")) as f:
+            opt[width] = f.read().split()
     ratios = {c: [] for c in configs}
     try:
         for r in range(a.rounds):
