@@ -10,7 +10,7 @@ The same work as `mpirun -np W culprit train --model torchscript:M.pt --data hdf
 - the same HDF5 data (datasets x and y), read whole into memory once before training: a step's
   micro-batches are gathered from that copy (index_select, inside the timed step), where culprit reads
   each step's samples from the file by hyperslab selections on its I/O thread a step ahead;
-- the same loss: culprit's (harness/src/trainer.cpp Trainer::loss_of) is the sum of the per-sample
+- the same loss: culprit's (harness/train/trainer.cpp Trainer::loss_of) is the sum of the per-sample
   losses over the global batch divided by B (a sample's loss: the mean over its target elements;
   integer y: cross entropy, floating y: squared error). DDP averages the gradient over the W ranks, so
   each rank's loss is its samples' sum divided by B / W: the reduced gradient is culprit's;

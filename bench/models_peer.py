@@ -16,7 +16,7 @@ writes OUT_DIR/NAME.pt and OUT_DIR/NAME.h5 for each model and prints one JSON li
   4 x width, causal attention, dropout 0.1, an untied Linear head), written again here as a TorchScript
   module: 4 layers, width 256, 4 heads, seq-len 32, vocab 512: 3,430,400 parameters. Its forward maps
   int64 token ids [B, T] to logits [B, T, V]; culprit's loss on those is cross entropy summed over
-  B x T, divided by B x T (harness/src/trainer.cpp Trainer::loss_of). (Seq-len 32, not 64: at 64 the
+  B x T, divided by B x T (harness/train/trainer.cpp Trainer::loss_of). (Seq-len 32, not 64: at 64 the
   smallest batch 16 micro-shards divide took 4.4 s a step at W = 1 here.) Data: x int64 [N, 32], y its
   next tokens [N, 32], from sequences t_j = (a + b*j) mod V with a, b drawn per sample (learnable).
 """

@@ -31,7 +31,7 @@ Measured per W (the formulas: docs/scale.md):
   detector ms       metrics.jsonl's detector_seconds (rank 0's: NaN/Inf scans, fingerprints, the
                     vote including its wait for the slowest rank), median over steps 2-9
   vote B            bytes each rank contributes to the one all-gather of the vote per step
-                    (harness/src/vote.cpp): 8 (3 + 3W + 4M + 2T), T parameter tensors; received:
+                    (harness/detect/vote.cpp): 8 (3 + 3W + 4M + 2T), T parameter tensors; received:
                     (W - 1) times that. Measured by a PMPI shim (LD_PRELOAD, built here with mpicc)
                     that counts every collective's bytes: MPI_Iallgather has one caller, the vote
   reduction B       the same shim: what a rank sends in the tree exchange (Ialltoallv) plus what it

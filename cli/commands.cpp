@@ -9,7 +9,9 @@
 #include "culprit/cli.h"
 #include "culprit/command.h"
 #include "culprit/exit_codes.h"
+#include "culprit/data.h"
 #include "culprit/harness.h"
+#include "culprit/train.h"
 #include "culprit/replay.h"
 #include "culprit/screen.h"
 

@@ -7,7 +7,7 @@
 #include <stdexcept>
 #include <string>
 
-#include "tensors.h"
+#include "culprit/tensors.h"
 
 namespace culprit::python {
 

@@ -6,7 +6,7 @@
 #include <cstring>
 
 #include "py_call.h"
-#include "tensors.h"
+#include "culprit/tensors.h"
 
 namespace culprit::python {
 

@@ -4,7 +4,7 @@
 #pragma once
 #include <torch/csrc/utils/pybind.h>
 
-#include "data.h"
+#include "culprit/data.h"
 
 namespace culprit::python {
 

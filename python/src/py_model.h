@@ -9,8 +9,8 @@
 #include <string>
 #include <vector>
 
-#include "data.h"
-#include "model.h"
+#include "culprit/data.h"
+#include "culprit/model.h"
 
 namespace culprit::python {
 

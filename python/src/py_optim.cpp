@@ -6,7 +6,7 @@
 #include <string>
 #include <vector>
 
-#include "optim_state.h"
+#include "culprit/optim_state.h"
 #include "py_optim.h"
 
 namespace culprit::python {

@@ -7,11 +7,11 @@
 #include <sstream>
 
 #include "culprit/fingerprint.h"
-#include "external.h"
+#include "culprit/external.h"
 #include "py_call.h"
 #include "py_data.h"
 #include "py_model.h"
-#include "tensors.h"
+#include "culprit/tensors.h"
 
 namespace culprit::python {
 

@@ -1,4 +1,4 @@
-// The script's setup function as culprit's external model and data source (harness/src/external.h):
+// The script's setup function as culprit's external model and data source (harness/include/culprit/external.h):
 // each call builds a fresh Setup under torch.manual_seed(--seed), so every rank, every replay and
 // every rebuild gets the same model; a setup function that does not (hidden random numbers of its
 // own) is refused.

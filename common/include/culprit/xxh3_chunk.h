@@ -1,7 +1,7 @@
 // XXH3-64 (seed 0) of one fingerprint chunk (at most kFingerprintChunkBytes = 4096 bytes), written from
 // the XXH3 specification for code that cannot call libxxhash: a CUDA kernel hashing each chunk of a
 // tensor in device memory. It compiles as host code as well (CULPRIT_HD is empty there), where
-// tests/unit/test_xxh3_chunk.cpp checks it bit for bit against libxxhash for every length 0..4096.
+// common/tests/test_xxh3_chunk.cpp checks it bit for bit against libxxhash for every length 0..4096.
 // `secret` is XXH3's 192-byte default secret (fingerprint_cuda.cu gets it from libxxhash with
 // XXH3_generateSecret_fromSeed(buf, 0) and copies it to the device). Inputs are read a byte at a
 // time (no alignment needed); little-endian as fp1 defines.
@@ -173,7 +173,7 @@ CULPRIT_HD std::uint64_t hash_long(const unsigned char* in, std::size_t len, con
 // (each reads 16 contiguous bytes of every 64-byte stripe: a group's loads coalesce). Lane j of
 // accumulate_512 adds word j's 32x32-bit product and word j^1; scramble is per lane. Sums modulo 2^64
 // commute, so lane_long(in, len, sec, j) for j = 0..7 followed by merge_long is hash_long exactly
-// (tests/unit/test_xxh3_chunk.cpp checks every length 241..4096 against libxxhash).
+// (common/tests/test_xxh3_chunk.cpp checks every length 241..4096 against libxxhash).
 CULPRIT_HD std::uint64_t lane_long(const unsigned char* in, std::size_t len, const unsigned char* sec, int j) {
   std::uint64_t acc = 0;
   switch (j) {  // hash_long's initial accumulators

@@ -5,7 +5,7 @@
 //   kind=bitflip|nan|scale|noise|stale|hang bit=0..31 factor=F seconds=T
 //   mode=transient|persistent|intermittent p=P
 // Parsing and the firing decision live here; where each phase's fault lands is FaultPlan's
-// (harness/src/fault_plan.h).
+// (harness/faults/fault_plan.h).
 #pragma once
 #include <cstdint>
 #include <iterator>

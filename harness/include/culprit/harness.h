@@ -1,6 +1,6 @@
 // culprit harness: deterministic, world-size-invariant data-parallel training with libtorch.
 // The training contract is in docs/determinism.md; options in docs/cli.md. Every option is declared
-// once, in train_options() (harness/src/train_options.cpp).
+// once, in train_options() (harness/config/train_options.cpp).
 #pragma once
 #include <cstdint>
 #include <functional>
@@ -241,16 +241,7 @@ Status validate(const TrainConfig& cfg, int world_size);
 // The learning rate of 1-based step `step` (docs/determinism.md, "Learning rate").
 double learning_rate(const TrainConfig& cfg, std::int64_t step);
 
-// Trains. Collective over comm: every rank returns the same Status.
-Status train(const TrainConfig& cfg, const Comm& comm);
-
-// `culprit train`. after_halt: what --on-detect diagnose runs once a detection halted the run (on
-// the same ranks); it gets the halt's exit code and returns the one to exit with. culprit_bisect
-// provides it (bisect::diagnose_after_halt); the executable wires the two together.
-using AfterHalt = std::function<int(const Comm& comm, const std::string& run_dir, int halt_code)>;
-cli::Command train_command(AfterHalt after_halt);
-// `culprit prepare-data` and `culprit verify-data`: a data file's record (docs/data.md).
-cli::Command prepare_data_command();
-cli::Command verify_data_command();
+// A shape for messages: "[4,3,32,32]".
+std::string shape_str(const std::vector<std::int64_t>& shape);
 
 }  // namespace culprit::harness

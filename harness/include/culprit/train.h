@@ -1,0 +1,23 @@
+// The harness's training entry points (train/): `culprit train` and the function it runs. The
+// configuration they take is culprit/harness.h's.
+#pragma once
+#include <functional>
+#include <string>
+
+#include "culprit/command.h"
+#include "culprit/harness.h"
+#include "culprit/mpi_util.h"
+#include "culprit/status.h"
+
+namespace culprit::harness {
+
+// Trains. Collective over comm: every rank returns the same Status.
+Status train(const TrainConfig& cfg, const Comm& comm);
+
+// `culprit train`. after_halt: what --on-detect diagnose runs once a detection halted the run (on
+// the same ranks); it gets the halt's exit code and returns the one to exit with. culprit_bisect
+// provides it (bisect::diagnose_after_halt); the executable wires the two together.
+using AfterHalt = std::function<int(const Comm& comm, const std::string& run_dir, int halt_code)>;
+cli::Command train_command(AfterHalt after_halt);
+
+}  // namespace culprit::harness

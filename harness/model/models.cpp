@@ -1,0 +1,306 @@
+// Built-in models (mlp, cnn, gpt) and TorchScript modules.
+#include <torch/script.h>
+#include <torch/torch.h>
+
+#include <filesystem>
+
+#include "culprit/external.h"
+#include "culprit/error_line.h"
+#include "culprit/model.h"
+#include "config/sizes.h"
+
+namespace culprit::harness {
+
+namespace F = torch::nn::functional;
+
+namespace {
+
+// A Linear layer as PyTorch eager computes it (at::linear: one addmm for 2-D and contiguous 3-D
+// inputs). The C++ frontend's Linear::forward is an implementation of its own (matmul, then += bias
+// for 3-D inputs), which under bf16 autocast rounds differently from PyTorch.
+at::Tensor linear(const torch::nn::Linear& l, const at::Tensor& x) { return torch::linear(x, l->weight, l->bias); }
+
+// Output width: number of classes, or the target size for regression.
+std::int64_t out_features(const Dataset& d) { return d.classification() ? d.classes : d.y_numel(); }
+
+// ---- mlp: fc1 -> relu -> fc2 -> relu -> fc3 -------------------------------------------------
+struct MlpNet : torch::nn::Module {
+  MlpNet(std::int64_t in, std::int64_t hidden, std::int64_t out)
+      : fc1(register_module("fc1", torch::nn::Linear(in, hidden))),
+        fc2(register_module("fc2", torch::nn::Linear(hidden, hidden))),
+        fc3(register_module("fc3", torch::nn::Linear(hidden, out))) {}
+  torch::nn::Linear fc1, fc2, fc3;
+};
+
+// ---- cnn: conv1 -> relu -> pool -> conv2 -> relu -> pool -> fc --------------------------------
+struct CnnNet : torch::nn::Module {
+  CnnNet(std::int64_t cin, std::int64_t h, std::int64_t w, std::int64_t out)
+      : conv1(register_module("conv1", torch::nn::Conv2d(torch::nn::Conv2dOptions(cin, 8, 3).padding(1)))),
+        conv2(register_module("conv2", torch::nn::Conv2d(torch::nn::Conv2dOptions(8, 16, 3).padding(1)))),
+        fc(register_module("fc", torch::nn::Linear(16 * (h / 4) * (w / 4), out))) {}
+  torch::nn::Conv2d conv1, conv2;
+  torch::nn::Linear fc;
+};
+
+// ---- gpt: a tiny decoder-only transformer with dropout ---------------------------------------
+struct AttnNet : torch::nn::Module {
+  AttnNet(std::int64_t d)
+      : qkv(register_module("qkv", torch::nn::Linear(d, 3 * d))),
+        proj(register_module("proj", torch::nn::Linear(d, d))) {}
+  torch::nn::Linear qkv, proj;
+};
+struct MlpBlockNet : torch::nn::Module {
+  MlpBlockNet(std::int64_t d)
+      : fc(register_module("fc", torch::nn::Linear(d, 4 * d))),
+        proj(register_module("proj", torch::nn::Linear(4 * d, d))) {}
+  torch::nn::Linear fc, proj;
+};
+struct BlockNet : torch::nn::Module {
+  BlockNet(std::int64_t d)
+      : ln1(register_module("ln1", torch::nn::LayerNorm(torch::nn::LayerNormOptions({d})))),
+        attn(register_module("attn", std::make_shared<AttnNet>(d))),
+        ln2(register_module("ln2", torch::nn::LayerNorm(torch::nn::LayerNormOptions({d})))),
+        mlp(register_module("mlp", std::make_shared<MlpBlockNet>(d))) {}
+  torch::nn::LayerNorm ln1;
+  std::shared_ptr<AttnNet> attn;
+  torch::nn::LayerNorm ln2;
+  std::shared_ptr<MlpBlockNet> mlp;
+};
+struct GptNet : torch::nn::Module {
+  GptNet(std::int64_t vocab, std::int64_t ctx, const GptOptions& g)
+      : tok_emb(register_module("tok_emb", torch::nn::Embedding(vocab, g.width))),
+        pos_emb(register_module("pos_emb", torch::nn::Embedding(ctx, g.width))),
+        blocks(register_module("blocks", torch::nn::ModuleList())),
+        ln_f(register_module("ln_f", torch::nn::LayerNorm(torch::nn::LayerNormOptions({g.width})))) {
+    // A tied head has no tensor of its own: registering tok_emb's weight twice would list it twice
+    // among the parameters (libtorch, unlike PyTorch, does not drop the duplicate).
+    if (!g.tie_head) head = register_module("head", torch::nn::Linear(g.width, vocab));
+    for (int i = 0; i < g.layers; ++i) blocks->push_back(std::make_shared<BlockNet>(g.width));
+  }
+  torch::nn::Embedding tok_emb, pos_emb;
+  torch::nn::ModuleList blocks;
+  torch::nn::LayerNorm ln_f;
+  torch::nn::Linear head{nullptr};
+};
+
+// Shared plumbing for nn::Module based models.
+class BuiltinModel : public Model {
+ public:
+  std::vector<NamedTensor> parameters() override {
+    std::vector<NamedTensor> out;
+    for (const auto& item : module()->named_parameters(true)) out.push_back({item.key(), item.value()});
+    return out;
+  }
+  std::vector<NamedTensor> buffers() override {
+    std::vector<NamedTensor> out;
+    for (const auto& item : module()->named_buffers(true)) out.push_back({item.key(), item.value()});
+    return out;
+  }
+  void set_training(bool on) override { module()->train(on); }
+
+ protected:
+  virtual torch::nn::Module* module() = 0;
+};
+
+class Mlp : public BuiltinModel {
+ public:
+  Mlp(std::int64_t in, std::int64_t hidden, std::int64_t out) : net_(std::make_shared<MlpNet>(in, hidden, out)) {}
+  at::Tensor forward(const at::Tensor& x) override {
+    auto h = tap("fc1", linear(net_->fc1, x.flatten(1)));
+    h = tap("fc2", linear(net_->fc2, torch::relu(h)));
+    return tap("fc3", linear(net_->fc3, torch::relu(h)));
+  }
+  std::vector<std::string> layers() const override { return {"fc1", "fc2", "fc3"}; }
+
+ private:
+  torch::nn::Module* module() override { return net_.get(); }
+  std::shared_ptr<MlpNet> net_;
+};
+
+class Cnn : public BuiltinModel {
+ public:
+  Cnn(std::int64_t c, std::int64_t h, std::int64_t w, std::int64_t out)
+      : net_(std::make_shared<CnnNet>(c, h, w, out)) {}
+  at::Tensor forward(const at::Tensor& x) override {
+    auto h = tap("conv1", net_->conv1(x));
+    h = torch::max_pool2d(torch::relu(h), 2);
+    h = tap("conv2", net_->conv2(h));
+    h = torch::max_pool2d(torch::relu(h), 2);
+    return tap("fc", linear(net_->fc, h.flatten(1)));
+  }
+  std::vector<std::string> layers() const override { return {"conv1", "conv2", "fc"}; }
+
+ private:
+  torch::nn::Module* module() override { return net_.get(); }
+  std::shared_ptr<CnnNet> net_;
+};
+
+// Pre-LN blocks: x + attn(ln1(x)), then x + mlp(ln2(x)) with a GELU MLP; the head is a Linear of
+// its own or (--tie-head) tok_emb's weight without a bias.
+class Gpt : public BuiltinModel {
+ public:
+  static constexpr double kDropout = 0.1;
+  Gpt(std::int64_t vocab, std::int64_t ctx, const GptOptions& g) : g_(g), net_(std::make_shared<GptNet>(vocab, ctx, g)) {
+    for (int i = 0; i < g.layers; ++i) blocks_.push_back(net_->blocks->ptr<BlockNet>(i));
+    names_ = {"tok_emb", "pos_emb"};
+    for (int i = 0; i < g.layers; ++i) {
+      const std::string b = "blocks." + std::to_string(i) + ".";
+      for (const char* l : {"ln1", "attn.qkv", "attn.proj", "ln2", "mlp.fc", "mlp.proj"}) names_.push_back(b + l);
+    }
+    names_.push_back("ln_f");
+    names_.push_back("head");
+    if (g.init == GptInit::kGpt2) init_gpt2();
+  }
+  at::Tensor forward(const at::Tensor& idx) override {
+    const bool train = net_->is_training();
+    const std::int64_t n = idx.size(0), t = idx.size(1), d = g_.width, heads = g_.heads, hd = d / heads;
+    auto pos = torch::arange(t, torch::kLong);
+    auto x = tap("tok_emb", net_->tok_emb(idx)) + tap("pos_emb", net_->pos_emb(pos));
+    x = torch::dropout(x, kDropout, train);
+    auto mask = torch::ones({t, t}, torch::kBool).triu(1);
+    for (int i = 0; i < g_.layers; ++i) {
+      const auto& blk = blocks_[i];
+      const std::string b = "blocks." + std::to_string(i) + ".";
+      auto h = tap(b + "ln1", blk->ln1(x));
+      auto qkv = tap(b + "attn.qkv", linear(blk->attn->qkv, h)).view({n, t, 3, heads, hd}).permute({2, 0, 3, 1, 4});
+      auto q = qkv[0], k = qkv[1], v = qkv[2];
+      auto att = torch::matmul(q, k.transpose(-2, -1)) / std::sqrt(static_cast<double>(hd));
+      att = torch::softmax(att.masked_fill(mask, -std::numeric_limits<float>::infinity()), -1);
+      att = torch::dropout(att, kDropout, train);
+      auto y = torch::matmul(att, v).transpose(1, 2).contiguous().view({n, t, d});
+      x = x + torch::dropout(tap(b + "attn.proj", linear(blk->attn->proj, y)), kDropout, train);
+      h = tap(b + "ln2", blk->ln2(x));
+      h = torch::gelu(tap(b + "mlp.fc", linear(blk->mlp->fc, h)));
+      x = x + torch::dropout(tap(b + "mlp.proj", linear(blk->mlp->proj, h)), kDropout, train);
+    }
+    auto h = tap("ln_f", net_->ln_f(x));
+    return tap("head", g_.tie_head ? torch::linear(h, net_->tok_emb->weight) : linear(net_->head, h));
+  }
+  std::vector<std::string> layers() const override { return names_; }
+  std::vector<std::string> embeddings() const override { return {"tok_emb.weight", "pos_emb.weight"}; }
+
+ private:
+  torch::nn::Module* module() override { return net_.get(); }
+  // GPT-2's initialisation, in state-dict order from the seeded generator.
+  void init_gpt2() {
+    torch::NoGradGuard ng;
+    const double residual = 0.02 / std::sqrt(2.0 * g_.layers);
+    for (auto& item : net_->named_parameters(true)) {
+      const std::string& name = item.key();
+      auto& t = item.value();
+      const bool proj = name.size() > 12 && name.compare(name.size() - 12, 12, ".proj.weight") == 0;
+      if (t.dim() >= 2) t.normal_(0.0, proj ? residual : 0.02);
+      else if (name.compare(name.size() - 5, 5, ".bias") == 0) t.zero_();
+    }
+  }
+  const GptOptions g_;
+  std::shared_ptr<GptNet> net_;
+  std::vector<std::shared_ptr<BlockNet>> blocks_;
+  std::vector<std::string> names_;
+};
+
+// ---- TorchScript ----------------------------------------------------------------------------
+class Scripted : public Model {
+ public:
+  explicit Scripted(torch::jit::Module m) : m_(std::move(m)) {}
+  at::Tensor forward(const at::Tensor& x) override {
+    auto out = m_.forward({x});
+    if (!out.isTensor()) throw std::runtime_error("TorchScript forward must return one tensor");
+    return tap(kOutputLayer, out.toTensor());
+  }
+  std::vector<NamedTensor> parameters() override {
+    std::vector<NamedTensor> out;
+    for (const auto& p : m_.named_parameters(true)) out.push_back({p.name, p.value});
+    return out;
+  }
+  std::vector<NamedTensor> buffers() override {
+    std::vector<NamedTensor> out;
+    for (const auto& p : m_.named_buffers(true)) out.push_back({p.name, p.value});
+    return out;
+  }
+  void set_training(bool on) override { m_.train(on); }
+  // The weights of the module's Embedding and EmbeddingBag submodules (by their class name).
+  std::vector<std::string> embeddings() const override {
+    std::vector<std::string> out;
+    for (const auto& sub : m_.named_modules()) {
+      const auto& type = sub.value.type();
+      if (!type->name()) continue;
+      const std::string cls = type->name()->name();
+      if (cls != "Embedding" && cls != "EmbeddingBag") continue;
+      for (const auto& p : sub.value.named_parameters(/*recurse=*/false))
+        out.push_back(sub.name.empty() ? p.name : sub.name + "." + p.name);
+    }
+    return out;
+  }
+  // The module's forward is opaque: its output is the one observable layer.
+  std::vector<std::string> layers() const override { return {kOutputLayer}; }
+  bool per_layer() const override { return false; }
+
+ private:
+  torch::jit::Module m_;
+};
+
+Status need_float_samples(const std::string& model, const Dataset& d) {
+  if (d.x_dtype != DType::kFloat32)
+    return Status::BadInput("model " + model + " needs float32 samples, data x holds " + dtype_name(d.x_dtype));
+  return Status::OK();
+}
+
+}  // namespace
+
+Status make_model(const TrainConfig& cfg, const Dataset& d, std::unique_ptr<Model>* out, int world) {
+  torch::manual_seed(cfg.seed);
+  const std::string m = cfg.model.text();
+  const ModelKind kind = cfg.model.kind;
+  if (kind == ModelKind::kMlp) {
+    CULPRIT_RETURN_IF_ERROR(need_float_samples(m, d));
+    CULPRIT_RETURN_IF_ERROR(check_model_size(cfg, d.x_shape, out_features(d), world));
+    *out = std::make_unique<Mlp>(d.x_numel(), cfg.hidden, out_features(d));
+  } else if (kind == ModelKind::kCnn) {
+    CULPRIT_RETURN_IF_ERROR(need_float_samples(m, d));
+    const auto& s = d.x_shape;
+    if (s.size() != 3 || s[1] < 4 || s[2] < 4 || s[1] % 4 || s[2] % 4)
+      return Status::BadInput("model cnn needs samples of shape [C,H,W] with H and W multiples of 4, data x has " +
+                           shape_str(s));
+    CULPRIT_RETURN_IF_ERROR(check_model_size(cfg, s, out_features(d), world));
+    *out = std::make_unique<Cnn>(s[0], s[1], s[2], out_features(d));
+  } else if (kind == ModelKind::kGpt) {
+    if (d.x_dtype != DType::kInt64 || d.x_shape.size() != 1)
+      return Status::BadInput("model gpt needs int64 token sequences of shape [T], data x has " +
+                           std::string(dtype_name(d.x_dtype)) + " " + shape_str(d.x_shape));
+    if (!d.classification() || d.y_shape != d.x_shape)
+      return Status::BadInput("model gpt needs int64 next-token targets of the shape of x " + shape_str(d.x_shape) +
+                           ", data y has " + dtype_name(d.y_dtype) + " " + shape_str(d.y_shape));
+    if (cfg.gpt.seq_len > 0 && cfg.gpt.seq_len != d.x_shape[0])
+      return Status::BadInput("option '--seq-len' is " + std::to_string(cfg.gpt.seq_len) + " but data " +
+                              cfg.data.text() + " holds sequences of " + std::to_string(d.x_shape[0]) + " tokens");
+    // The vocabulary: --vocab when given (the data's open checked every token against it), else
+    // wide enough for every token and target (load_dataset).
+    const std::int64_t vocab = d.classes;
+    CULPRIT_RETURN_IF_ERROR(check_model_size(cfg, d.x_shape, vocab, world));
+    *out = std::make_unique<Gpt>(vocab, d.x_shape[0], cfg.gpt);
+  } else if (cfg.model.kind == ModelKind::kPython) {
+    const ExternalSource* ext = external_source();
+    CULPRIT_RETURN_IF_ERROR(ext ? ext->make_model(cfg, d, out) : no_external_source("model " + m));
+  } else {
+    const std::string& path = cfg.model.path;
+    std::error_code ec;
+    if (!std::filesystem::exists(path, ec)) return Status::BadInput("TorchScript file '" + path + "' does not exist");
+    try {
+      *out = std::make_unique<Scripted>(torch::jit::load(path));
+    } catch (const std::exception& e) {
+      return Status::BadInput("cannot load TorchScript module '" + path + "': " + error_line(e.what()));
+    }
+  }
+  for (auto& p : (*out)->parameters()) {
+    if (p.tensor.scalar_type() != torch::kFloat32)
+      return Status::BadInput("model " + m + ": parameter '" + p.name + "' is " +
+                           std::string(c10::toString(p.tensor.scalar_type())) +
+                           "; culprit trains float32 parameters");
+    p.tensor.requires_grad_(true);
+  }
+  if ((*out)->parameters().empty()) return Status::BadInput("model " + m + " has no parameters to train");
+  return Status::OK();
+}
+
+}  // namespace culprit::harness

@@ -1,0 +1,1 @@
+// The unit that builds the libtorch folders' precompiled header (harness/CMakeLists.txt).
