@@ -257,9 +257,13 @@ Status read_incidents(const std::string& run_dir, std::vector<Incident>* out) {
   return Status::OK();
 }
 
+bool shows_a_fault(const Incident& i) {
+  return i.detector != Detector::kCollectiveTimeout && i.detector != Detector::kJobs;
+}
+
 const Incident* first_fault(const std::vector<Incident>& all) {
   for (const auto& i : all)
-    if (i.detector != Detector::kCollectiveTimeout && i.detector != Detector::kJobs) return &i;
+    if (shows_a_fault(i)) return &i;
   return nullptr;
 }
 

@@ -114,6 +114,11 @@ TEST_F(Records, IncidentsRoundTripWithEveryField) {
   // The first incident where a fault shows skips silent ranks and job decisions.
   EXPECT_EQ(r::first_fault(got), &got[0]);
   EXPECT_EQ(r::first_fault({job}), nullptr);
+  EXPECT_TRUE(r::shows_a_fault(got[0]));
+  EXPECT_FALSE(r::shows_a_fault(job));
+  auto silent = got[0];
+  silent.detector = decltype(silent.detector)::kCollectiveTimeout;
+  EXPECT_FALSE(r::shows_a_fault(silent));
   // incidents.log: one line per record, the message last, quoted, on one line.
   std::ifstream log(dir / "incidents.log");
   std::string line;

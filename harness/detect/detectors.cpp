@@ -48,7 +48,7 @@ Incident StepDetectors::make_incident(std::int64_t step, Detector d, IncidentCla
 }
 
 void StepDetectors::incident(Incident inc, bool may_halt) {
-  saw_fault_ = saw_fault_ || (inc.detector != Detector::kCollectiveTimeout && inc.detector != Detector::kJobs);
+  saw_fault_ = saw_fault_ || records::shows_a_fault(inc);
   if (inc.rank >= 0 && inc.rank < static_cast<int>(hosts_.size())) {
     inc.host = hosts_[inc.rank];
     inc.device = devices_[inc.rank];

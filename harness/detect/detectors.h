@@ -90,7 +90,7 @@ class StepDetectors {
   void vote(StepFacts& f);
   // Set once a detection halts the run (--on-detect halt or diagnose).
   const Status& halt() const { return halt_; }
-  // Whether this job has recorded an incident where a fault shows (records::first_fault's kind).
+  // Whether this job has recorded an incident where a fault shows (records::shows_a_fault).
   bool saw_fault() const { return saw_fault_; }
 
  private:

@@ -143,7 +143,11 @@ Status append_incident(const std::string& run_dir, Incident inc);
 // Every record of RUN/incidents.jsonl, in order (none when the file does not exist). A line that is
 // not a record of a known version is an error naming the file and the line number.
 Status read_incidents(const std::string& run_dir, std::vector<Incident>* out);
-// The first incident where a fault shows (neither a silent rank nor a job decision), or null.
+// Whether a fault shows in the incident: every detector's but a silent rank's (the rank may be healthy
+// and only slow) and a job decision's (a record of what the job did, not of what it computed). The one
+// rule the bisection's starting point, the detectors' saw_fault and the trace's pinning share.
+bool shows_a_fault(const Incident& i);
+// The first incident where a fault shows, or null.
 const Incident* first_fault(const std::vector<Incident>& all);
 
 // ---- RUN/diagnosis.json: culprit bisect's result ----
