@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <fstream>
 #include <functional>
+#include <iterator>
 #include <map>
 
 
@@ -23,14 +24,50 @@
 
 namespace culprit::harness {
 
-std::vector<std::string> screen_tests() { return {"matmul", "reduce", "pointwise"}; }
-
 namespace {
 
 // The inputs: seeded, the same on every device.
 struct Inputs {
   at::Tensor a, b;
 };
+
+// The screen's kernels, in report order: a name (an injection's layer=) and the CPU computation. The
+// GPU runs the same kernels in common/cuda/screen_cuda.cu against screen_kernels.h's reference; a
+// kernel added here is added there, in the same place.
+struct Kernel {
+  const char* name;
+  at::Tensor (*run)(const Inputs& in);
+};
+const Kernel kKernels[] = {
+    {"matmul", [](const Inputs& in) { return at::mm(in.a, in.b); }},
+    {"reduce", [](const Inputs& in) { return at::sum(in.a * in.b, {1}); }},
+    {"pointwise", [](const Inputs& in) { return at::tanh(in.a) * at::exp(-at::abs(in.b)) + in.a * 0.5f; }},
+};
+static_assert(std::size(kKernels) == 3, "the GPU screen and its CPU reference (screen_kernels.h) run these three");
+
+// An --inject of the screen: a kernel's result, one element of it, corrupted on the ranks and
+// repetitions its spec fires (step = a repetition).
+struct ScreenFault {
+  int kernel = 0;  // index in kKernels
+  FaultSpec spec;  // kind, element (index), bit or value, rank, step, mode
+  bool fires(int rank, std::int64_t rep) const { return fault_fires(spec, rank, rep, /*replay=*/false, 1, 0); }
+};
+
+std::string kernel_names(const char* sep) {
+  std::string s;
+  for (const Kernel& k : kKernels) s += (s.empty() ? "" : sep) + std::string(k.name);
+  return s;
+}
+
+}  // namespace
+
+std::vector<std::string> screen_tests() {
+  std::vector<std::string> v;
+  for (const Kernel& k : kKernels) v.push_back(k.name);
+  return v;
+}
+
+namespace {
 
 Inputs make_inputs(int n) {
   at::Generator g = at::detail::createCPUGenerator(20261130);
@@ -40,21 +77,14 @@ Inputs make_inputs(int n) {
   return in;
 }
 
-// One repetition of test t; the result's fingerprint after any injected fault for (rank, rep).
-Fingerprint run_test(int t, const Inputs& in, const std::vector<FaultSpec>& faults, int rank, std::int64_t rep) {
-  at::Tensor out;
-  switch (t) {
-    case 0: out = at::mm(in.a, in.b); break;
-    case 1: out = at::sum(in.a * in.b, {1}); break;
-    default: out = at::tanh(in.a) * at::exp(-at::abs(in.b)) + in.a * 0.5f; break;
-  }
-  out = out.contiguous();
-  const auto name = screen_tests()[static_cast<std::size_t>(t)];
+// One repetition of kernel t; the result's fingerprint after any injected fault for (rank, rep).
+Fingerprint run_test(int t, const Inputs& in, const std::vector<ScreenFault>& faults, int rank, std::int64_t rep) {
+  at::Tensor out = kKernels[t].run(in).contiguous();
   for (const auto& f : faults) {
-    if (f.layer != name || !fault_fires(f, rank, rep, /*replay=*/false, 1, 0)) continue;
+    if (f.kernel != t || !f.fires(rank, rep)) continue;
     float* p = out.data_ptr<float>();
-    const std::int64_t i = f.index % out.numel();
-    p[i] = corrupt_value(f, p[i]);
+    const std::int64_t i = f.spec.index % out.numel();
+    p[i] = corrupt_value(f.spec, p[i]);
   }
   return fingerprint_bytes(out.data_ptr<float>(), static_cast<std::size_t>(out.numel()) * sizeof(float));
 }
@@ -63,14 +93,16 @@ Fingerprint run_test(int t, const Inputs& in, const std::vector<FaultSpec>& faul
 // which it fills in; returns the failed devices for the error line ("" when all passed).
 std::string print_report(records::ScreenReport& report, bool unresolved) {
   std::printf("culprit screen: %zu device(s), %lld repetition(s) of %s (%dx%d float32) in %.2f s\n",
-              report.devices.size(), static_cast<long long>(report.repetitions), "matmul, reduce, pointwise",
+              report.devices.size(), static_cast<long long>(report.repetitions), kernel_names(", ").c_str(),
               report.size, report.size, report.seconds);
-  std::printf("%5s  %-20s %-8s %-12s %s\n", "rank", "host", "device", "verdict", "failures (matmul reduce pointwise)");
+  std::printf("%5s  %-20s %-8s %-12s %s\n", "rank", "host", "device", "verdict",
+              ("failures (" + kernel_names(" ") + ")").c_str());
   std::string failed;
   for (const auto& d : report.devices) {
-    const auto& c = d.failures;
-    std::printf("%5d  %-20s %-8s %-12s %d %d %d%s\n", d.rank, d.host.c_str(), d.device.c_str(), name_of(d.verdict), c[0],
-                c[1], c[2], d.first_failure ? (" (first at repetition " + std::to_string(d.first_failure) + ")").c_str() : "");
+    std::string counts;
+    for (int n : d.failures) counts += (counts.empty() ? "" : " ") + std::to_string(n);
+    std::printf("%5d  %-20s %-8s %-12s %s%s\n", d.rank, d.host.c_str(), d.device.c_str(), name_of(d.verdict),
+                counts.c_str(), d.first_failure ? (" (first at repetition " + std::to_string(d.first_failure) + ")").c_str() : "");
     if (d.verdict == DeviceVerdict::kPass) continue;
     failed += (failed.empty() ? "" : "; ") + std::string("rank ") + std::to_string(d.rank) + " (" + d.host + ", " +
               d.device + "): " + name_of(d.verdict);
@@ -86,17 +118,18 @@ std::string print_report(records::ScreenReport& report, bool unresolved) {
 }
 
 // --inject for the screen: layer= a test's name, step= a repetition.
-Status parse_faults(const ScreenOptions& opt, const std::vector<std::string>& tests, std::vector<FaultSpec>* faults) {
+Status parse_faults(const ScreenOptions& opt, const std::vector<std::string>& tests, std::vector<ScreenFault>* faults) {
   for (const auto& text : opt.inject) {
     FaultSpec f;
     // The screen's computations have no phases: forward stands for "the result".
     CULPRIT_RETURN_IF_ERROR(parse_fault(text.find("phase=") == std::string::npos ? "phase=forward," + text : text, tests, &f));
     f.text = text;
     if (f.layer.empty())
-      return Status::BadInput("--inject '" + text + "': screen faults need layer= (one of matmul, reduce, pointwise)");
+      return Status::BadInput("--inject '" + text + "': screen faults need layer= (one of " + kernel_names(", ") + ")");
     if (opt.device == DeviceKind::kCuda && f.kind != FaultKind::kBitflip)
       return Status::BadInput("--inject '" + text + "': the GPU screen injects kind=bitflip only");
-    faults->push_back(f);
+    const int kernel = static_cast<int>(std::find(tests.begin(), tests.end(), f.layer) - tests.begin());
+    faults->push_back({kernel, f});
   }
   return Status::OK();
 }
@@ -110,7 +143,7 @@ struct Device {
   Inputs in;
 };
 
-Status open_device(const ScreenOptions& opt, const Comm& comm, const std::vector<FaultSpec>& faults, Device* dev) {
+Status open_device(const ScreenOptions& opt, const Comm& comm, const std::vector<ScreenFault>& faults, Device* dev) {
   const auto tests = screen_tests();
   const int T = static_cast<int>(tests.size());
   if (opt.device == DeviceKind::kCpu) {
@@ -130,13 +163,13 @@ Status open_device(const ScreenOptions& opt, const Comm& comm, const std::vector
   std::vector<float> ref[3];
   screen::reference(opt.size, &ref[0], &ref[1], &ref[2]);
   for (const auto& r : ref) dev->reference.push_back(fingerprint_bytes(r.data(), r.size() * sizeof(float)));
-  dev->repetition = [gpu, tests, &faults, size = opt.size, rank = comm.rank](std::int64_t rep, std::vector<Fingerprint>* out) {
+  dev->repetition = [gpu, &faults, size = opt.size, rank = comm.rank](std::int64_t rep, std::vector<Fingerprint>* out) {
     cuda::ScreenFlip flip;
     for (const auto& f : faults)
-      if (fault_fires(f, rank, rep, /*replay=*/false, 1, 0)) {
-        flip.test = static_cast<int>(std::find(tests.begin(), tests.end(), f.layer) - tests.begin());
-        flip.index = static_cast<std::size_t>(f.index);
-        flip.bit = f.bit;
+      if (f.fires(rank, rep)) {
+        flip.test = f.kernel;
+        flip.index = static_cast<std::size_t>(f.spec.index);
+        flip.bit = f.spec.bit;
       }
     return cuda::screen_once(gpu, size, flip, out->data());
   };
@@ -235,7 +268,7 @@ records::ScreenReport gather_report(const ScreenOptions& opt, const Comm& comm, 
 Status screen(const ScreenOptions& opt, const Comm& comm) {
   const auto tests = screen_tests();
   const int T = static_cast<int>(tests.size());
-  std::vector<FaultSpec> faults;
+  std::vector<ScreenFault> faults;
   Device dev;
   Status st = screen_options().validate(opt);
   if (st.ok()) st = parse_faults(opt, tests, &faults);
