@@ -191,30 +191,8 @@ Status Writer::create(const std::string& path, const Header& h, const std::strin
   h5::Handle steps, shards;
   CULPRIT_RETURN_IF_ERROR(h5::create_group(file_.id(), "steps", &steps));
   CULPRIT_RETURN_IF_ERROR(h5::create_group(file_.id(), "shards", &shards));
-  h5::Handle host(string_type(kHostChars), H5Tclose), dev(string_type(kDeviceChars), H5Tclose);
-  const std::int64_t np = static_cast<std::int64_t>(h.params.size()), nl = static_cast<std::int64_t>(h.layers.size());
-  for (const Column& c : {Column{"step", H5T_NATIVE_INT64, 0}, Column{"loss", H5T_NATIVE_FLOAT, 0},
-                          Column{"lr", H5T_NATIVE_DOUBLE, 0}, Column{"grad_fp", H5T_NATIVE_UINT64, 0},
-                          Column{"param_fp", H5T_NATIVE_UINT64, std::max<std::int64_t>(1, np)},
-                          Column{"world", H5T_NATIVE_INT32, 0}, Column{"chunk_fp", H5T_NATIVE_UINT64, 0},
-                          Column{"opt_fp", H5T_NATIVE_UINT64, std::max<std::int64_t>(1, np)},
-                          Column{"reduced_fp", H5T_NATIVE_UINT64, std::max<std::int64_t>(1, np)},
-                          Column{"shard", H5T_NATIVE_UINT64, kShardColumns},
-                          Column{"row_check", H5T_NATIVE_UINT64, 0}})
-    CULPRIT_RETURN_IF_ERROR(create_column(steps.id(), c));
-  for (const Column& c : {Column{"step", H5T_NATIVE_INT64, 0}, Column{"shard", H5T_NATIVE_INT32, 0},
-                          Column{"rank", H5T_NATIVE_INT32, 0}, Column{"host", host.id(), 0},
-                          Column{"device", dev.id(), 0}, Column{"loss", H5T_NATIVE_FLOAT, 0},
-                          Column{"grad_fp", H5T_NATIVE_UINT64, 0}, Column{"input_fp", H5T_NATIVE_UINT64, 0},
-                          Column{"sample_fp", H5T_NATIVE_UINT64, std::max<std::int64_t>(1, h.samples_per_shard)},
-                          Column{"row_check", H5T_NATIVE_UINT64, 0}})
-    CULPRIT_RETURN_IF_ERROR(create_column(shards.id(), c));
-  if (h.level == Level::kLayer) {
-    CULPRIT_RETURN_IF_ERROR(
-        create_column(shards.id(), {"param_grad_fp", H5T_NATIVE_UINT64, std::max<std::int64_t>(1, np)}));
-    CULPRIT_RETURN_IF_ERROR(create_column(shards.id(), {"fwd_fp", H5T_NATIVE_UINT64, std::max<std::int64_t>(1, nl)}));
-    CULPRIT_RETURN_IF_ERROR(create_column(shards.id(), {"bwd_fp", H5T_NATIVE_UINT64, std::max<std::int64_t>(1, nl)}));
-  }
+  CULPRIT_RETURN_IF_ERROR(create_columns<StepRow>(steps.id(), h));
+  CULPRIT_RETURN_IF_ERROR(create_columns<ShardRow>(shards.id(), h));
   steps_ = shards_ = 0;
   CULPRIT_RETURN_IF_ERROR(h5::write_attr(file_.id(), kAttrStepsCommitted, steps_));
   CULPRIT_RETURN_IF_ERROR(h5::write_attr(file_.id(), kAttrShardsCommitted, shards_));
@@ -231,84 +209,11 @@ Status Writer::append(const StepRow& s, const std::vector<ShardRow>& rows) {
 }
 
 Status Writer::append_rows(const StepRow& s, const std::vector<ShardRow>& rows) {
-  const std::int64_t np = std::max<std::int64_t>(1, static_cast<std::int64_t>(header_.params.size()));
-  const std::int64_t nl = std::max<std::int64_t>(1, static_cast<std::int64_t>(header_.layers.size()));
   h5::Handle steps(H5Gopen2(file_.id(), "steps", H5P_DEFAULT), H5Gclose);
   h5::Handle shards(H5Gopen2(file_.id(), "shards", H5P_DEFAULT), H5Gclose);
-  std::vector<Fingerprint> pf = s.param_fps, of = s.opt_fps, rf = s.reduced_fps;
-  pf.resize(np, 0);
-  of.resize(np, 0);
-  rf.resize(np, 0);
-  StepRow padded = s;  // as it will read back
-  padded.param_fps.resize(header_.params.size(), 0);
-  padded.opt_fps.resize(header_.params.size(), 0);
-  padded.reduced_fps.resize(header_.params.size(), 0);
-  const Fingerprint check = row_check(padded, header_.rank, steps_);
-  CULPRIT_RETURN_IF_ERROR(put(steps.id(), "step", H5T_NATIVE_INT64, steps_, 1, 0, &s.step));
-  CULPRIT_RETURN_IF_ERROR(put(steps.id(), "loss", H5T_NATIVE_FLOAT, steps_, 1, 0, &s.loss));
-  CULPRIT_RETURN_IF_ERROR(put(steps.id(), "lr", H5T_NATIVE_DOUBLE, steps_, 1, 0, &s.lr));
-  CULPRIT_RETURN_IF_ERROR(put(steps.id(), "grad_fp", H5T_NATIVE_UINT64, steps_, 1, 0, &s.grad_fp));
-  CULPRIT_RETURN_IF_ERROR(put(steps.id(), "param_fp", H5T_NATIVE_UINT64, steps_, 1, np, pf.data()));
-  CULPRIT_RETURN_IF_ERROR(put(steps.id(), "world", H5T_NATIVE_INT32, steps_, 1, 0, &s.world));
-  CULPRIT_RETURN_IF_ERROR(put(steps.id(), "chunk_fp", H5T_NATIVE_UINT64, steps_, 1, 0, &s.chunk_fp));
-  CULPRIT_RETURN_IF_ERROR(put(steps.id(), "opt_fp", H5T_NATIVE_UINT64, steps_, 1, np, of.data()));
-  CULPRIT_RETURN_IF_ERROR(put(steps.id(), "reduced_fp", H5T_NATIVE_UINT64, steps_, 1, np, rf.data()));
-  const std::array<std::uint64_t, kShardColumns> slice =
-      s.shard ? s.shard->words() : std::array<std::uint64_t, kShardColumns>{};  // zeros read back as none
-  CULPRIT_RETURN_IF_ERROR(put(steps.id(), "shard", H5T_NATIVE_UINT64, steps_, 1, kShardColumns, slice.data()));
-  CULPRIT_RETURN_IF_ERROR(put(steps.id(), "row_check", H5T_NATIVE_UINT64, steps_, 1, 0, &check));
   const std::int64_t n = static_cast<std::int64_t>(rows.size());
-  std::vector<std::int64_t> step(n);
-  std::vector<std::int32_t> shard(n), rank(n);
-  std::vector<float> loss(n);
-  const std::int64_t ns = std::max(1, header_.samples_per_shard);
-  std::vector<Fingerprint> gfp(n), ifp(n), fwd, bwd, pgf, sfp, rc(n);
-  std::vector<char> host(n * kHostChars, 0), dev(n * kDeviceChars, 0);
-  for (std::int64_t i = 0; i < n; ++i) {
-    const auto& r = rows[i];
-    step[i] = r.step, shard[i] = r.shard, rank[i] = r.rank, loss[i] = r.loss, gfp[i] = r.grad_fp, ifp[i] = r.input_fp;
-    std::strncpy(&host[i * kHostChars], r.host.c_str(), kHostChars);
-    std::strncpy(&dev[i * kDeviceChars], r.device.c_str(), kDeviceChars);
-    ShardRow padded = r;  // as it will read back
-    padded.sample_fps.resize(header_.samples_per_shard, 0);
-    auto sf = padded.sample_fps;
-    sf.resize(ns, 0);
-    sfp.insert(sfp.end(), sf.begin(), sf.end());
-    if (header_.level == Level::kLayer) {
-      auto f = r.fwd, b = r.bwd;
-      f.resize(nl, 0);
-      b.resize(nl, 0);
-      fwd.insert(fwd.end(), f.begin(), f.end());
-      bwd.insert(bwd.end(), b.begin(), b.end());
-      auto g = r.param_grad;
-      g.resize(np, 0);
-      pgf.insert(pgf.end(), g.begin(), g.end());
-      padded.fwd.resize(header_.layers.size(), 0);
-      padded.bwd.resize(header_.layers.size(), 0);
-      padded.param_grad.resize(header_.params.size(), 0);
-    } else {
-      padded.fwd.clear(), padded.bwd.clear(), padded.param_grad.clear();
-    }
-    padded.host = padded.host.substr(0, strnlen(padded.host.c_str(), kHostChars));
-    padded.device = padded.device.substr(0, strnlen(padded.device.c_str(), kDeviceChars));
-    rc[i] = row_check(padded, header_.rank, shards_ + i);
-  }
-  h5::Handle ht(string_type(kHostChars), H5Tclose), dt(string_type(kDeviceChars), H5Tclose);
-  CULPRIT_RETURN_IF_ERROR(put(shards.id(), "step", H5T_NATIVE_INT64, shards_, n, 0, step.data()));
-  CULPRIT_RETURN_IF_ERROR(put(shards.id(), "shard", H5T_NATIVE_INT32, shards_, n, 0, shard.data()));
-  CULPRIT_RETURN_IF_ERROR(put(shards.id(), "rank", H5T_NATIVE_INT32, shards_, n, 0, rank.data()));
-  CULPRIT_RETURN_IF_ERROR(put(shards.id(), "host", ht.id(), shards_, n, 0, host.data()));
-  CULPRIT_RETURN_IF_ERROR(put(shards.id(), "device", dt.id(), shards_, n, 0, dev.data()));
-  CULPRIT_RETURN_IF_ERROR(put(shards.id(), "loss", H5T_NATIVE_FLOAT, shards_, n, 0, loss.data()));
-  CULPRIT_RETURN_IF_ERROR(put(shards.id(), "grad_fp", H5T_NATIVE_UINT64, shards_, n, 0, gfp.data()));
-  CULPRIT_RETURN_IF_ERROR(put(shards.id(), "input_fp", H5T_NATIVE_UINT64, shards_, n, 0, ifp.data()));
-  CULPRIT_RETURN_IF_ERROR(put(shards.id(), "sample_fp", H5T_NATIVE_UINT64, shards_, n, ns, sfp.data()));
-  CULPRIT_RETURN_IF_ERROR(put(shards.id(), "row_check", H5T_NATIVE_UINT64, shards_, n, 0, rc.data()));
-  if (header_.level == Level::kLayer) {
-    CULPRIT_RETURN_IF_ERROR(put(shards.id(), "param_grad_fp", H5T_NATIVE_UINT64, shards_, n, np, pgf.data()));
-    CULPRIT_RETURN_IF_ERROR(put(shards.id(), "fwd_fp", H5T_NATIVE_UINT64, shards_, n, nl, fwd.data()));
-    CULPRIT_RETURN_IF_ERROR(put(shards.id(), "bwd_fp", H5T_NATIVE_UINT64, shards_, n, nl, bwd.data()));
-  }
+  CULPRIT_RETURN_IF_ERROR(put_rows(steps.id(), header_, steps_, &s, 1));
+  CULPRIT_RETURN_IF_ERROR(put_rows(shards.id(), header_, shards_, rows.data(), n));
   // Rows first, then the counts that make them visible.
   if (H5Fflush(file_.id(), H5F_SCOPE_LOCAL) < 0) return flush_failed("trace '" + path_ + "'");
   steps_ += 1;
