@@ -2,7 +2,6 @@
 
 #include <chrono>
 #include <cstdio>
-#include <cstdlib>
 #include <filesystem>
 #include <sstream>
 #include <map>
@@ -124,13 +123,7 @@ Status CheckpointPipeline::save(std::int64_t step, std::function<void(ckpt::Chec
   const bool pinned = trace_pinned_;
   io_->submit([this, c, copy = std::move(copy), path, step, pinned] {
     const auto w0 = Clock::now();
-    // A test seam: a slow copy, so that the next optimizer step must wait for it (tests/integration).
-    static const int delay_ms = [] {
-      const char* v = std::getenv("CULPRIT_TEST_SNAPSHOT_DELAY_MS");
-      return v ? std::atoi(v) : 0;
-    }();
-    if (delay_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(delay_ms));
-    copy(c.get());
+    env_->copy_state([&] { copy(c.get()); });
     cost_.copy = std::chrono::duration<double>(Clock::now() - w0).count();
     copied_ = true;
     ckpt::compute_fingerprints(c.get());

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "culprit/checkpoint.h"
+#include "culprit/env.h"
 #include "culprit/harness.h"
 #include "culprit/mpi_util.h"
 #include "culprit/status.h"
@@ -24,7 +25,8 @@ namespace culprit::harness {
 
 class CheckpointPipeline {
  public:
-  CheckpointPipeline(const TrainConfig& cfg, const Comm& comm) : cfg_(cfg), comm_(comm) {}
+  // env: where the state copy runs (Env::Default(); a test wraps it to slow the copy down).
+  CheckpointPipeline(const TrainConfig& cfg, const Comm& comm, Env* env) : cfg_(cfg), comm_(comm), env_(env) {}
   ~CheckpointPipeline();
   CheckpointPipeline(const CheckpointPipeline&) = delete;
   CheckpointPipeline& operator=(const CheckpointPipeline&) = delete;
@@ -66,6 +68,7 @@ class CheckpointPipeline {
 
   const TrainConfig& cfg_;
   const Comm& comm_;
+  Env* env_;
   MPI_Comm io_comm_ = MPI_COMM_NULL;
   std::unique_ptr<IoWorker> io_;
   bool serial_ = false;    // MPI below MPI_THREAD_MULTIPLE: every job is waited for at once

@@ -50,7 +50,7 @@ void report_to_the_run(Watchdog* w, const TrainConfig& cfg) {
 
 }  // namespace
 
-Status train(const TrainConfig& given, const Comm& world) {
+Status train(const TrainConfig& given, const Comm& world, Env* env) {
   CULPRIT_RETURN_IF_ERROR(agree(world, validate(given, world.size)));
   TrainConfig cfg = given;
   // From here on, every collective of the main thread is bounded by --collective-timeout.
@@ -69,7 +69,7 @@ Status train(const TrainConfig& given, const Comm& world) {
                                      std::to_string(data.n) + " samples of the data"));
   std::unique_ptr<Model> model;
   CULPRIT_RETURN_IF_ERROR(agree(comm, guarded(StatusCode::kInternal, "model " + cfg.model.text(), [&] { return make_model(cfg, data, &model, comm.size); })));
-  Trainer trainer(cfg, comm, data, *model);
+  Trainer trainer(cfg, comm, data, *model, env);
   CULPRIT_RETURN_IF_ERROR(agree(comm, guarded(StatusCode::kInternal, "setup", [&] { return trainer.init(StepMode::kTrain); })));
   CULPRIT_RETURN_IF_ERROR(trainer.check_ranks_agree());
   std::int64_t start = 0;

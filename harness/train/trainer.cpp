@@ -348,7 +348,7 @@ Status Trainer::start_run(std::int64_t start_step, const std::string& resumed_fr
   info_.devices = gather_strings(comm_, device_name_);
   detectors_.set_placement(info_.hosts, info_.devices);
   // The traces first: a resume that refuses one (another run's, a link) has changed nothing else.
-  pipeline_ = std::make_unique<CheckpointPipeline>(cfg_, comm_);
+  pipeline_ = std::make_unique<CheckpointPipeline>(cfg_, comm_, env_);
   const trace::Header header = trace_header();
   CULPRIT_RETURN_IF_ERROR(pipeline_->open(start_step, cfg_.tracing() ? &header : nullptr, info_.hosts, info_.mpi_thread_level));
   Status st;

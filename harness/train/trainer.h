@@ -15,26 +15,27 @@
 #include <string>
 #include <vector>
 
-#include "train/checkpoint_pipeline.h"
 #include "culprit/checkpoint.h"
+#include "culprit/data.h"
 #include "culprit/engine.h"
+#include "culprit/env.h"
 #include "culprit/fingerprint.h"
 #include "culprit/harness.h"
+#include "culprit/model.h"
+#include "culprit/optim_state.h"
+#include "culprit/tensors.h"
 #include "culprit/trace.h"
-#include "train/checkpoint_pipeline.h"
-#include "train/gradient_reducer.h"
 #include "culprit/tree_reduce.h"
-#include "culprit/data.h"
+
+#include "config/run_info.h"
+#include "data/loader.h"
 #include "detect/detectors.h"
 #include "faults/fault_plan.h"
 #include "faults/layer_trace.h"
-#include "data/loader.h"
-#include "culprit/model.h"
-#include "culprit/optim_state.h"
-#include "config/run_info.h"
 #include "model/flat_params.h"
 #include "optim/sharded_optimizer.h"
-#include "culprit/tensors.h"
+#include "train/checkpoint_pipeline.h"
+#include "train/gradient_reducer.h"
 
 namespace culprit::harness {
 
@@ -61,8 +62,9 @@ struct StepState {
 
 class Trainer {
  public:
-  Trainer(const TrainConfig& cfg, const Comm& comm, const Dataset& data, Model& model)
-      : cfg_(cfg), comm_(comm), data_(data), model_(model) {}
+  // env: where the checkpoint pipeline copies the state (culprit/env.h; a test's wrapper).
+  Trainer(const TrainConfig& cfg, const Comm& comm, const Dataset& data, Model& model, Env* env = Env::Default())
+      : cfg_(cfg), comm_(comm), data_(data), model_(model), env_(env) {}
   ~Trainer();
   Trainer(const Trainer&) = delete;
   Trainer& operator=(const Trainer&) = delete;
@@ -163,6 +165,7 @@ class Trainer {
   const Comm& comm_;
   const Dataset& data_;
   Model& model_;
+  Env* env_;
   at::Device device_{at::kCPU};  // --device cuda: this rank's GPU (docs/cuda.md)
   std::string device_name_ = "cpu";
   FlatParams flat_;

@@ -5,14 +5,16 @@
 #include <string>
 
 #include "culprit/command.h"
+#include "culprit/env.h"
 #include "culprit/harness.h"
 #include "culprit/mpi_util.h"
 #include "culprit/status.h"
 
 namespace culprit::harness {
 
-// Trains. Collective over comm: every rank returns the same Status.
-Status train(const TrainConfig& cfg, const Comm& comm);
+// Trains. Collective over comm: every rank returns the same Status. env: the seam a test wraps
+// (culprit/env.h: e.g. a slow copy of the checkpoint's state); `culprit train` runs Env::Default().
+Status train(const TrainConfig& cfg, const Comm& comm, Env* env = Env::Default());
 
 // `culprit train`. after_halt: what --on-detect diagnose runs once a detection halted the run (on
 // the same ranks); it gets the halt's exit code and returns the one to exit with. culprit_bisect
