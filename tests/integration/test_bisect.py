@@ -12,10 +12,9 @@ import unittest
 from html.parser import HTMLParser
 
 sys.path.insert(0, os.path.dirname(__file__))
-from culprit_testlib import TempDirTest, run, run_each_rank_code  # noqa: E402
+from culprit_testlib import (EXIT_DAMAGED, EXIT_USAGE, VERDICTS, TempDirTest, diagnosis, run,  # noqa: E402
+                             run_each_rank_code)
 
-CODES = {"none": 0, "hardware-transient": 20, "hardware-persistent": 21, "software-nondeterminism": 22,
-         "numerical-instability": 23, "data": 24, "inconclusive": 25, "hardware-unconfirmed": 26, "damaged-record": 4}
 SIZE = {"mlp": ["--global-batch", "24", "--micro-shards", "4", "--samples", "96"],
         "cnn": ["--global-batch", "16", "--micro-shards", "4", "--samples", "64"],
         "gpt": ["--global-batch", "8", "--micro-shards", "4", "--samples", "32", "--optimizer", "adamw",
@@ -121,24 +120,11 @@ def check_report(test, html, step, origin=None):
     test.assertTrue([a for t, a in p.found if t == "polyline" and a.get("class") == "rank"])
 
 
-def diagnosis(run_dir):
-    with open(os.path.join(run_dir, "diagnosis.json")) as f:
-        return json.load(f)
-
-
 class Bisect(TempDirTest):
     def trained(self, name, model, world, extra):
-        args = ["train", "--model", model, "--steps", "8", "--checkpoint-every", "2", "--keep-last", "10",
-                "--trace", "layer", "--on-detect", "warn", "--quiet"] + SIZE[model] + extra
-        res = run(args, world=world, run_dir=self.path(name))
-        self.assertEqual(res.code, 0, res.err)
-        return self.path(name)
-
-    def bisect(self, run_dir, world, verdict):
-        res = run(["bisect", "--run-dir", run_dir], world=world, use_mpirun=True)
-        self.assertEqual(res.code, CODES[verdict], res.out + res.err)
-        self.assertIn("verdict: " + verdict, res.out)
-        return diagnosis(run_dir)
+        """`model` trained with `extra` on `world` ranks: its run directory."""
+        return self.train(name, ["--model", model, "--steps", "8", "--checkpoint-every", "2", "--keep-last", "10",
+                                 "--trace", "layer", "--on-detect", "warn"] + SIZE[model] + extra, world).run_dir
 
     def test_injected_faults_are_named_exactly(self):
         for i, (model, wt, wb, spec, verdict, step, phase, layer, rank) in enumerate(CASES):
@@ -244,7 +230,7 @@ class Bisect(TempDirTest):
             ["train", "--run-dir", d, "--model", "mlp", "--steps", "8", "--trace", "layer", "--quiet",
              "--on-detect", "diagnose", "--inject", "step=3,rank=1,layer=fc2,index=3,phase=forward,kind=nan"]
             + SIZE["mlp"], 3, workdir)
-        self.assertEqual(codes, [CODES["hardware-transient"]] * 3, err)
+        self.assertEqual(codes, [VERDICTS["hardware-transient"]] * 3, err)
         self.assertIn("halted at step 3 by the nonfinite detector", err)
         self.assertRegex(err, r"culprit: exclude host \S+ \(rank 1, device cpu\) before requeueing: hardware-transient")
         got = diagnosis(d)
@@ -253,7 +239,7 @@ class Bisect(TempDirTest):
         # diagnose needs the trace.
         res = run(["train", "--on-detect", "diagnose", "--trace", "off", "--quiet"] + SIZE["mlp"], world=2,
                   run_dir=self.path("diagnose-notrace"))
-        self.assertEqual(res.code, 2, res.err)
+        self.assertEqual(res.code, EXIT_USAGE, res.err)
         self.assertIn("--on-detect diagnose' needs the trace", res.err)
 
     def test_bad_input(self):
@@ -269,13 +255,13 @@ class Bisect(TempDirTest):
             blob = f.read()
         with open(path, "wb") as f:
             f.write(blob[: len(blob) // 2])
-        DAMAGED = 4
-        for args, needle, code in [(["--run-dir", self.path("missing")], "holds no run (no run.json)", 2),
-                                   (["--run-dir", torn], "trace '%s'" % path, DAMAGED),
-                                   (["--run-dir", self.path("notrace")], "no trace in", 2),
-                                   (["--run-dir", d], "no valid checkpoint", 2),
-                                   (["--run-dir", d, "--reruns", "0"], "'--reruns' must be in [1, 1000], got 0", 2),
-                                   ([], "option '--run-dir' is required", 2)]:
+        for args, needle, code in [(["--run-dir", self.path("missing")], "holds no run (no run.json)", EXIT_USAGE),
+                                   (["--run-dir", torn], "trace '%s'" % path, EXIT_DAMAGED),
+                                   (["--run-dir", self.path("notrace")], "no trace in", EXIT_USAGE),
+                                   (["--run-dir", d], "no valid checkpoint", EXIT_USAGE),
+                                   (["--run-dir", d, "--reruns", "0"], "'--reruns' must be in [1, 1000], got 0",
+                                    EXIT_USAGE),
+                                   ([], "option '--run-dir' is required", EXIT_USAGE)]:
             with self.subTest(args=args):
                 res = run(["bisect"] + args, world=2, use_mpirun=True)
                 self.assertEqual(res.code, code, res.out + res.err)

@@ -7,47 +7,35 @@ import re
 import shutil
 import subprocess
 import sys
-import tempfile
 import time
 import unittest
 
 import h5py
 import numpy as np
-import torch
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-from culprit_testlib import CULPRIT, MPIRUN, TempDirTest, run, run_each_rank_code  # noqa: E402
+from culprit_testlib import (CORPUS_T, CORPUS_V, CULPRIT, DEFAULT_SEED as SEED, EXIT_USAGE, MPIRUN, PY,  # noqa: E402
+                             DataTest, make_corpus, make_scripted_model, randperm, remove_corpus, run, tokens_of,
+                             write_tokens)
 from feistel import FeistelOrder  # noqa: E402
 from reference_trainer import fingerprint_bytes  # noqa: E402
 
-PY = "/usr/bin/python3"
-ROOT = os.path.join(HERE, "..", "..")
-SEED = 1234  # culprit train's default --seed
-
-# scripts/tokenize.py's corpus (the repository's README.md and docs/*.md): made once for the module.
+# scripts/tokenize.py's corpus (culprit_testlib.make_corpus): made once for the module.
 CORPUS = None
-CORPUS_T, CORPUS_V = 64, 512
 GPT = ["--model", "gpt", "--optimizer", "adamw", "--lr", "0.003", "--global-batch", "16", "--micro-shards", "4"]
 
 
 def setUpModule():
-    global CORPUS, _CORPUS_DIR
-    _CORPUS_DIR = tempfile.mkdtemp(prefix="culprit-test-corpus-")
-    CORPUS = os.path.join(_CORPUS_DIR, "corpus.bin")
-    subprocess.run([PY, os.path.join(ROOT, "scripts", "tokenize.py"), CORPUS], check=True, capture_output=True,
-                   timeout=120)
+    global CORPUS
+    CORPUS = make_corpus()
 
 
 def tearDownModule():
-    shutil.rmtree(_CORPUS_DIR, ignore_errors=True)
+    remove_corpus(CORPUS)
 
 
 # ---- the window contract, read independently of culprit ----
-
-def tokens_of(path, dtype):
-    return np.fromfile(path, dtype="<u2" if dtype == "uint16" else "<u4").astype(np.int64)
-
 
 def windows(tokens, t):
     """Sample i of a token file: x = tokens [i*T, i*T + T), y = tokens [i*T + 1, i*T + T + 1)."""
@@ -55,19 +43,6 @@ def windows(tokens, t):
     x = np.stack([tokens[i * t: i * t + t] for i in range(n)])
     y = np.stack([tokens[i * t + 1: i * t + t + 1] for i in range(n)])
     return x, y
-
-
-def randperm(seed, epoch, n):
-    g = torch.Generator()
-    g.manual_seed(seed + epoch)
-    return torch.randperm(n, generator=g).tolist()
-
-
-def write_tokens(path, tokens, dtype="uint16", meta=None):
-    np.asarray(tokens, dtype="<u2" if dtype == "uint16" else "<u4").tofile(path)
-    if meta is not None:
-        with open(path + ".json", "w") as f:
-            json.dump(meta, f)
 
 
 def comparable(res):
@@ -89,21 +64,6 @@ def step_one_sample_fps(run_dir):
     return out
 
 
-def keep_mtime(path, change):
-    """Applies change(path) and puts the file's modification time back (a change a record cannot see)."""
-    st = os.stat(path)
-    change(path)
-    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
-
-
-def flip_byte(path, offset, mask=0x01):
-    with open(path, "r+b") as f:
-        f.seek(offset)
-        b = f.read(1)[0]
-        f.seek(offset)
-        f.write(bytes([b ^ mask]))
-
-
 def mapped_kb(pid, path):
     """The resident KiB of pid's mappings of path (/proc/PID/smaps), None before it maps it."""
     total, inside, found = 0, False, False
@@ -119,54 +79,9 @@ def mapped_kb(pid, path):
     return total if found else None
 
 
-def listing(*dirs):
-    """Every file under dirs with its size and modification time."""
-    out = {}
-    for d in dirs:
-        for base, _, files in os.walk(d):
-            for n in files:
-                p = os.path.join(base, n)
-                st = os.stat(p)
-                out[p] = (st.st_size, st.st_mtime_ns)
-    return out
-
-
 def order_first(n, b):
     """The first sample step 1 reads (randperm order, default seed)."""
     return randperm(SEED, 0, n)[0]
-
-
-class DataTest(TempDirTest):
-    def check_timers(self, res):
-        """metrics.jsonl's read stall: both fields on every line, never negative."""
-        for m in res.metrics():
-            self.assertGreaterEqual(m["data_wait_seconds"], 0.0, m)
-            self.assertGreaterEqual(m["data_read_seconds"], 0.0, m)
-
-    def train(self, name, extra, world=1):
-        res = super().train(name, extra, world)
-        self.check_timers(res)
-        return res
-
-    def each_rank(self, args, world, cwd=None, tag="w"):
-        """Runs culprit ARGS under mpirun from cwd: (every rank's exit code, stdout, stderr)."""
-        return run_each_rank_code(args, world, tempfile.mkdtemp(prefix=tag, dir=self.tmp), cwd=cwd)
-
-    def expect_bad(self, args, needles, world=2, watch=()):
-        """Every rank exits 2 with one `culprit: error:` line holding every needle; nothing changes in
-        the watched directories (the data's, the working directory)."""
-        cwd = tempfile.mkdtemp(prefix="cwd", dir=self.tmp)
-        before = listing(cwd, *watch)
-        codes, out, err = self.each_rank(["train", "--quiet"] + args, world, cwd=cwd)
-        lines = [l for l in err.splitlines() if l.startswith("culprit: error:")]
-        self.assertEqual(codes, [2] * world, "exit codes for %s:\n%s" % (args, err))
-        self.assertEqual(len(lines), 1, "want one error line for %s, got:\n%s" % (args, err))
-        for needle in needles:
-            self.assertIn(needle, lines[0])
-        for marker in ("terminate called", "Exception raised from", "Segmentation", "Traceback", "Aborted"):
-            self.assertNotIn(marker, err)
-        self.assertEqual(listing(cwd, *watch), before, "written outside the run directory by %s" % args)
-        return lines[0]
 
 
 class TokenData(DataTest):
@@ -214,7 +129,7 @@ class TokenData(DataTest):
         # A TorchScript model ([B, T] ids -> [B, T, V] logits) on the token file, against PyTorch eager
         # (reference_trainer.py) on the numpy windows.
         model = self.path("lm.pt")
-        subprocess.run([PY, os.path.join(HERE, "scripted_models.py"), "token_lm", model], check=True)
+        make_scripted_model(model, "token_lm")
         args = ["--optimizer", "adamw", "--lr", "0.01", "--global-batch", "16", "--micro-shards", "4", "--steps", "4"]
         ts = self.train("ts", ["--model", "torchscript:" + model, "--data", "tokens:" + CORPUS] + args, world=2)
         out = subprocess.run([PY, os.path.join(HERE, "reference_trainer.py"), "--model", model, "--data", h5] + args,
@@ -238,10 +153,10 @@ class TokenData(DataTest):
         t = np.random.default_rng(4).integers(0, 70000, 16 * 20 + 1)
         t[16 * 3 + 2] = 70000
         write_tokens(big, t, "uint32")
-        self.expect_bad(["--run-dir", self.path("big"), "--model", "gpt", "--data", "tokens:" + big,
-                         "--token-dtype", "uint32", "--vocab", "70000", "--seq-len", "16", "--global-batch", "8",
-                         "--micro-shards", "2"],
-                        ["token id 70000 at sample 3 (position 2 ", "offset %d," % (4 * (16 * 3 + 2))])
+        self.assert_refused(["train", "--quiet", "--run-dir", self.path("big"), "--model", "gpt", "--data",
+                             "tokens:" + big, "--token-dtype", "uint32", "--vocab", "70000", "--seq-len", "16",
+                             "--global-batch", "8", "--micro-shards", "2"], EXIT_USAGE,
+                            "token id 70000 at sample 3 (position 2 ", "offset %d," % (4 * (16 * 3 + 2)))
 
     def test_read_pages_leave_the_process(self):
         # A 32 MiB token file in the page cache: a read fault also maps the cached neighbours of the
@@ -324,15 +239,15 @@ class TokenData(DataTest):
         for option, value, key, stored in (("--seq-len", "32", "seq_len", "64"), ("--vocab", "1024", "vocab", "512"),
                                            ("--token-dtype", "uint32", "dtype", "uint16")):
             with self.subTest(option=option):
-                self.expect_bad(["--run-dir", self.path("x" + key)] + steps + ["--data", "tokens:" + CORPUS,
-                                                                                option, value],
-                                ["option '%s' is %s" % (option, value), "says %s %s" % (key, stored)])
+                self.assert_refused(["train", "--quiet", "--run-dir", self.path("x" + key)] + steps +
+                                    ["--data", "tokens:" + CORPUS, option, value], EXIT_USAGE,
+                                    "option '%s' is %s" % (option, value), "says %s %s" % (key, stored))
         broken = self.path("broken.bin")
         shutil.copyfile(CORPUS, broken)
         with open(broken + ".json", "w") as f:
             f.write("{\"dtype\": \"uint16\", \"vocab\": \n")
-        self.expect_bad(["--run-dir", self.path("broken")] + steps + ["--data", "tokens:" + broken],
-                        ["token data sidecar '%s.json'" % broken])
+        self.assert_refused(["train", "--quiet", "--run-dir", self.path("broken")] + steps +
+                            ["--data", "tokens:" + broken], EXIT_USAGE, "token data sidecar '%s.json'" % broken)
 
     def test_bad_token_files(self):
         data = self.path("data")
@@ -375,7 +290,8 @@ class TokenData(DataTest):
         ]
         for i, (args, needles) in enumerate(cases):
             with self.subTest(case=needles[0]):
-                self.expect_bad(["--run-dir", self.path("run%d" % i)] + args, needles, watch=[data])
+                self.assert_refused(["train", "--quiet", "--run-dir", self.path("run%d" % i)] + args, EXIT_USAGE,
+                                    *needles, watch=[data])
 
 
 class Feistel(DataTest):
@@ -473,8 +389,9 @@ class Hdf5Streaming(DataTest):
                     where = "offset %d (dataset x row 21, in the %d-byte chunk stored there%s" % (
                         info.byte_offset, info.size, " (filtered" if name == "gzip" else ")")
             with self.subTest(layout=name):
-                self.expect_bad(["--run-dir", self.path("run-" + name), "--data", "hdf5:" + path, "--global-batch", "16",
-                                 "--micro-shards", "2"], ["x holds a non-finite value (nan) in sample 21 (element 3)", where])
+                self.assert_refused(["train", "--quiet", "--run-dir", self.path("run-" + name), "--data",
+                                     "hdf5:" + path, "--global-batch", "16", "--micro-shards", "2"], EXIT_USAGE,
+                                    "x holds a non-finite value (nan) in sample 21 (element 3)", where)
 
     def test_unwritten_chunks_are_refused(self):
         path = self.path("partial.h5")
@@ -482,8 +399,9 @@ class Hdf5Streaming(DataTest):
             d = f.create_dataset("x", shape=(64, 7), dtype="f4", chunks=(8, 7))
             d[:32] = np.ones((32, 7), np.float32)
             f["y"] = np.zeros(64, np.int64)
-        self.expect_bad(["--run-dir", self.path("run"), "--data", "hdf5:" + path, "--global-batch", "16",
-                         "--micro-shards", "2"], ["dataset 'x' stores 4 of its 8 chunks"])
+        self.assert_refused(["train", "--quiet", "--run-dir", self.path("run"), "--data", "hdf5:" + path,
+                             "--global-batch", "16", "--micro-shards", "2"], EXIT_USAGE,
+                            "dataset 'x' stores 4 of its 8 chunks")
 
 if __name__ == "__main__":
     unittest.main(verbosity=2)

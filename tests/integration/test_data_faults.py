@@ -16,8 +16,7 @@ import numpy as np
 import torch
 
 sys.path.insert(0, os.path.dirname(__file__))
-from culprit_testlib import CULPRIT, MPIRUN, TempDirTest, run  # noqa: E402
-from test_localize import CODES, diagnosis  # noqa: E402
+from culprit_testlib import CULPRIT, EXIT_DAMAGED, EXIT_IO, MPIRUN, TempDirTest, error_lines, run  # noqa: E402
 
 SEED, B, M, STEPS = 7, 8, 4, 6
 T, VOCAB, N = 256, 64, 600  # 512 bytes a window of uint16: a 512-byte record block holds one sample
@@ -41,17 +40,10 @@ def pick(n, before):
 
 
 class DataFaults(TempDirTest):
-    def train(self, name, args, world=2):
-        res = run(["train", "--quiet", "--seed", str(SEED), "--global-batch", str(B), "--micro-shards", str(M),
-                   "--steps", str(STEPS), "--checkpoint-every", "3", "--on-detect", "warn"] + args,
-                  world=world, run_dir=self.path(name))
-        self.assertEqual(res.code, 0, res.out + res.err)
-        return self.path(name)
-
-    def bisect(self, run_dir, verdict):
-        res = run(["bisect", "--run-dir", run_dir], world=2, use_mpirun=True)
-        self.assertEqual(res.code, CODES[verdict], res.out + res.err)
-        return diagnosis(run_dir), res.out
+    def trained(self, name, args):
+        """A run of the shape above on two ranks: its run directory."""
+        return self.train(name, ["--seed", str(SEED), "--global-batch", str(B), "--micro-shards", str(M),
+                                 "--steps", str(STEPS), "--checkpoint-every", "3", "--on-detect", "warn"] + args, 2).run_dir
 
     def tokens(self, name):
         rng = np.random.default_rng(1)
@@ -80,17 +72,17 @@ class DataFaults(TempDirTest):
         self.damage(bad, first + 20, np.full(50, 3, dtype=np.uint16).tobytes())  # tokens inside window i
         # verify-data names the changed block and a sample range that holds window i.
         res = run(["verify-data", "--data", "tokens:" + bad])
-        self.assertEqual(res.code, 4, res.out + res.err)
+        self.assertEqual(res.code, EXIT_DAMAGED, res.out + res.err)
         self.assertIn("file offset %d..%d" % (first, first + 512), res.out)
         self.assertEqual(run(["verify-data", "--data", "tokens:" + clean]).code, 0)
-        d = self.train("bad", gpt + ["--data", "tokens:" + bad])
-        got, out = self.bisect(d, "data")
+        d = self.trained("bad", gpt + ["--data", "tokens:" + bad])
+        got = self.bisect(d, 2, "data")
         self.assertEqual((got["step"], got["sample"], got["sample_file"], got["sample_offset"], got["rank"]),
-                         (3, i, bad, first, -1), out)
+                         (3, i, bad, first, -1), got)
         self.assertEqual(got["phase"], "data")
         # Negative control: the same run on the file as prepared finds nothing.
-        twin = self.train("clean", gpt + ["--data", "tokens:" + clean])
-        self.assertEqual(self.bisect(twin, "none")[0]["verdict"], "none")
+        twin = self.trained("clean", gpt + ["--data", "tokens:" + clean])
+        self.assertEqual(self.bisect(twin, 2, "none")["verdict"], "none")
 
     def test_a_damaged_hdf5_chunk_is_data_naming_its_sample_and_offset(self):
         rng = np.random.default_rng(2)
@@ -105,10 +97,10 @@ class DataFaults(TempDirTest):
         with h5py.File(path, "r") as f:
             info = f["x"].id.get_chunk_info_by_coord((i, 0))
         self.damage(path, info.byte_offset + 8, np.full(4, 1e3, dtype=np.float32).tobytes())
-        d = self.train("h5", ["--model", "mlp", "--data", "hdf5:" + path])
-        got, out = self.bisect(d, "data")
+        d = self.trained("h5", ["--model", "mlp", "--data", "hdf5:" + path])
+        got = self.bisect(d, 2, "data")
         self.assertEqual((got["step"], got["sample"], got["sample_file"], got["sample_offset"], got["rank"]),
-                         (3, i, path, info.byte_offset, -1), out)
+                         (3, i, path, info.byte_offset, -1), got)
 
     def test_a_record_of_another_file_is_not_compared(self):
         # The corpus made again (another size) after prepare-data: a clean run of it bisects to
@@ -116,8 +108,8 @@ class DataFaults(TempDirTest):
         gpt = ["--model", "gpt", "--width", "16", "--heads", "2", "--layers", "1"]
         path = self.tokens("remade.bin")
         np.random.default_rng(3).integers(0, VOCAB, (N + 10) * T + 1, dtype=np.uint16).tofile(path)
-        d = self.train("remade", gpt + ["--data", "tokens:" + path])
-        got, out = self.bisect(d, "none")
+        d = self.trained("remade", gpt + ["--data", "tokens:" + path])
+        got = self.bisect(d, 2, "none")
         self.assertIn("not compared (run culprit prepare-data again)", " ".join(got["evidence"]))
 
     def test_a_token_file_truncated_under_the_run_is_one_line(self):
@@ -137,8 +129,8 @@ class DataFaults(TempDirTest):
             time.sleep(0.05)
         os.truncate(path, T * 2 * 10)  # ten windows' bytes remain
         out, err = proc.communicate(timeout=120)
-        self.assertEqual(proc.returncode, 6, out + err)
-        lines = [l for l in err.splitlines() if l.startswith("culprit: error:")]
+        self.assertEqual(proc.returncode, EXIT_IO, out + err)
+        lines = error_lines(err)
         self.assertEqual(len(lines), 1, err)
         self.assertIn("data 'tokens:%s' shrank to %d bytes" % (path, T * 20), lines[0])
         self.assertNotIn("SIGBUS", err)
@@ -147,12 +139,12 @@ class DataFaults(TempDirTest):
     def test_a_file_changed_after_the_run_read_it_is_data(self):
         gpt = ["--model", "gpt", "--width", "16", "--heads", "2", "--layers", "1"]
         path = self.tokens("late.bin")
-        d = self.train("late", gpt + ["--data", "tokens:" + path])
+        d = self.trained("late", gpt + ["--data", "tokens:" + path])
         i = order(N)[2 * B + 1]  # a sample of step 3
         self.damage(path, i * T * 2 + 40, np.full(8, 5, dtype=np.uint16).tobytes())
-        got, out = self.bisect(d, "data")
+        got = self.bisect(d, 2, "data")
         self.assertEqual((got["step"], got["sample"], got["sample_file"], got["sample_offset"]),
-                         (3, i, path, i * T * 2), out)
+                         (3, i, path, i * T * 2), got)
 
 
 if __name__ == "__main__":

@@ -6,44 +6,44 @@ import sys
 import unittest
 
 sys.path.insert(0, os.path.dirname(__file__))
-from culprit_testlib import TempDirTest, incidents, run, run_each_rank_code  # noqa: E402
+from culprit_testlib import (EXIT_HARDWARE, EXIT_INVARIANT, EXIT_NUMERICAL, EXIT_USAGE, TempDirTest,  # noqa: E402
+                             incidents, run, run_each_rank_code)
 
 PY = "/usr/bin/python3"
 
 W = 3
 BASE = ["--model", "mlp", "--steps", "6", "--global-batch", "24", "--micro-shards", "4", "--samples", "96",
         "--checkpoint-every", "2", "--trace", "off", "--quiet"]
-HARDWARE, NUMERICAL, INVARIANT = 10, 11, 12
 SMALL = {"bitflip": ",bit=3", "scale": ",factor=2", "noise": "", "nan": ""}
 
 # Every phase x kind: (phase, kind, extra spec, detector, exit code). "spot-check" marks silent
 # compute faults: the default detectors let them pass; --spot-check 1 catches them.
 CASES = []
 for phase in ("forward", "backward", "grad", "data"):
-    CASES.append((phase, "nan", "", "nonfinite", NUMERICAL))
+    CASES.append((phase, "nan", "", "nonfinite", EXIT_NUMERICAL))
     for kind in ("bitflip", "scale", "noise"):
-        CASES.append((phase, kind, SMALL[kind], "spot-check", HARDWARE))
+        CASES.append((phase, kind, SMALL[kind], "spot-check", EXIT_HARDWARE))
 for kind in ("bitflip", "nan", "scale", "noise"):
-    CASES.append(("comm", kind, SMALL[kind], "comm", HARDWARE))
+    CASES.append(("comm", kind, SMALL[kind], "comm", EXIT_HARDWARE))
 CASES += [
-    ("param", "bitflip", ",bit=3", "replica-divergence", HARDWARE),
-    ("param", "nan", "", "nonfinite", NUMERICAL),
-    ("param", "scale", ",factor=2", "replica-divergence", HARDWARE),
-    ("param", "noise", "", "replica-divergence", HARDWARE),
-    ("optimizer", "bitflip", ",bit=20", "replica-divergence", HARDWARE),
-    ("optimizer", "nan", "", "replica-divergence", HARDWARE),
-    ("optimizer", "scale", ",factor=3", "replica-divergence", HARDWARE),
-    ("optimizer", "noise", "", "replica-divergence", HARDWARE),
+    ("param", "bitflip", ",bit=3", "replica-divergence", EXIT_HARDWARE),
+    ("param", "nan", "", "nonfinite", EXIT_NUMERICAL),
+    ("param", "scale", ",factor=2", "replica-divergence", EXIT_HARDWARE),
+    ("param", "noise", "", "replica-divergence", EXIT_HARDWARE),
+    ("optimizer", "bitflip", ",bit=20", "replica-divergence", EXIT_HARDWARE),
+    ("optimizer", "nan", "", "replica-divergence", EXIT_HARDWARE),
+    ("optimizer", "scale", ",factor=3", "replica-divergence", EXIT_HARDWARE),
+    ("optimizer", "noise", "", "replica-divergence", EXIT_HARDWARE),
     # The learning rate one rank uses: its update breaks the schedule invariant before the replicas part.
-    ("lr", "bitflip", ",bit=20", "invariant", INVARIANT),
-    ("lr", "nan", "", "nonfinite", NUMERICAL),
-    ("lr", "scale", ",factor=2", "invariant", INVARIANT),
-    ("lr", "noise", "", "invariant", INVARIANT),
+    ("lr", "bitflip", ",bit=20", "invariant", EXIT_INVARIANT),
+    ("lr", "nan", "", "nonfinite", EXIT_NUMERICAL),
+    ("lr", "scale", ",factor=2", "invariant", EXIT_INVARIANT),
+    ("lr", "noise", "", "invariant", EXIT_INVARIANT),
     # stale: a value that should have been replaced is not.
-    ("grad", "stale", "", "invariant", INVARIANT),
-    ("param", "stale", "", "invariant", INVARIANT),
-    ("data", "stale", "", "invariant", INVARIANT),
-    ("rng", "stale", "", "invariant", INVARIANT),
+    ("grad", "stale", "", "invariant", EXIT_INVARIANT),
+    ("param", "stale", "", "invariant", EXIT_INVARIANT),
+    ("data", "stale", "", "invariant", EXIT_INVARIANT),
+    ("rng", "stale", "", "invariant", EXIT_INVARIANT),
 ]
 
 
@@ -100,18 +100,19 @@ class Detection(TempDirTest):
     def test_spot_check_with_two_and_one_ranks(self):
         spec = "step=3,rank=%d,layer=fc1,index=2,phase=forward,kind=bitflip,bit=4"
         # Two ranks, transient: the owner's own recomputation agrees with the checker, so the owner is faulty.
-        inc = self.halted("w2", spec % 1, HARDWARE, "spot-check", ["--spot-check", "1"], world=2)
+        inc = self.halted("w2", spec % 1, EXIT_HARDWARE, "spot-check", ["--spot-check", "1"], world=2)
         self.assertEqual(inc["rank"], 1, inc)
         self.assertIn("rank 1 itself recomputed it like rank 0", inc["message"])
         # Two ranks, persistent: one of the two is wrong every time; two cannot tell which.
-        inc = self.halted("w2p", spec % 1 + ",mode=persistent", HARDWARE, "spot-check", ["--spot-check", "1"], world=2)
+        inc = self.halted("w2p", spec % 1 + ",mode=persistent", EXIT_HARDWARE, "spot-check", ["--spot-check", "1"],
+                          world=2)
         self.assertEqual(inc["rank"], -1, inc)
         self.assertIn("a third rank or a replay decides", inc["message"])
         # One rank recomputes its own micro-shards: a transient fault shows.
-        inc = self.halted("w1", spec % 0, HARDWARE, "spot-check", ["--spot-check", "1"], world=1)
+        inc = self.halted("w1", spec % 0, EXIT_HARDWARE, "spot-check", ["--spot-check", "1"], world=1)
         self.assertEqual(inc["rank"], 0, inc)
         # A persistent fault on the checker: the third rank sides with the owner.
-        inc = self.halted("w3c", spec % 2 + ",mode=persistent", HARDWARE, "spot-check", ["--spot-check", "1"])
+        inc = self.halted("w3c", spec % 2 + ",mode=persistent", EXIT_HARDWARE, "spot-check", ["--spot-check", "1"])
         self.assertEqual(inc["rank"], 2, inc)
 
     def test_invariants_of_every_rank(self):
@@ -121,7 +122,7 @@ class Detection(TempDirTest):
                 ("lr-stale", "step=3,rank=all,phase=lr,kind=stale", "the learning rate of step 3 is 0.075 but the schedule"),
                 ("lr-scale", "step=3,rank=all,phase=lr,kind=scale,factor=2", "but the schedule gives 0.05")]:
             with self.subTest(name=name):
-                inc = self.halted(name, spec, INVARIANT, "invariant", ["--lr-schedule", "cosine"])
+                inc = self.halted(name, spec, EXIT_INVARIANT, "invariant", ["--lr-schedule", "cosine"])
                 self.assertEqual(inc["ranks"], [0, 1, 2], inc)
                 self.assertIn("every rank (first rank 0): ", inc["message"])
                 self.assertIn(needle, inc["message"])
@@ -142,7 +143,7 @@ class Detection(TempDirTest):
         self.assertEqual(res.code, 0, res.err)
         self.assertEqual(incidents(self.path("gpt-default")), [])
         res = run(["train", "--spot-check", "1"] + args, world=W, run_dir=self.path("gpt-spot"))
-        self.assertEqual(res.code, HARDWARE, res.err)
+        self.assertEqual(res.code, EXIT_HARDWARE, res.err)
         inc = incidents(self.path("gpt-spot"))
         self.assertEqual((inc[0]["step"], inc[0]["detector"], inc[0]["rank"]), (2, "spot-check", 1), inc)
 
@@ -192,7 +193,7 @@ class Detection(TempDirTest):
         os.makedirs(workdir)
         codes, out, err = run_each_rank_code(["train", "--run-dir", self.path("spike-halt"), "--spike-action", "halt"]
                                              + args, W, workdir)
-        self.assertEqual(codes, [NUMERICAL] * W, err)
+        self.assertEqual(codes, [EXIT_NUMERICAL] * W, err)
         self.assertIn("halted at step 12 by the spike detector", err)
         # Negative control: without the fault, no spike.
         res = run(["train"] + args[:-2], world=W, run_dir=self.path("spike-clean"))
@@ -225,7 +226,7 @@ class FalsePositives(TempDirTest):
                              ("step=1,rank=0,layer=fc1,phase=grad,color=red", "unknown key 'color'"),
                              ("step=1,rank=7,layer=fc1,phase=grad,kind=nan", "rank 7 does not exist")]:
             res = run(["train", "--inject", spec] + BASE, world=2, run_dir=self.path("bad"))
-            self.assertEqual(res.code, 2, res.err)
+            self.assertEqual(res.code, EXIT_USAGE, res.err)
             self.assertIn(needle, res.err)
 
 

@@ -1,6 +1,5 @@
 """Bitwise determinism: run to run, and across world sizes W = 1, 2, 3, 4 (docs/determinism.md)."""
 import os
-import subprocess
 import sys
 import unittest
 
@@ -8,20 +7,14 @@ import h5py
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(__file__))
-from culprit_testlib import TempDirTest  # noqa: E402
+from culprit_testlib import TempDirTest, make_scripted_model  # noqa: E402
 
-PY = "/usr/bin/python3"  # Debian's python3-torch (the python3 on PATH may be another one)
 MODELS = {
     "mlp": [],
     "cnn": [],
     "gpt": ["--optimizer", "adamw", "--lr", "0.003"],
 }
 STEPS = ["--steps", "8", "--global-batch", "32", "--micro-shards", "4", "--samples", "96"]
-
-
-def make_scripted_model(path, name="mlp_dropout"):
-    here = os.path.dirname(os.path.abspath(__file__))
-    subprocess.run([PY, os.path.join(here, "scripted_models.py"), name, path], check=True)
 
 
 class RunToRun(TempDirTest):

@@ -4,7 +4,6 @@ blames nobody online and the bisection names the faulty rank from the record; a 
 whose wrong value differs every time is persistent; a silent fault before the oldest checkpoint
 retention would once have kept is still found with default retention; steps that cannot be
 replayed make the verdict inconclusive, never none; coverage is in every diagnosis."""
-import json
 import os
 import sys
 
@@ -13,40 +12,16 @@ import numpy as np
 import torch
 
 sys.path.insert(0, os.path.dirname(__file__))
-from culprit_testlib import TempDirTest, incidents, run, run_each_rank_code  # noqa: E402
+from culprit_testlib import (EXIT_DAMAGED, EXIT_HARDWARE, EXIT_OK, EXIT_USAGE, VERDICTS, TempDirTest,  # noqa: E402
+                             diagnosis, first_differing_step, incidents, run, run_each_rank_code)
 
 MLP = ["--model", "mlp", "--global-batch", "24", "--micro-shards", "4", "--samples", "96", "--quiet"]
-CODES = {"none": 0, "hardware-transient": 20, "hardware-persistent": 21, "data": 24, "inconclusive": 25,
-         "hardware-unconfirmed": 26,
-         "damaged-record": 4}
-
-
-def diagnosis(run_dir):
-    with open(os.path.join(run_dir, "diagnosis.json")) as f:
-        return json.load(f)
-
-
-def first_differing_step(run_dir, twin_dir):
-    """The first step whose rank-0 trace row (loss, gradient, parameters) differs between two runs."""
-    rows = []
-    for d in (run_dir, twin_dir):
-        with h5py.File(os.path.join(d, "trace", "rank-00000.h5"), "r") as f:
-            st, n = f["steps"], int(f.attrs["steps_committed"])
-            rows.append({int(st["step"][i]): (st["loss"][i].tobytes(), int(st["grad_fp"][i]), st["param_fp"][i].tobytes())
-                         for i in range(n)})
-    return min(s for s in rows[0] if rows[0][s] != rows[1].get(s))
 
 
 class Localize(TempDirTest):
-    def train(self, name, world, extra, code=0):
-        res = run(["train"] + MLP + extra, world=world, run_dir=self.path(name))
-        self.assertEqual(res.code, code, res.err)
-        return self.path(name)
-
-    def bisect(self, run_dir, world, verdict):
-        res = run(["bisect", "--run-dir", run_dir], world=world, use_mpirun=True)
-        self.assertEqual(res.code, CODES[verdict], res.out + res.err)
-        return diagnosis(run_dir)
+    def trained(self, name, world, extra, code=0):
+        """The MLP trained with `extra` on `world` ranks: its run directory."""
+        return self.train(name, MLP + extra, world, code).run_dir
 
     def test_a_two_rank_tie_blames_nobody_online_and_the_record_settles_it(self):
         # A parameter of rank 0 flips at rest after step 3's update: with two ranks the replica check
@@ -61,19 +36,19 @@ class Localize(TempDirTest):
         inc = [i for i in incidents(d) if i["detector"] == "replica-divergence"]
         self.assertTrue(inc, err)
         self.assertEqual((inc[0]["step"], inc[0]["rank"], inc[0]["ranks"]), (3, -1, [0, 1]), inc[0])
-        self.assertEqual(codes, [CODES["hardware-transient"]] * 2, err)
+        self.assertEqual(codes, [VERDICTS["hardware-transient"]] * 2, err)
         got = diagnosis(d)
         self.assertEqual((got["verdict"], got["step"], got["phase"], got["layer"], got["rank"]),
                          ("hardware-transient", 3, "param", "fc1", 0), got)
         self.assertRegex(err, r"exclude host \S+ \(rank 0,")
         self.assertNotIn("(rank 1,", err)
         # The clean twin: no incident, nothing to diagnose.
-        clean = self.train("tie-clean", 2, ["--steps", "6", "--trace", "step", "--on-detect", "diagnose"])
+        clean = self.trained("tie-clean", 2, ["--steps", "6", "--trace", "step", "--on-detect", "diagnose"])
         self.assertEqual(incidents(clean), [])
 
     def test_a_persistent_fault_with_a_new_wrong_value_each_time_is_persistent(self):
-        d = self.train("noise", 3, ["--steps", "6", "--checkpoint-every", "2", "--trace", "layer", "--on-detect", "warn",
-                                    "--inject", "step=4,rank=1,layer=fc2,index=3,phase=forward,kind=noise,mode=persistent"])
+        d = self.trained("noise", 3, ["--steps", "6", "--checkpoint-every", "2", "--trace", "layer", "--on-detect", "warn",
+                                      "--inject", "step=4,rank=1,layer=fc2,index=3,phase=forward,kind=noise,mode=persistent"])
         got = self.bisect(d, 3, "hardware-persistent")
         self.assertEqual((got["step"], got["phase"], got["layer"], got["rank"]), (4, "forward", "fc2", 1), got)
         self.assertEqual((got["reruns"], got["reproduced"]), (8, 8), got)
@@ -84,20 +59,20 @@ class Localize(TempDirTest):
         # 1 differ only in fc1's forward fingerprint (the ReLU erases the flip): the decision on a
         # later micro-shard of the step names the device.
         spec = "step=7,rank=0,index=7,phase=forward,kind=bitflip,mode=persistent,layer=fc1,bit=14"
-        d = self.train("tie-shard", 1, ["--steps", "9", "--inject", spec])
+        d = self.trained("tie-shard", 1, ["--steps", "9", "--inject", spec])
         got = self.bisect(d, 2, "hardware-persistent")
         self.assertEqual((got["step"], got["phase"], got["layer"], got["rank"], got["candidates"]),
                          (7, "forward", "fc1", 0, []), got)
         self.assertEqual((got["reruns"], got["reproduced"]), (8, 8), got)
         # The negative control: the clean twin, bisected the same way, is none.
-        clean = self.train("tie-shard-clean", 1, ["--steps", "9"])
+        clean = self.trained("tie-shard-clean", 1, ["--steps", "9"])
         self.assertEqual(self.bisect(clean, 2, "none")["rank"], -1)
 
     def test_a_two_replica_update_tie_is_settled_in_float64(self):
         # A parameter of rank 0 scaled at rest after every update from step 4, with two replicas:
         # each rank repeats its own update in every redo of the step; float64 sides with rank 1.
         spec = "step=4,rank=0,index=2,phase=param,kind=scale,factor=3,mode=persistent,layer=fc2"
-        d = self.train("tie-update", 2, ["--steps", "6", "--on-detect", "warn", "--inject", spec])
+        d = self.trained("tie-update", 2, ["--steps", "6", "--on-detect", "warn", "--inject", spec])
         got = self.bisect(d, 2, "hardware-persistent")
         self.assertEqual((got["step"], got["phase"], got["layer"], got["rank"], got["candidates"]),
                          (4, "param", "fc2", 0, []), got)
@@ -107,7 +82,7 @@ class Localize(TempDirTest):
         # Trained on one rank, bisected on two: the fault at rest fires in the first replay too, so the
         # update is a 1-vs-1 tie; redoing the step draws anew until rank 0 contradicts itself.
         spec = "step=14,rank=0,index=2,phase=param,kind=bitflip,mode=intermittent,layer=fc2,bit=22,p=0.5"
-        d = self.train("intermittent-rest", 1, ["--steps", "16", "--inject", spec])
+        d = self.trained("intermittent-rest", 1, ["--steps", "16", "--inject", spec])
         got = self.bisect(d, 2, "hardware-persistent")
         self.assertEqual((got["step"], got["phase"], got["layer"], got["rank"], got["candidates"]),
                          (14, "param", "fc2", 0, []), got)
@@ -119,8 +94,8 @@ class Localize(TempDirTest):
         # starts from the checkpoint of step 10 and finds a later firing; the device fires again, so
         # the steps before that checkpoint are searched too, and the first firing is the finding.
         spec = "step=3,rank=0,index=6,phase=backward,kind=scale,mode=intermittent,layer=fc3,factor=1000,p=0.5"
-        d = self.train("recurring", 1, ["--steps", "16", "--inject", spec])
-        twin = self.train("recurring-twin", 1, ["--steps", "16"])
+        d = self.trained("recurring", 1, ["--steps", "16", "--inject", spec])
+        twin = self.trained("recurring-twin", 1, ["--steps", "16"])
         truth = first_differing_step(d, twin)  # the injected truth, read from both traces with h5py
         self.assertGreater(11, truth)
         self.assertEqual([i["step"] for i in incidents(d)][:1], [11])
@@ -130,7 +105,7 @@ class Localize(TempDirTest):
         # The negative control: with --search-back 0 the search stays after step 10 and names a
         # later firing, listing the steps before as not searched.
         res = run(["bisect", "--run-dir", d, "--search-back", "0"], world=2, use_mpirun=True)
-        self.assertEqual(res.code, CODES["hardware-persistent"], res.err)
+        self.assertEqual(res.code, VERDICTS["hardware-persistent"], res.err)
         later = diagnosis(d)
         self.assertGreater(later["step"], 10, later)
         self.assertEqual(later["coverage"]["not_examined"][0]["from"], 1, later["coverage"])
@@ -140,7 +115,7 @@ class Localize(TempDirTest):
         # fires online. With --keep-last 3 only steps 10..14 had checkpoints left before the run's
         # start was always kept; the fault at step 3 is found from step 0.
         args = ["--steps", "14", "--checkpoint-every", "2"]
-        d = self.train("silent", 3, args + ["--inject", "step=3,rank=1,layer=fc2,index=3,phase=forward,kind=bitflip,bit=27"])
+        d = self.trained("silent", 3, args + ["--inject", "step=3,rank=1,layer=fc2,index=3,phase=forward,kind=bitflip,bit=27"])
         self.assertEqual(incidents(d), [])
         ck = sorted(os.listdir(os.path.join(d, "checkpoints")))
         self.assertEqual(ck[0], "step-00000000.h5", ck)
@@ -154,7 +129,7 @@ class Localize(TempDirTest):
         self.assertIn("after the faulty step", cov["not_examined"][0]["reason"])
         self.assertEqual(got["steps_replayed"], 3)
         # The clean twin: none, and every step examined.
-        clean = self.bisect(self.train("silent-clean", 3, args), 3, "none")
+        clean = self.bisect(self.trained("silent-clean", 3, args), 3, "none")
         self.assertEqual(clean["coverage"]["examined"], [{"from": 1, "to": 14}], clean)
         self.assertEqual(clean["coverage"]["not_examined"], [], clean)
         # Without the run's start (a run from before it was kept), steps 1..10 cannot be replayed: the
@@ -170,20 +145,20 @@ class Localize(TempDirTest):
         # fc3 is the end of the flat gradient (6922 values: fc3 from 6272): with three ranks, in rank
         # 2's own chunk (4614..6921). Its message to itself never crosses a link, so no comm check
         # sees it; only that chunk of the reduced gradient differs.
-        d = self.train("own", 3, ["--steps", "6", "--checkpoint-every", "2", "--on-detect", "warn",
-                                  "--inject", "step=4,rank=2,layer=fc3,index=1,phase=comm,kind=bitflip,bit=30"])
+        d = self.trained("own", 3, ["--steps", "6", "--checkpoint-every", "2", "--on-detect", "warn",
+                                    "--inject", "step=4,rank=2,layer=fc3,index=1,phase=comm,kind=bitflip,bit=30"])
         self.assertEqual([i for i in incidents(d) if i["detector"] == "comm"], [])
         got = self.bisect(d, 3, "hardware-transient")
         self.assertEqual((got["step"], got["phase"], got["layer"], got["rank"]), (4, "comm", "fc3", 2), got)
         # Persistent: the replay in the run's layout writes it again exactly as recorded; only the
         # step computed alone shows the record wrong.
-        d = self.train("own-p", 3, ["--steps", "6", "--checkpoint-every", "2", "--on-detect", "warn", "--inject",
-                                    "step=4,rank=2,layer=fc3,index=1,phase=comm,kind=bitflip,bit=30,mode=persistent"])
+        d = self.trained("own-p", 3, ["--steps", "6", "--checkpoint-every", "2", "--on-detect", "warn", "--inject",
+                                      "step=4,rank=2,layer=fc3,index=1,phase=comm,kind=bitflip,bit=30,mode=persistent"])
         got = self.bisect(d, 3, "hardware-persistent")
         self.assertEqual((got["step"], got["phase"], got["layer"], got["rank"]), (4, "comm", "fc3", 2), got)
         # The same fault on a link (rank 1's message to rank 2) is seen by the comm check.
-        d = self.train("link", 3, ["--steps", "6", "--checkpoint-every", "2", "--on-detect", "warn",
-                                   "--inject", "step=4,rank=1,layer=fc3,index=1,phase=comm,kind=bitflip,bit=30"])
+        d = self.trained("link", 3, ["--steps", "6", "--checkpoint-every", "2", "--on-detect", "warn",
+                                     "--inject", "step=4,rank=1,layer=fc3,index=1,phase=comm,kind=bitflip,bit=30"])
         self.assertEqual([i["rank"] for i in incidents(d) if i["detector"] == "comm"], [1])
         got = self.bisect(d, 3, "hardware-transient")
         self.assertEqual((got["step"], got["phase"], got["layer"], got["rank"]), (4, "comm", "fc3", 1), got)
@@ -192,9 +167,9 @@ class Localize(TempDirTest):
         # The replay's reduced gradient equals the record (the same NaN in the same place): the
         # replay's comm check is the difference, and the step computed by each process alone names
         # the parameter. Default options: the comm check halts the run (exit 10).
-        d = self.train("nanlink", 3, ["--steps", "6", "--checkpoint-every", "2",
-                                      "--inject", "step=4,rank=1,layer=fc3,index=1,phase=comm,kind=nan,mode=persistent"],
-                       code=10)
+        d = self.trained("nanlink", 3, ["--steps", "6", "--checkpoint-every", "2",
+                                        "--inject", "step=4,rank=1,layer=fc3,index=1,phase=comm,kind=nan,mode=persistent"],
+                         code=EXIT_HARDWARE)
         got = self.bisect(d, 3, "hardware-persistent")
         self.assertEqual((got["step"], got["phase"], got["layer"], got["rank"]), (4, "comm", "fc3", 1), got)
 
@@ -204,11 +179,11 @@ class Localize(TempDirTest):
         # in that layout: the replay equals the record bitwise, and only the run's comm incident says
         # the record is wrong. Negative control: the clean twin's bisection on 2 ranks finds none.
         spec = "step=4,rank=0,index=7,phase=comm,kind=nan,mode=persistent,layer=fc3"
-        d = self.train("seen", 4, ["--steps", "6", "--checkpoint-every", "2", "--inject", spec], code=10)
+        d = self.trained("seen", 4, ["--steps", "6", "--checkpoint-every", "2", "--inject", spec], code=EXIT_HARDWARE)
         self.assertEqual([(i["step"], i["rank"]) for i in incidents(d) if i["detector"] == "comm"], [(4, 0)])
         got = self.bisect(d, 2, "hardware-persistent")
         self.assertEqual((got["step"], got["phase"], got["layer"], got["rank"]), (4, "comm", "fc3", 0), got)
-        twin = self.train("seen-twin", 4, ["--steps", "6", "--checkpoint-every", "2"])
+        twin = self.trained("seen-twin", 4, ["--steps", "6", "--checkpoint-every", "2"])
         self.assertEqual(self.bisect(twin, 2, "none")["step"], -1)
 
     def test_an_absorbed_reduction_fault_outside_the_world_names_its_layer(self):
@@ -217,7 +192,7 @@ class Localize(TempDirTest):
         # is outside: hardware-unconfirmed, and the layer comes from the record's per-parameter
         # fingerprints of the reduced gradient (trace format 4).
         spec = "step=4,rank=2,index=1,phase=comm,kind=bitflip,bit=2,mode=persistent,layer=fc3"
-        d = self.train("absorbed", 3, ["--steps", "6", "--checkpoint-every", "2", "--inject", spec])
+        d = self.trained("absorbed", 3, ["--steps", "6", "--checkpoint-every", "2", "--inject", spec])
         got = self.bisect(d, 2, "hardware-unconfirmed")
         self.assertEqual((got["step"], got["phase"], got["layer"], got["rank"]), (4, "comm", "fc3", 2), got)
         # The update did absorb it: the search saw only the reduced gradient differ, in fc3's slice.
@@ -228,23 +203,23 @@ class Localize(TempDirTest):
         # One training rank: no replica to compare with, nothing fires; the flipped low bit of a
         # momentum shows in the parameters only later. The trace's optimizer fingerprints find it
         # at its own step, in its phase.
-        d = self.train("opt", 1, ["--steps", "8", "--checkpoint-every", "4", "--on-detect", "warn",
-                                  "--inject", "step=3,rank=0,layer=fc1,index=5,phase=optimizer,kind=bitflip,bit=0"])
+        d = self.trained("opt", 1, ["--steps", "8", "--checkpoint-every", "4", "--on-detect", "warn",
+                                    "--inject", "step=3,rank=0,layer=fc1,index=5,phase=optimizer,kind=bitflip,bit=0"])
         got = self.bisect(d, 2, "hardware-transient")
         self.assertEqual((got["step"], got["phase"], got["layer"], got["rank"]), (3, "optimizer", "fc1", 0), got)
 
     def test_a_damaged_record_is_never_hardware(self):
         args = ["--steps", "6", "--checkpoint-every", "2"]
-        d = self.train("damaged", 2, args)
-        clean = self.train("damaged-twin", 2, args)
+        d = self.trained("damaged", 2, args)
+        clean = self.trained("damaged-twin", 2, args)
         with h5py.File(os.path.join(d, "trace", "rank-00001.h5"), "r+") as f:
             fp = f["steps/grad_fp"]
             fp[3] = fp[3] ^ np.uint64(1 << 17)  # one bit, as a disk or a stray write would
         res = run(["verify", d])
-        self.assertEqual(res.code, 4, res.out + res.err)
+        self.assertEqual(res.code, EXIT_DAMAGED, res.out + res.err)
         self.assertIn("row 3 (step 4) fails its checksum", res.out + res.err)
         ok = run(["verify", clean])
-        self.assertEqual(ok.code, 0, ok.out + ok.err)
+        self.assertEqual(ok.code, EXIT_OK, ok.out + ok.err)
         self.assertIn("every row's checksum verified", ok.out)
         got = self.bisect(d, 2, "damaged-record")
         self.assertEqual((got["step"], got["rank"], got["host"]), (-1, -1, ""), got)
@@ -264,14 +239,14 @@ class Localize(TempDirTest):
         bad[37, 4] = np.nan
         res = run(["train", "--data", "hdf5:" + self.data("nan", bad)] + MLP[:1] + ["mlp", "--steps", "2"],
                   run_dir=self.path("nan-run"))
-        self.assertEqual(res.code, 2, res.err)
+        self.assertEqual(res.code, EXIT_USAGE, res.err)
         self.assertIn("x holds a non-finite value (nan) in sample 37 (element 4)", res.err)
         self.assertEqual(res.err.count("\n"), 1, res.err)
         # A sample loaded wrongly during the run: a bit of element 25 of rank 2's first micro-shard
         # (sample 1 of micro-shard 2, 20 values a sample) at step 5.
         path = self.data("ok", x)
-        d = self.train("sample", 3, ["--data", "hdf5:" + path, "--steps", "6", "--checkpoint-every", "2",
-                                     "--on-detect", "warn", "--inject", "step=5,rank=2,index=25,phase=data,kind=bitflip,bit=22"])
+        d = self.trained("sample", 3, ["--data", "hdf5:" + path, "--steps", "6", "--checkpoint-every", "2",
+                                       "--on-detect", "warn", "--inject", "step=5,rank=2,index=25,phase=data,kind=bitflip,bit=22"])
         got = self.bisect(d, 3, "data")
         g = torch.Generator()
         g.manual_seed(1234 + (5 - 1) // 4)  # the seed, the epoch (96 samples / 24 a step)
@@ -284,7 +259,7 @@ class Localize(TempDirTest):
         # flipped from step 9 on; ranks 0 and 1 each repeat their own load. Rank 2 or 3 loaded the
         # same data set index in another epoch: its record is the third opinion.
         spec = "step=9,rank=1,index=4,phase=data,kind=bitflip,bit=22,mode=persistent"
-        d = self.train("load-tie", 4, ["--steps", "16", "--inject", spec])
+        d = self.trained("load-tie", 4, ["--steps", "16", "--inject", spec])
         got = self.bisect(d, 2, "data")
         self.assertEqual((got["step"], got["phase"], got["rank"], got["candidates"]), (9, "data", 1, []), got)
         g = torch.Generator()
@@ -292,7 +267,7 @@ class Localize(TempDirTest):
         order = torch.randperm(96, generator=g)
         self.assertEqual(got["sample"], int(order[((9 - 1) % 4) * 24 + 1 * 6]))  # micro-shard 1's first sample
         # The negative control: trained on two ranks, no third device ever loaded anything: a tie.
-        two = self.train("load-tie-two", 2, ["--steps", "16", "--inject", spec])
+        two = self.trained("load-tie-two", 2, ["--steps", "16", "--inject", spec])
         got = self.bisect(two, 2, "data")
         self.assertEqual((got["step"], got["rank"], got["candidates"]), (9, -1, [0, 1]), got)
 

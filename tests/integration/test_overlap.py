@@ -10,8 +10,7 @@ import sys
 import unittest
 
 sys.path.insert(0, os.path.dirname(__file__))
-from culprit_testlib import TempDirTest, incidents, run  # noqa: E402
-from test_determinism import make_scripted_model  # noqa: E402
+from culprit_testlib import TempDirTest, incidents, make_scripted_model, run  # noqa: E402
 
 MANY = ["--bucket-mb", "0.001"]
 AFTER = ["--bucket-mb", "0"]

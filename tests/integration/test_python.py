@@ -12,14 +12,12 @@ import time
 import unittest
 
 sys.path.insert(0, os.path.dirname(__file__))
-from culprit_testlib import MPIRUN, TIMEOUT, TempDirTest, run  # noqa: E402
+from culprit_testlib import (EXIT_DIFFERS, EXIT_USAGE, HERE, MPIRUN, PY, ROOT, TIMEOUT, VERDICTS,  # noqa: E402
+                             TempDirTest, run, run_each_rank_code)
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.normpath(os.path.join(HERE, "..", ".."))
 EXAMPLE = os.path.join(ROOT, "examples", "train_mlp.py")
 VARIANTS = os.path.join(HERE, "py_variants.py")
 PKG = os.environ.get("CULPRIT_PYTHON_DIR", os.path.join(ROOT, "build", "python"))
-PY = "/usr/bin/python3"
 SIZE = ["--global-batch", "32", "--micro-shards", "4", "--checkpoint-every", "2", "--keep-last", "10", "--quiet"]
 
 
@@ -30,21 +28,8 @@ def py_env(**extra):
 
 
 def run_script(script, args, world, env=None, cwd=None):
-    """mpirun -np W python3 SCRIPT ARGS; every rank's exit code (a wrapper writes them)."""
-    wrapper = os.path.join(cwd, "rank.sh")
-    with open(wrapper, "w") as f:
-        f.write('#!/bin/sh\n"$@"\necho $? > "%s/rc.$OMPI_COMM_WORLD_RANK"\n' % cwd)
-    os.chmod(wrapper, 0o755)
-    for r in range(world):
-        if os.path.exists(os.path.join(cwd, "rc.%d" % r)):
-            os.remove(os.path.join(cwd, "rc.%d" % r))
-    proc = subprocess.run(MPIRUN + ["-np", str(world), wrapper, PY, script] + args, capture_output=True, text=True,
-                          timeout=TIMEOUT, env=env or py_env(), cwd=cwd)
-    codes = []
-    for r in range(world):
-        with open(os.path.join(cwd, "rc.%d" % r)) as f:
-            codes.append(int(f.read()))
-    return codes, proc.stdout, proc.stderr
+    """mpirun -np W python3 SCRIPT ARGS from cwd: (every rank's exit code, stdout, stderr)."""
+    return run_each_rank_code(args, world, cwd, cwd=cwd, env=env or py_env(), program=[PY, script])
 
 
 def metrics(run_dir):
@@ -53,7 +38,8 @@ def metrics(run_dir):
 
 
 class Python(TempDirTest):
-    def train(self, name, world, extra=(), script=EXAMPLE, env=None, steps=6):
+    def train_script(self, name, world, extra=(), script=EXAMPLE, env=None, steps=6):
+        """`mpirun -np WORLD python3 SCRIPT` trains the run `name`: its run directory."""
         run_dir = self.path(name)
         args = ["--run-dir", run_dir, "--steps", str(steps)] + SIZE + list(extra)
         codes, out, err = run_script(script, args, world, env, self.tmp)
@@ -61,7 +47,7 @@ class Python(TempDirTest):
         return run_dir
 
     def test_same_bits_at_any_world_size_and_as_torchscript(self):
-        runs = {w: metrics(self.train("w%d" % w, w, ["--trace", "layer"])) for w in (1, 2, 4)}
+        runs = {w: metrics(self.train_script("w%d" % w, w, ["--trace", "layer"])) for w in (1, 2, 4)}
         self.assertEqual(len(runs[1]), 6)
         self.assertEqual(runs[1], runs[2])
         self.assertEqual(runs[1], runs[4])
@@ -81,10 +67,10 @@ class Python(TempDirTest):
         self.assertIn("checkpoints: 4 common, 2 compared; equal through step 6", res.out)
         self.assertIn("the runs agree bitwise everywhere they can be compared", res.out)
         # Negative control: another seed gives other bits (the comparison can fail).
-        other = metrics(self.train("seed", 2, ["--seed", "99"]))
+        other = metrics(self.train_script("seed", 2, ["--seed", "99"]))
         self.assertNotEqual(other[-1]["fingerprint"], runs[1][-1]["fingerprint"])
         res = run(["audit", "--compare", self.path("seed"), self.path("ts")])
-        self.assertEqual(res.code, 5, res.out + res.err)  # differ
+        self.assertEqual(res.code, EXIT_DIFFERS, res.out + res.err)
         self.assertIn("first differing step: 0", res.out)
         # The checkpoints are culprit's own: verify reads them clean.
         res = run(["verify", self.path("w2")])
@@ -92,17 +78,12 @@ class Python(TempDirTest):
 
     def test_fault_at_a_layer_is_localised_and_clean_run_is_none(self):
         spec = "step=3,rank=1,layer=body.4,index=5,phase=forward,kind=bitflip,bit=22"
-        bad = self.train("bad", 2, ["--trace", "layer", "--on-detect", "warn", "--inject", spec])
-        res = run(["bisect", "--run-dir", bad], world=2, use_mpirun=True, env=py_env())
-        self.assertEqual(res.code, 20, res.out + res.err)  # hardware-transient
-        with open(os.path.join(bad, "diagnosis.json")) as f:
-            got = json.load(f)
+        bad = self.train_script("bad", 2, ["--trace", "layer", "--on-detect", "warn", "--inject", spec])
+        got = self.bisect(bad, 2, "hardware-transient", env=py_env())
         self.assertEqual((got["verdict"], got["step"], got["phase"], got["layer"], got["rank"]),
                          ("hardware-transient", 3, "forward", "body.4", 1), got)
-        clean = self.train("clean", 2, ["--trace", "layer"])
-        res = run(["bisect", "--run-dir", clean], world=2, use_mpirun=True, env=py_env())
-        self.assertEqual(res.code, 0, res.out + res.err)
-        self.assertIn("verdict: none", res.out)
+        clean = self.train_script("clean", 2, ["--trace", "layer"])
+        self.bisect(clean, 2, "none", env=py_env())
         # audit replays every checkpoint interval of the clean run through the script, too.
         res = run(["audit", "--run-dir", clean], world=2, use_mpirun=True, env=py_env())
         self.assertEqual(res.code, 0, res.out + res.err)
@@ -112,15 +93,15 @@ class Python(TempDirTest):
         self.assertEqual(proc.returncode, 0, proc.stdout + proc.stderr)
 
     def test_a_batch_function_reads_as_the_indexable_data_set(self):
-        by_index = self.train("ok", 2, script=VARIANTS, env=py_env(CULPRIT_VARIANT="ok"), steps=3)
-        by_batch = self.train("batches", 2, script=VARIANTS, env=py_env(CULPRIT_VARIANT="batches"), steps=3)
+        by_index = self.train_script("ok", 2, script=VARIANTS, env=py_env(CULPRIT_VARIANT="ok"), steps=3)
+        by_batch = self.train_script("batches", 2, script=VARIANTS, env=py_env(CULPRIT_VARIANT="batches"), steps=3)
         self.assertEqual(metrics(by_index), metrics(by_batch))
         self.assertEqual(len(metrics(by_batch)), 3)
 
     def test_optimizers_culprit_maps_train(self):
         for variant, kind in (("adamw_groups", "adamw"), ("sgd_nesterov_foreach", "sgd")):
             with self.subTest(variant=variant):
-                r = self.train(variant, 2, script=VARIANTS, env=py_env(CULPRIT_VARIANT=variant), steps=2)
+                r = self.train_script(variant, 2, script=VARIANTS, env=py_env(CULPRIT_VARIANT=variant), steps=2)
                 with open(os.path.join(r, "run.json")) as f:
                     config = json.load(f)["config"]
                 self.assertIn("optimizer = " + kind, config)
@@ -141,21 +122,16 @@ class Python(TempDirTest):
                  ("rank_model", "rank 1 built other initial parameters than rank 0")]
         for variant, message in cases:
             with self.subTest(variant=variant):
-                codes, out, err = run_script(VARIANTS, ["--run-dir", self.path(variant), "--steps", "2",
-                                                        "--global-batch", "8", "--micro-shards", "2"], 2,
-                                             py_env(CULPRIT_VARIANT=variant), self.tmp)
-                self.assertEqual(codes, [2, 2], out + err)
-                lines = [l for l in err.splitlines() if l.startswith("culprit: error:")]
-                self.assertTrue(lines and message in lines[0], err)
-                self.assertNotIn("Traceback", err)
+                self.assert_refused(["--run-dir", self.path(variant), "--steps", "2", "--global-batch", "8",
+                                     "--micro-shards", "2"], EXIT_USAGE, message, env=py_env(CULPRIT_VARIANT=variant),
+                                    program=[PY, VARIANTS])
         # The executable alone cannot build a Python model: one line, naming the way that can.
         res = run(["train", "--model", "python:%s:build" % VARIANTS, "--data", "python", "--quiet"], world=2,
                   run_dir=self.path("exe"))
-        self.assertEqual(res.code, 2, res.err)
+        self.assertEqual(res.code, EXIT_USAGE, res.err)
         self.assertIn("is built by a Python script: run it through the Python package", res.err)
-        codes, out, err = run_script(VARIANTS, ["--run-dir", self.path("lr"), "--lr", "0.3"], 2, py_env(), self.tmp)
-        self.assertEqual(codes, [2, 2], err)
-        self.assertIn("option '--lr' comes from the script's Setup", err)
+        self.assert_refused(["--run-dir", self.path("lr"), "--lr", "0.3"], EXIT_USAGE,
+                            "option '--lr' comes from the script's Setup", env=py_env(), program=[PY, VARIANTS])
 
     def test_exception_mid_run_on_one_rank_ends_the_job(self):
         start = time.time()
@@ -174,19 +150,19 @@ class Python(TempDirTest):
         spec = "step=4,rank=1,layer=body.0,index=3,phase=grad,kind=nan,mode=persistent"
         codes, out, err = run_script(script, ["--run-dir", self.path("d"), "--steps", "6"] + SIZE +
                                      ["--on-detect", "diagnose", "--inject", spec], 2, py_env(), self.tmp)
-        self.assertEqual(codes, [21, 21], out + err)  # hardware-persistent, decided in the training job
+        self.assertEqual(codes, [VERDICTS["hardware-persistent"]] * 2, out + err)  # decided in the training job
         with open(self.path("d", "diagnosis.json")) as f:
             got = json.load(f)
         self.assertEqual((got["step"], got["phase"], got["layer"], got["rank"]), (4, "grad", "body.0", 1), got)
         # Resumed through the executable (it hands the run to the package), then the script is edited:
-        clean = self.train("c", 2, script=script, steps=4)
+        clean = self.train_script("c", 2, script=script, steps=4)
         res = run(["train", "--resume", "--steps", "6", "--run-dir", clean, "--quiet"], world=2, env=py_env())
         self.assertEqual(res.code, 0, res.out + res.err)
-        self.assertEqual(metrics(clean), metrics(self.train("whole", 2, script=script)))
+        self.assertEqual(metrics(clean), metrics(self.train_script("whole", 2, script=script)))
         with open(script, "a") as f:
             f.write("# edited after training\n")
         res = run(["bisect", "--run-dir", clean], world=2, use_mpirun=True, env=py_env())
-        self.assertEqual(res.code, 2, res.out + res.err)
+        self.assertEqual(res.code, EXIT_USAGE, res.out + res.err)
         self.assertIn("changed since the run was trained", res.err)
 
 

@@ -7,30 +7,18 @@ bfloat16 activations and their gradients are localised exactly; a bit a bfloat16
 is refused in one line."""
 import json
 import os
-import subprocess
 import sys
 
 sys.path.insert(0, os.path.dirname(__file__))
-from culprit_testlib import TempDirTest, incidents, run, run_each_rank_code  # noqa: E402
-from test_localize import CODES, diagnosis, first_differing_step  # noqa: E402
+from culprit_testlib import (EXIT_USAGE, TempDirTest, first_differing_step, incidents,  # noqa: E402
+                             make_scripted_model)
 
-HERE = os.path.dirname(os.path.abspath(__file__))
 MLP = ["--model", "mlp", "--global-batch", "24", "--micro-shards", "4", "--samples", "96", "--quiet"]
 GPT_BF16 = ["--model", "gpt", "--global-batch", "12", "--micro-shards", "4", "--samples", "48", "--optimizer", "adamw",
             "--lr", "0.003", "--precision", "bf16", "--tie-head", "--init", "gpt2", "--clip-grad-norm", "1", "--quiet"]
 
 
 class Recipes(TempDirTest):
-    def train(self, name, world, args, code=0):
-        res = run(["train"] + args, world=world, run_dir=self.path(name))
-        self.assertEqual(res.code, code, res.err)
-        return self.path(name)
-
-    def bisect(self, run_dir, world, verdict):
-        res = run(["bisect", "--run-dir", run_dir], world=world, use_mpirun=True)
-        self.assertEqual(res.code, CODES[verdict], res.out + res.err)
-        return diagnosis(run_dir)
-
     def metrics(self, run_dir):
         with open(os.path.join(run_dir, "metrics.jsonl")) as f:
             return {m["step"]: m for m in map(json.loads, f)}
@@ -40,8 +28,8 @@ class Recipes(TempDirTest):
         # back to norm 0.5, but the spike detector sees the reduced gradient's norm before clipping.
         spec = "step=12,rank=1,layer=fc2,index=7,phase=grad,kind=bitflip,bit=30"
         args = MLP + ["--steps", "13", "--clip-grad-norm", "0.5", "--on-detect", "warn"]
-        d = self.train("clip-spike", 2, args + ["--inject", spec])
-        twin = self.train("clip-clean", 2, args)
+        d = self.train("clip-spike", args + ["--inject", spec], 2).run_dir
+        twin = self.train("clip-clean", args, 2).run_dir
         inc = incidents(d)
         self.assertEqual((inc[0]["step"], inc[0]["detector"]), (12, "spike"), inc)
         m, clean = self.metrics(d), self.metrics(twin)
@@ -60,7 +48,7 @@ class Recipes(TempDirTest):
         # the replays tie, and the float64 update (clipped the same way) sides with rank 1.
         spec = "step=4,rank=0,index=2,phase=param,kind=scale,factor=3,mode=persistent,layer=fc2"
         args = MLP + ["--steps", "6", "--clip-grad-norm", "0.05", "--on-detect", "warn"]
-        d = self.train("clip-update", 2, args + ["--inject", spec])
+        d = self.train("clip-update", args + ["--inject", spec], 2).run_dir
         self.assertLess(min(m["clip_factor"] for m in self.metrics(d).values()), 1.0)  # the clip bites
         got = self.bisect(d, 2, "hardware-persistent")
         self.assertEqual((got["step"], got["phase"], got["layer"], got["rank"], got["candidates"]),
@@ -71,11 +59,12 @@ class Recipes(TempDirTest):
                  ("bwd", "step=3,rank=1,layer=blocks.1.attn.proj,index=3,phase=backward,kind=bitflip,bit=27",
                   "backward"),
                  ("noise", "step=4,rank=0,layer=head,index=1,phase=forward,kind=noise", "forward")]
-        twin = self.train("bf16-clean", 3, GPT_BF16 + ["--steps", "6"])
+        twin = self.train("bf16-clean", GPT_BF16 + ["--steps", "6"], 3).run_dir
         self.assertEqual(incidents(twin), [])
         for name, spec, phase in cases:
             with self.subTest(case=name):
-                d = self.train("bf16-" + name, 3, GPT_BF16 + ["--steps", "6", "--spot-check", "1", "--on-detect", "warn", "--inject", spec])
+                d = self.train("bf16-" + name, GPT_BF16 + ["--steps", "6", "--spot-check", "1", "--on-detect", "warn",
+                                                     "--inject", spec], 3).run_dir
                 truth = first_differing_step(d, twin)
                 step = int(spec.split(",")[0].split("=")[1])
                 rank = int(spec.split(",")[1].split("=")[1])
@@ -86,40 +75,29 @@ class Recipes(TempDirTest):
                                  got)
         self.assertEqual(self.bisect(twin, 3, "none")["verdict"], "none")  # the negative control
 
-    def refused(self, name, args, *wants):
-        """Every rank exits 2 with one error line holding each of `wants`, and no stack trace."""
-        workdir = self.path(name + "-rc")
-        os.makedirs(workdir)
-        codes, _, err = run_each_rank_code(["train", "--run-dir", self.path(name)] + args, 2, workdir)
-        self.assertEqual(codes, [2, 2], err)
-        lines = [l for l in err.splitlines() if l.startswith("culprit: error:")]
-        self.assertEqual(len(lines), 1, err)
-        for want in wants:
-            self.assertIn(want, lines[0])
-        for marker in ("terminate called", "Exception raised from", "Traceback", "Aborted"):
-            self.assertNotIn(marker, err)
-
     def test_a_model_that_cannot_run_under_autocast_or_be_trained_is_refused(self):
         base = ["--steps", "2", "--global-batch", "8", "--micro-shards", "2", "--quiet"]
         for name in ("erfcx", "zeta"):
-            subprocess.run(["/usr/bin/python3", os.path.join(HERE, "scripted_models.py"), name, self.path(name + ".pt")],
-                           check=True)
+            make_scripted_model(self.path(name + ".pt"), name)
         erfcx = ["--model", "torchscript:" + self.path("erfcx.pt")] + base
-        self.train("erfcx-fp32", 2, erfcx)  # the negative control: in fp32 it trains
-        self.refused("erfcx-bf16", erfcx + ["--precision", "bf16"],
-                     "does not run under --precision bf16 (autocast to bfloat16)", "'BFloat16'")
+        self.train("erfcx-fp32", erfcx, 2)  # the negative control: in fp32 it trains
+        self.assert_refused(["train", "--run-dir", self.path("erfcx-bf16")] + erfcx + ["--precision", "bf16"],
+                            EXIT_USAGE, "does not run under --precision bf16 (autocast to bfloat16)", "'BFloat16'")
         # An op without a derivative: refused at start-up in one line (was an abort inside step 1).
-        self.refused("zeta", ["--model", "torchscript:" + self.path("zeta.pt")] + base,
-                     "cannot be trained: its backward pass fails", "the derivative for 'zeta' is not implemented")
+        zeta = ["--model", "torchscript:" + self.path("zeta.pt")] + base
+        self.assert_refused(["train", "--run-dir", self.path("zeta")] + zeta, EXIT_USAGE,
+                            "cannot be trained: its backward pass fails",
+                            "the derivative for 'zeta' is not implemented")
 
     def test_a_bit_bf16_does_not_keep_is_refused(self):
         spec = "step=2,rank=0,layer=head,index=1,phase=forward,kind=bitflip,bit=7"
-        self.refused("low-bit", ["--steps", "3"] + GPT_BF16 + ["--inject", spec],
-                     "layer head's output (and the gradient into it) is bfloat16 under --precision bf16",
-                     "bit must be in [16, 31], got 7")
+        self.assert_refused(["train", "--run-dir", self.path("low-bit"), "--steps", "3"] + GPT_BF16 +
+                            ["--inject", spec], EXIT_USAGE,
+                            "layer head's output (and the gradient into it) is bfloat16 under --precision bf16",
+                            "bit must be in [16, 31], got 7")
         # A float32 layer (a layer norm) of the same bf16 run takes any bit.
-        self.train("low-bit-ln", 2, ["--steps", "2"] + GPT_BF16 + [
-            "--inject", "step=2,rank=0,layer=blocks.0.ln1,index=1,phase=forward,kind=bitflip,bit=7"])
+        self.train("low-bit-ln", ["--steps", "2"] + GPT_BF16 + [
+            "--inject", "step=2,rank=0,layer=blocks.0.ln1,index=1,phase=forward,kind=bitflip,bit=7"], 2)
 
 
 if __name__ == "__main__":

@@ -8,11 +8,10 @@ import sys
 import unittest
 
 sys.path.insert(0, os.path.dirname(__file__))
-from culprit_testlib import TempDirTest, incidents, run  # noqa: E402
+from culprit_testlib import EXIT_DAMAGED, EXIT_USAGE, TempDirTest, incidents, run  # noqa: E402
 
 ARGS = ["--model", "mlp", "--steps", "6", "--global-batch", "24", "--micro-shards", "4", "--samples", "96",
         "--checkpoint-every", "2", "--quiet", "--on-detect", "warn"]
-BAD_INPUT, DAMAGED = 2, 4
 
 
 class Records(TempDirTest):
@@ -75,12 +74,12 @@ class Records(TempDirTest):
         empty = self.path("empty")
         os.makedirs(empty)
         for args, code, needle in [
-                ([d, "--field", "diagnosis.verdict"], BAD_INPUT, "diagnosis.json' does not exist"),
-                ([d, "--field", "incident.host"], BAD_INPUT, "holds no incident"),
-                ([d, "--field", "incident.host", "--detector", "telepathy"], BAD_INPUT, "unknown detector 'telepathy'"),
-                ([d, "--field", "weather.today"], BAD_INPUT, "the record is diagnosis, incident, audit or screen"),
-                ([self.path("nope"), "--field", "diagnosis.verdict"], BAD_INPUT, "is not a run directory"),
-                ([], BAD_INPUT, "report takes one path")]:
+                ([d, "--field", "diagnosis.verdict"], EXIT_USAGE, "diagnosis.json' does not exist"),
+                ([d, "--field", "incident.host"], EXIT_USAGE, "holds no incident"),
+                ([d, "--field", "incident.host", "--detector", "telepathy"], EXIT_USAGE, "unknown detector 'telepathy'"),
+                ([d, "--field", "weather.today"], EXIT_USAGE, "the record is diagnosis, incident, audit or screen"),
+                ([self.path("nope"), "--field", "diagnosis.verdict"], EXIT_USAGE, "is not a run directory"),
+                ([], EXIT_USAGE, "report takes one path")]:
             with self.subTest(args=args):
                 res = self.report(*args)
                 self.assertEqual(res.code, code, res.out + res.err)
@@ -90,7 +89,7 @@ class Records(TempDirTest):
                              ([d, "--decision", "maybe"], "unknown decision 'maybe' (valid: done, stop, requeue, postmortem)"),
                              ([self.path("nope"), "--decision", "done"], "is not a run directory")]:
             res = run(["log"] + args)
-            self.assertEqual(res.code, BAD_INPUT, res.err)
+            self.assertEqual(res.code, EXIT_USAGE, res.err)
             self.assertIn(needle, res.err)
         self.assertFalse(os.path.exists(os.path.join(self.path("nope"))))  # nothing created elsewhere
         # A record cut short, a record of another kind, a newer version, a vocabulary value unknown.
@@ -103,12 +102,12 @@ class Records(TempDirTest):
                 with open(path, "w") as f:
                     f.write(text)
                 res = self.report(d, "--field", "diagnosis.verdict")
-                self.assertEqual(res.code, DAMAGED, res.err)
+                self.assertEqual(res.code, EXIT_DAMAGED, res.err)
                 self.assertIn(needle, res.err)
         with open(os.path.join(d, "incidents.jsonl"), "w") as f:
             f.write('{"record": "incident", "version": 1, "step": 3}\n{"step": \n')
         res = self.report(d, "--field", "incident.step")
-        self.assertEqual(res.code, DAMAGED, res.err)
+        self.assertEqual(res.code, EXIT_DAMAGED, res.err)
         self.assertIn("incidents.jsonl' line 1 is not an incident record", res.err)
 
 

@@ -7,20 +7,18 @@ import sys
 import unittest
 
 sys.path.insert(0, os.path.dirname(__file__))
-from culprit_testlib import TempDirTest, run  # noqa: E402
+from culprit_testlib import EXIT_DIFFERS, EXIT_USAGE, TempDirTest, run  # noqa: E402
 
 W = 3
 ARGS = ["--model", "mlp", "--steps", "8", "--global-batch", "24", "--micro-shards", "4", "--samples", "96", "--quiet",
         "--checkpoint-every", "3", "--trace", "layer", "--on-detect", "warn"]
-DIFFERS = 5
 
 
 class Replay(TempDirTest):
     def trained(self, name, inject=None):
+        """The run of ARGS on W ranks, `inject` injected: its run directory."""
         extra = ["--inject", inject] if inject else []
-        res = run(["train"] + ARGS + extra, world=W, run_dir=self.path(name))
-        self.assertEqual(res.code, 0, res.err)
-        return self.path(name)
+        return self.train(name, ARGS + extra, W).run_dir
 
     def replay(self, run_dir, world, *extra):
         return run(["replay", "--run-dir", run_dir] + list(extra), world=world, use_mpirun=True)
@@ -39,7 +37,7 @@ class Replay(TempDirTest):
     def test_transient_fault_is_found_where_it_happened(self):
         d = self.trained("transient", "step=5,rank=1,layer=fc2,index=3,phase=forward,kind=bitflip,bit=4")
         res = self.replay(d, 2, "--step", "5")
-        self.assertEqual(res.code, DIFFERS, res.out + res.err)
+        self.assertEqual(res.code, EXIT_DIFFERS, res.out + res.err)
         self.assertIn("step 4: every micro-shard and the update match", res.out)
         for r in (0, 1):
             self.assertRegex(res.out, r"step 5 micro-shard 1 on rank %d \(\S+\): MISMATCH first in the forward output "
@@ -57,7 +55,7 @@ class Replay(TempDirTest):
     def test_json_report_holds_the_same_findings(self):
         d = self.trained("json", "step=5,rank=1,layer=fc2,index=3,phase=forward,kind=bitflip,bit=4")
         res = self.replay(d, 2, "--step", "5", "--json")
-        self.assertEqual(res.code, DIFFERS, res.out + res.err)
+        self.assertEqual(res.code, EXIT_DIFFERS, res.out + res.err)
         rep = json.loads(res.out)  # stdout is the record alone
         self.assertEqual((rep["record"], rep["version"], rep["step"], rep["world_size"]), ("replay", 1, 5, 2))
         self.assertTrue(rep["checkpoint"].endswith("checkpoints/step-00000003.h5"), rep["checkpoint"])
@@ -79,7 +77,7 @@ class Replay(TempDirTest):
     def test_backward_fault_names_the_layer_in_backward_order(self):
         d = self.trained("backward", "step=5,rank=1,layer=fc1,index=3,phase=backward,kind=bitflip,bit=4")
         res = self.replay(d, 2, "--step", "5", "--micro-shard", "1")
-        self.assertEqual(res.code, DIFFERS, res.out + res.err)
+        self.assertEqual(res.code, EXIT_DIFFERS, res.out + res.err)
         self.assertRegex(res.out, r"micro-shard 1 on rank 0 \(\S+\): MISMATCH first in the gradient flowing back into "
                                   r"layer fc1")
 
@@ -89,14 +87,14 @@ class Replay(TempDirTest):
             with self.subTest(spec=spec):
                 d = self.trained(spec.split(",")[-3], "step=5,rank=1," + spec)
                 res = self.replay(d, 2, "--step", "5", "--micro-shard", "1")
-                self.assertEqual(res.code, DIFFERS, res.out + res.err)
+                self.assertEqual(res.code, EXIT_DIFFERS, res.out + res.err)
                 self.assertRegex(res.out, r"micro-shard 1 on rank 0 \(\S+\): MISMATCH " + needle.replace("(", r"\("))
 
     def test_persistent_fault_reproduces_on_its_rank_only(self):
         d = self.trained("persistent", "step=5,rank=1,layer=fc2,index=3,phase=forward,kind=bitflip,bit=4,"
                                        "mode=persistent")
         res = self.replay(d, W, "--step", "5", "--micro-shard", "1")
-        self.assertEqual(res.code, DIFFERS, res.out + res.err)
+        self.assertEqual(res.code, EXIT_DIFFERS, res.out + res.err)
         self.assertRegex(res.out, r"micro-shard 1 on rank 1 \(\S+\): match")
         self.assertIn("=> rank(s) 1 reproduce the record of rank 1; rank(s) 0,2 do not", res.out)
         self.assertRegex(res.out, r"replays disagree: micro-shard 1 gradient element \d+: rank 0 \S+ \(0x[0-9a-f]{8}\), "
@@ -116,7 +114,7 @@ class Replay(TempDirTest):
                 (["--run-dir", self.path("notrace"), "--step", "3"], 1, "no trace in")]:
             with self.subTest(args=args):
                 res = run(["replay"] + args, world=world, use_mpirun=True)
-                self.assertEqual(res.code, 2, res.out + res.err)
+                self.assertEqual(res.code, EXIT_USAGE, res.out + res.err)
                 self.assertIn("culprit: error: ", res.err)
                 self.assertIn(needle, res.err)
 

@@ -2,7 +2,6 @@
 time (a lock that a crash releases), no link inside it followed, nothing outside it written or
 deleted, a new run only in a directory holding nothing culprit writes (full, failing and read-only
 disks: test_disk.py). Real things throughout: concurrent mpirun jobs, real symbolic links."""
-import hashlib
 import json
 import os
 import shutil
@@ -12,32 +11,15 @@ import time
 import unittest
 
 sys.path.insert(0, os.path.dirname(__file__))
-from culprit_testlib import CULPRIT, MPIRUN, TempDirTest, run  # noqa: E402
+from culprit_testlib import (CULPRIT, EXIT_DAMAGED, EXIT_USAGE, MPIRUN, SMALL_MLP as ARGS, TempDirTest,  # noqa: E402
+                             metric_steps, run, tree_digest)
 
-ARGS = ["--model", "mlp", "--global-batch", "16", "--micro-shards", "4", "--quiet"]
-EXIT_USAGE, EXIT_IO = 2, 6
+FOREIGN = "'%s' belongs to another run (run_id "  # a foreign checkpoint or trace, refused by name
 
 
 def start(args, world, run_dir):
     cmd = MPIRUN + ["-np", str(world), CULPRIT] + list(args) + ["--run-dir", run_dir]
     return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
-
-
-def metric_steps(run_dir):
-    with open(os.path.join(run_dir, "metrics.jsonl")) as f:
-        return [json.loads(l)["step"] for l in f]
-
-
-def metric_steps_until_torn(run_dir):
-    """The steps of metrics.jsonl's whole lines (a full disk can cut the last one)."""
-    out = []
-    with open(os.path.join(run_dir, "metrics.jsonl")) as f:
-        for line in f:
-            try:
-                out.append(json.loads(line)["step"])
-            except ValueError:
-                break
-    return out
 
 
 def wait_for_steps(run_dir, n, proc, limit=120):
@@ -50,20 +32,6 @@ def wait_for_steps(run_dir, n, proc, limit=120):
             pass
         time.sleep(0.05)
     raise AssertionError("the job did not reach step %d" % n)
-
-
-def tree_digest(root):
-    """Every file under root (following nothing) with its content hash."""
-    out = {}
-    for base, _, names in os.walk(root):
-        for n in names:
-            p = os.path.join(base, n)
-            if os.path.islink(p):
-                out[os.path.relpath(p, root)] = "link:" + os.readlink(p)
-                continue
-            with open(p, "rb") as f:
-                out[os.path.relpath(p, root)] = hashlib.sha256(f.read()).hexdigest()
-    return out
 
 
 class Lock(TempDirTest):
@@ -270,41 +238,41 @@ class Identity(TempDirTest):
         self.assertNotEqual(ids[0], ids[1])
         return self.path("a"), self.path("b")
 
-    def assert_refused(self, r, name, code=EXIT_USAGE):
-        self.assertEqual(r.code, code, r.out + r.err)
-        self.assertIn("'%s' belongs to another run (run_id " % name, r.err + r.out)
-
     def test_a_foreign_checkpoint_is_refused_by_name(self):
         a, b = self.two_runs()
         v = run(["verify", a])
         self.assertEqual(v.code, 0, v.out)  # negative control: the run itself verifies
         foreign = os.path.join(a, "checkpoints", "step-00000008.h5")
         shutil.copy(os.path.join(b, "checkpoints", "step-00000008.h5"), foreign)
-        self.assert_refused(run(["train", "--resume", "--steps", "10"] + ARGS, world=2, run_dir=a), foreign)
-        self.assert_refused(run(["audit"], world=2, run_dir=a), foreign)
-        self.assert_refused(run(["verify", a]), foreign, code=4)
+        self.assert_refused(["train", "--resume", "--steps", "10", "--run-dir", a] + ARGS, EXIT_USAGE,
+                            FOREIGN % foreign)
+        self.assert_refused(["audit", "--run-dir", a], EXIT_USAGE, FOREIGN % foreign)
+        v = run(["verify", a])
+        self.assertEqual(v.code, EXIT_DAMAGED, v.out + v.err)
+        self.assertIn(FOREIGN % foreign, v.out + v.err)
         os.remove(foreign)
         # The replay of step 3 starts from step 2's checkpoint: b's, in place of a's own.
         swapped = os.path.join(a, "checkpoints", "step-00000002.h5")
         shutil.copy(os.path.join(b, "checkpoints", "step-00000002.h5"), swapped)
-        self.assert_refused(run(["replay", "--step", "3"], world=2, run_dir=a), swapped)
+        self.assert_refused(["replay", "--step", "3", "--run-dir", a], EXIT_USAGE, FOREIGN % swapped)
         os.remove(swapped)
         shutil.copy(os.path.join(b, "checkpoints", "step-00000008.h5"), foreign)
         # Renamed: step 8's file under step 6's name.
         os.rename(foreign, os.path.join(a, "checkpoints", "step-00000006.h5"))
         v = run(["verify", a])
-        self.assertEqual(v.code, 4, v.out)
+        self.assertEqual(v.code, EXIT_DAMAGED, v.out)
         self.assertIn("holds step 8, not the step its name says (6)", v.out)
 
     def test_a_foreign_trace_is_refused_by_name(self):
         a, b = self.two_runs()
         foreign = os.path.join(a, "trace", "rank-00001.h5")
         shutil.copy(os.path.join(b, "trace", "rank-00001.h5"), foreign)
-        for args, code in ((["train", "--resume", "--steps", "6"] + ARGS, EXIT_USAGE), (["bisect"], EXIT_USAGE),
-                           (["replay", "--step", "3"], EXIT_USAGE)):
+        for args in (["train", "--resume", "--steps", "6"] + ARGS, ["bisect"], ["replay", "--step", "3"]):
             with self.subTest(args=args[0]):
-                self.assert_refused(run(args, world=2, run_dir=a), foreign, code)
-        self.assert_refused(run(["verify", a]), foreign, code=4)
+                self.assert_refused(args + ["--run-dir", a], EXIT_USAGE, FOREIGN % foreign)
+        v = run(["verify", a])
+        self.assertEqual(v.code, EXIT_DAMAGED, v.out + v.err)
+        self.assertIn(FOREIGN % foreign, v.out + v.err)
         with open(os.path.join(b, "trace", "rank-00001.h5"), "rb") as f, open(foreign, "rb") as g:
             self.assertEqual(f.read(), g.read())  # refused, not moved aside or rewritten
 
@@ -343,7 +311,7 @@ class VerifyRun(TempDirTest):
         for name, (how, needle) in cases.items():
             with self.subTest(case=name):
                 v = broken(name, how)
-                self.assertEqual(v.code, 4, v.out + v.err)
+                self.assertEqual(v.code, EXIT_DAMAGED, v.out + v.err)
                 self.assertIn(needle, v.out)
 
 

@@ -7,7 +7,7 @@ import sys
 import unittest
 
 sys.path.insert(0, os.path.dirname(__file__))
-from culprit_testlib import TempDirTest, run, run_each_rank_code  # noqa: E402
+from culprit_testlib import EXIT_USAGE, TempDirTest, run  # noqa: E402
 
 
 class Screen(TempDirTest):
@@ -57,10 +57,7 @@ class Screen(TempDirTest):
                              (["--device", "cuda"], "--device"),
                              (["--bogus"], "unrecognised option '--bogus'")]:
             with self.subTest(args=args):
-                codes, out, err = run_each_rank_code(["screen"] + args, 2, self.tmp)
-                self.assertEqual(codes, [2, 2], err)
-                self.assertEqual(err.count("culprit: error:"), 1, err)
-                self.assertIn(needle, err)
+                self.assert_refused(["screen"] + args, EXIT_USAGE, needle)
 
 
 if __name__ == "__main__":

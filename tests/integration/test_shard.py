@@ -11,8 +11,7 @@ import shutil
 import h5py
 
 sys.path.insert(0, os.path.dirname(__file__))
-from culprit_testlib import TempDirTest, incidents, run, run_each_rank_code  # noqa: E402
-from test_localize import CODES, diagnosis  # noqa: E402
+from culprit_testlib import EXIT_USAGE, VERDICTS, TempDirTest, diagnosis, incidents, run  # noqa: E402
 
 MLP = ["--model", "mlp", "--hidden", "96", "--global-batch", "32", "--micro-shards", "4", "--samples", "256"]
 ADAMW = ["--optimizer", "adamw", "--lr", "0.003", "--weight-decay", "0.1"]
@@ -30,11 +29,6 @@ def optimizer_tensors(path):
 
 
 class Shard(TempDirTest):
-    def train(self, name, world, args, code=0):
-        res = run(["train", "--quiet"] + args, world=world, run_dir=self.path(name))
-        self.assertEqual(res.code, code, res.out + res.err)
-        return res
-
     def checkpoint(self, name, step):
         return self.path(name, "checkpoints", "step-%08d.h5" % step)
 
@@ -44,22 +38,22 @@ class Shard(TempDirTest):
 
     def test_bitwise_equal_to_unsharded_at_every_world_size(self):
         for recipe, args in (("adamw", MLP + ADAMW), ("sgd", MLP + SGD), ("gpt", GPT)):
-            base = self.train("%s-plain-1" % recipe, 1, args + ["--steps", "6", "--checkpoint-every", "3"])
+            base = self.train("%s-plain-1" % recipe, args + ["--steps", "6", "--checkpoint-every", "3"], 1)
             want = base.metrics(timings=False)
             for line in want:
                 line.pop("optimizer_bytes")  # memory: 1/W of it when sharded
             for world in (1, 2, 4):
                 name = "%s-shard-%d" % (recipe, world)
-                got = self.train(name, world, args + ["--steps", "6", "--checkpoint-every", "3", "--shard-optimizer"])
+                got = self.train(name, args + ["--steps", "6", "--checkpoint-every", "3", "--shard-optimizer"], world)
                 m = got.metrics(timings=False)
                 for line in m:
                     line.pop("optimizer_bytes")
                 self.assertEqual(m, want, "%s W=%d" % (recipe, world))
                 self.assert_same_checkpoints(name, "%s-plain-1" % recipe, 6)
         # Negative control: another learning rate gives other bits (the comparison can fail).
-        other = self.train("adamw-other", 2, MLP + ADAMW[:-2] + ["--weight-decay", "0.2", "--steps", "6",
-                                                                 "--shard-optimizer"])
-        self.assertNotEqual(other.final_fingerprint(), self.train("x", 1, MLP + ADAMW + ["--steps", "6"]).final_fingerprint())
+        other = self.train("adamw-other", MLP + ADAMW[:-2] + ["--weight-decay", "0.2", "--steps", "6",
+                                                              "--shard-optimizer"], 2)
+        self.assertNotEqual(other.final_fingerprint(), self.train("x", MLP + ADAMW + ["--steps", "6"], 1).final_fingerprint())
 
     def test_uneven_cuts_empty_slices_and_threads_keep_the_bits(self):
         # W = 3 cuts unevenly; a 426-parameter MLP on 4 ranks leaves rank 0 without a slice; with two
@@ -70,8 +64,8 @@ class Shard(TempDirTest):
                  (["--model", "mlp", "--hidden", "256", "--global-batch", "16", "--micro-shards", "2", "--samples", "64"]
                   + ADAMW, 2, ["--threads", "2"]))
         for i, (args, world, extra) in enumerate(cases):
-            want = self.train("plain-%d" % i, 1, args + extra + ["--steps", "4"]).final_fingerprint()
-            got = self.train("shard-%d" % i, world, args + extra + ["--steps", "4", "--shard-optimizer"])
+            want = self.train("plain-%d" % i, args + extra + ["--steps", "4"], 1).final_fingerprint()
+            got = self.train("shard-%d" % i, args + extra + ["--steps", "4", "--shard-optimizer"], world)
             self.assertEqual(got.final_fingerprint(), want, "case %d (W=%d %s)" % (i, world, extra))
             self.assertEqual(incidents(self.path("shard-%d" % i)), [])
 
@@ -79,22 +73,22 @@ class Shard(TempDirTest):
         # --trace off: the replica check asks the state for its fingerprints itself. A copy's
         # parameter fault is still caught there, and --on-detect diagnose names the rank in the job.
         args = MLP + ADAMW + ["--steps", "8", "--checkpoint-every", "4", "--shard-optimizer"]
-        clean = self.train("untraced", 2, args + ["--trace", "off"])
+        clean = self.train("untraced", args + ["--trace", "off"], 2)
         self.assertEqual(incidents(self.path("untraced")), [])
-        self.assertEqual(clean.final_fingerprint(), self.train("traced", 2, args).final_fingerprint())
+        self.assertEqual(clean.final_fingerprint(), self.train("traced", args, 2).final_fingerprint())
         spec = "step=5,rank=0,layer=fc3,index=7,phase=param,kind=bitflip,bit=30"
-        self.train("untraced-fault", 2, args + ["--trace", "off", "--on-detect", "warn", "--inject", spec])
+        self.train("untraced-fault", args + ["--trace", "off", "--on-detect", "warn", "--inject", spec], 2)
         self.assertIn("replica-divergence", {x["detector"] for x in incidents(self.path("untraced-fault"))})
         res = run(["train", "--quiet", "--on-detect", "diagnose", "--inject", spec] + args, world=2,
                   run_dir=self.path("diagnosed"))
-        self.assertEqual(res.code, CODES["hardware-transient"], res.out + res.err)
+        self.assertEqual(res.code, VERDICTS["hardware-transient"], res.out + res.err)
         got = diagnosis(self.path("diagnosed"))
         self.assertEqual((got["step"], got["phase"], got["layer"], got["rank"]), (5, "param", "fc3", 0), got)
 
     def test_the_owners_write_the_slices_and_any_world_resumes(self):
         args = MLP + ADAMW + ["--steps", "8", "--checkpoint-every", "4"]
-        whole = self.train("whole", 1, args)
-        self.train("sharded", 4, args + ["--shard-optimizer"])
+        whole = self.train("whole", args, 1)
+        self.train("sharded", args + ["--shard-optimizer"], 4)
         # The optimizer tensors of the sharded checkpoint are the unsharded run's, element for
         # element (each written in up to four slices), and the file verifies.
         a, b = optimizer_tensors(self.checkpoint("sharded", 4)), optimizer_tensors(self.checkpoint("whole", 4))
@@ -115,19 +109,14 @@ class Shard(TempDirTest):
 
     def test_optimizer_memory_per_rank_is_about_one_over_w(self):
         args = GPT + ["--width", "64", "--layers", "2", "--steps", "2"]
-        plain = self.train("mem-plain-4", 4, args).metrics()[-1]["optimizer_bytes"]
-        one = self.train("mem-1", 1, args + ["--shard-optimizer"]).metrics()[-1]["optimizer_bytes"]
+        plain = self.train("mem-plain-4", args, 4).metrics()[-1]["optimizer_bytes"]
+        one = self.train("mem-1", args + ["--shard-optimizer"], 1).metrics()[-1]["optimizer_bytes"]
         self.assertEqual(one, plain)  # sharding over one rank holds everything, as unsharded does
         chunk = 2 * 4096 + 8 * 64  # AdamW: two 4 KiB chunks of state, plus the step counters
         for world in (2, 4):
-            mine = self.train("mem-%d" % world, world, args + ["--shard-optimizer"]).metrics()[-1]["optimizer_bytes"]
+            mine = self.train("mem-%d" % world, args + ["--shard-optimizer"], world).metrics()[-1]["optimizer_bytes"]
             self.assertLessEqual(mine, plain / world + chunk, "W=%d: %d of %d" % (world, mine, plain))
             self.assertGreaterEqual(mine, plain / world - chunk)
-
-    def bisect(self, run_dir, world, verdict):
-        res = run(["bisect", "--run-dir", run_dir], world=world, use_mpirun=True)
-        self.assertEqual(res.code, CODES[verdict], res.out + res.err)
-        return diagnosis(run_dir)
 
     def test_a_faulty_slice_is_named_by_its_owner(self):
         args = MLP + ADAMW + ["--steps", "8", "--checkpoint-every", "4", "--shard-optimizer", "--on-detect", "warn"]
@@ -145,25 +134,20 @@ class Shard(TempDirTest):
                   (5, "param", "fc3", 0), True))
         for i, (spec, verdict, truth, diverge) in enumerate(cases):
             d = self.path("fault-%d" % i)
-            self.train("fault-%d" % i, 2, args + ["--inject", spec])
+            self.train("fault-%d" % i, args + ["--inject", spec], 2)
             kinds = {x["detector"] for x in incidents(d)}
             self.assertEqual("replica-divergence" in kinds, diverge, (spec, kinds))
             got = self.bisect(d, 2, verdict)
             self.assertEqual((got["step"], got["phase"], got["layer"], got["rank"]), truth, spec)
         # Negative control: the clean sharded run has no incident and bisects to none.
-        self.train("clean", 2, args)
+        self.train("clean", args, 2)
         self.assertEqual(incidents(self.path("clean")), [])
         self.assertEqual(self.bisect(self.path("clean"), 2, "none")["verdict"], "none")
 
     def test_a_fault_on_state_a_rank_does_not_hold_is_refused(self):
-        work = self.path("refused")
-        os.makedirs(work)
-        codes, _, err = run_each_rank_code(["train", "--run-dir", self.path("refused", "run"), "--shard-optimizer"] + MLP +
-                                           ["--inject", "step=2,rank=0,layer=fc3,index=3,phase=optimizer,kind=nan"], 2, work)
-        self.assertEqual(codes, [2, 2], err)
-        lines = [l for l in err.splitlines() if l.startswith("culprit: error:")]
-        self.assertEqual(len(lines), 1, err)
-        self.assertIn("with --shard-optimizer rank 0 holds no optimizer state of element 3 of 'fc3'", lines[0])
+        self.assert_refused(["train", "--run-dir", self.path("refused"), "--shard-optimizer"] + MLP +
+                            ["--inject", "step=2,rank=0,layer=fc3,index=3,phase=optimizer,kind=nan"], EXIT_USAGE,
+                            "with --shard-optimizer rank 0 holds no optimizer state of element 3 of 'fc3'")
 
 
 if __name__ == "__main__":

@@ -9,7 +9,7 @@ import time
 import unittest
 
 sys.path.insert(0, os.path.dirname(__file__))
-from culprit_testlib import CULPRIT, MPIRUN, TempDirTest, incidents, run  # noqa: E402
+from culprit_testlib import CULPRIT, EXIT_SILENT_RANK, MPIRUN, TempDirTest, incidents, run  # noqa: E402
 
 W = 3
 TIMEOUT = 5  # --collective-timeout in these tests; the grace for the roll call is max(1, TIMEOUT/4)
@@ -69,7 +69,7 @@ class SilentRank(TempDirTest):
         res = run(["train", "--steps", "12", "--checkpoint-every", "3", "--inject",
                    "step=7,rank=1,layer=fc2,phase=forward,kind=hang"] + ARGS, world=W, run_dir=d, timeout=120)
         elapsed = time.time() - t0
-        self.assertEqual(res.code, 13, res.err)
+        self.assertEqual(res.code, EXIT_SILENT_RANK, res.err)
         self.assertLess(elapsed, TIMEOUT + 1.25 + 30, "the job took %.1f s to end" % elapsed)
         self.assertRegex(res.err, r"culprit: error: rank 1 \(host \S+\) stopped responding: no answer within the "
                                   r"collective timeout of 5 s .*ranks 0,2 waited in .* of step 7")

@@ -5,7 +5,6 @@ from an older checkpoint rewinds the rolled files; an incident stops the deletio
 says which steps it could not examine because their rows were retired, instead of calling them
 clean. Truth is the unrolled twin and the injected fault, never culprit's own output."""
 import glob
-import json
 import os
 import sys
 import unittest
@@ -13,7 +12,7 @@ import unittest
 import h5py
 
 sys.path.insert(0, os.path.dirname(__file__))
-from culprit_testlib import TempDirTest, run  # noqa: E402
+from culprit_testlib import TempDirTest, diagnosis, run  # noqa: E402
 
 ARGS = ["--model", "mlp", "--global-batch", "24", "--micro-shards", "4", "--samples", "96", "--checkpoint-every", "5",
         "--trace", "layer", "--on-detect", "warn"]
@@ -38,11 +37,6 @@ def rows(run_dir, rank):
 
 def trace_bytes(run_dir):
     return sum(os.path.getsize(p) for p in glob.glob(os.path.join(run_dir, "trace", "*")))
-
-
-def diagnosis(run_dir):
-    with open(os.path.join(run_dir, "diagnosis.json")) as f:
-        return json.load(f)
 
 
 class TraceKeep(TempDirTest):
