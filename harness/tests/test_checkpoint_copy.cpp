@@ -12,7 +12,6 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
-#include <cstring>
 #include <fstream>
 #include <string>
 #include <thread>
@@ -21,6 +20,7 @@
 #include <nlohmann/json.hpp>
 
 #include "culprit/checkpoint.h"
+#include "culprit/checkpoint_tools.h"
 #include "culprit/env.h"
 #include "culprit/harness.h"
 #include "culprit/train.h"
@@ -68,11 +68,13 @@ class CheckpointCopy : public ::testing::Test {
     CULPRIT_RETURN_IF_ERROR(harness::parse_train_options(args, &cfg, &help));
     return harness::train(cfg, comm_, env);
   }
-  ckpt::Checkpoint read(const std::string& name, std::int64_t step) {
-    ckpt::Checkpoint c;
-    const Status st = ckpt::read(ckpt::path_for(dir_ + "/" + name, step), &c);
+  // Whether two runs' checkpoints of these steps hold the same state bitwise (`culprit diff`).
+  bool identical(const std::string& a, std::int64_t sa, const std::string& b, std::int64_t sb) {
+    std::string report;
+    bool same = false;
+    const Status st = ckpt::diff(ckpt::path_for(dir_ + "/" + a, sa), ckpt::path_for(dir_ + "/" + b, sb), &report, &same);
     EXPECT_TRUE(st.ok()) << st.message();
-    return c;
+    return same;
   }
   // The run's checkpoints.jsonl, one object a checkpoint.
   std::vector<nlohmann::json> cost_log(const std::string& name) {
@@ -85,20 +87,6 @@ class CheckpointCopy : public ::testing::Test {
   std::string dir_;
 };
 
-// The training state two checkpoints hold (not their run ids): whether it is bitwise the same.
-bool same_state(const ckpt::Checkpoint& a, const ckpt::Checkpoint& b) {
-  auto same = [](const std::vector<ckpt::RawTensor>& x, const std::vector<ckpt::RawTensor>& y) {
-    if (x.size() != y.size()) return false;
-    for (std::size_t i = 0; i < x.size(); ++i)
-      if (x[i].name != y[i].name || x[i].shape != y[i].shape || x[i].bytes.size() != y[i].bytes.size() ||
-          std::memcmp(x[i].bytes.data(), y[i].bytes.data(), x[i].bytes.size()) != 0)
-        return false;
-    return true;
-  };
-  return a.step == b.step && a.epoch == b.epoch && a.cursor == b.cursor && same(a.model, b.model) &&
-         same(a.optimizer, b.optimizer) && same(a.rng, b.rng);
-}
-
 TEST_F(CheckpointCopy, SlowCopyIsOfTheCheckpointedStep) {
   ASSERT_TRUE(train("sync", {"--async-checkpoint", "false"}).ok());
   SlowCopy slow;
@@ -106,7 +94,7 @@ TEST_F(CheckpointCopy, SlowCopyIsOfTheCheckpointedStep) {
   ASSERT_TRUE(st.ok()) << st.message();
   EXPECT_EQ(slow.copies.load(), 3);  // steps 0, 5 and 10: the seam was the one the pipeline used
   for (std::int64_t step : {0, 5, 10})
-    EXPECT_TRUE(same_state(read("sync", step), read("slow", step))) << "checkpoint of step " << step;
+    EXPECT_TRUE(identical("sync", step, "slow", step)) << "checkpoint of step " << step;
   if (comm_.rank == 0) {
     const auto log = cost_log("slow");
     ASSERT_EQ(log.size(), 3u);
@@ -118,7 +106,7 @@ TEST_F(CheckpointCopy, SlowCopyIsOfTheCheckpointedStep) {
     EXPECT_LT(cost_log("sync")[1]["fence_seconds"].get<double>(), 0.1);  // nothing to wait for
   }
   // Negative control: the checkpoints of consecutive intervals differ, so equality above says something.
-  EXPECT_FALSE(same_state(read("sync", 5), read("slow", 10)));
+  EXPECT_FALSE(identical("sync", 5, "slow", 10));
 }
 
 }  // namespace

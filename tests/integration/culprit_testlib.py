@@ -79,12 +79,7 @@ class Result:
         self.run_dir = run_dir
 
     def metrics(self, timings=True):
-        """metrics.jsonl's lines; timings=False leaves out what differs run to run (the timers)."""
-        with open(os.path.join(self.run_dir, "metrics.jsonl")) as f:
-            lines = [json.loads(line) for line in f]
-        if not timings:
-            lines = [{k: v for k, v in m.items() if k not in TIMINGS} for m in lines]
-        return lines
+        return metrics(self.run_dir, timings)
 
     def final_fingerprint(self):
         return self.metrics()[-1]["fingerprint"]
@@ -151,10 +146,18 @@ def diagnosis(run_dir):
         return json.load(f)
 
 
+def metrics(run_dir, timings=True):
+    """RUN/metrics.jsonl's lines; timings=False leaves out what differs run to run (the timers)."""
+    with open(os.path.join(run_dir, "metrics.jsonl")) as f:
+        lines = [json.loads(line) for line in f]
+    if not timings:
+        lines = [{k: v for k, v in m.items() if k not in TIMINGS} for m in lines]
+    return lines
+
+
 def metric_steps(run_dir):
     """The steps of metrics.jsonl's lines, in order."""
-    with open(os.path.join(run_dir, "metrics.jsonl")) as f:
-        return [json.loads(l)["step"] for l in f]
+    return [m["step"] for m in metrics(run_dir)]
 
 
 def metric_steps_until_torn(run_dir):

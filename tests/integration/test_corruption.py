@@ -8,7 +8,7 @@ import unittest
 import h5py
 
 sys.path.insert(0, os.path.dirname(__file__))
-from culprit_testlib import TempDirTest, run  # noqa: E402
+from culprit_testlib import TempDirTest, metrics, run  # noqa: E402
 
 # More offsets for a thorough run: CULPRIT_CORRUPTION_OFFSETS=200.
 N = int(os.environ.get("CULPRIT_CORRUPTION_OFFSETS", "24"))
@@ -93,8 +93,8 @@ class Corruption(TempDirTest):
         self.assertEqual(r.code, 0, r.err)
         self.assertIn("warning: skipping damaged checkpoint: checkpoint '%s' dataset '/model/fc1.weight': "
                       "fingerprint mismatch: stored" % ckpt(broken, 10), r.err)
-        want = [m["fingerprint"] for m in run_metrics(reference)]
-        got = [m["fingerprint"] for m in run_metrics(broken)]
+        want = [m["fingerprint"] for m in metrics(reference)]
+        got = [m["fingerprint"] for m in metrics(broken)]
         self.assertEqual(got, want)
         # --resume-from a damaged file is an error, not a fallback.
         shutil.copy(ckpt(broken, 5), self.path("five.h5"))
@@ -105,10 +105,6 @@ class Corruption(TempDirTest):
         self.assertIn("five.h5", r.err)
 
 
-def run_metrics(run_dir):
-    import json
-    with open(os.path.join(run_dir, "metrics.jsonl")) as f:
-        return [json.loads(l) for l in f]
 
 
 if __name__ == "__main__":

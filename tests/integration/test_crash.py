@@ -14,7 +14,7 @@ import time
 import unittest
 
 sys.path.insert(0, os.path.dirname(__file__))
-from culprit_testlib import CULPRIT, MPIRUN, TIMEOUT, TempDirTest, metric_steps, run  # noqa: E402
+from culprit_testlib import CULPRIT, MPIRUN, TIMEOUT, TempDirTest, metric_steps, metrics, run  # noqa: E402
 
 TRIALS = int(os.environ.get("CULPRIT_CRASH_TRIALS", "3"))
 # An aimed kill misses when the write commits between the look and the kill (or the job ends first):
@@ -27,9 +27,8 @@ ARGS = ["--model", "mlp", "--hidden", "768", "--steps", str(STEPS), "--global-ba
 
 
 def final_fingerprint(run_dir):
-    with open(os.path.join(run_dir, "metrics.jsonl")) as f:
-        lines = [json.loads(l) for l in f]
-    return lines[-1]["step"], lines[-1]["fingerprint"]
+    last = metrics(run_dir)[-1]
+    return last["step"], last["fingerprint"]
 
 
 def kill_session(sid):

@@ -86,22 +86,17 @@ class Errors(TempDirTest):
                             "--global-batch 32 exceeds the 16 samples")
 
     def test_files(self):
-        self.assert_refused(["train"] + self.rd() + ["--data", "hdf5:" + self.path("nope.h5")], EXIT_USAGE,
-                            "does not exist")
-        self.assert_refused(["train"] + self.rd() + ["--data", "hdf5:" + self.path("text.h5")], EXIT_USAGE,
-                            "is not an HDF5 file")
-        self.assert_refused(["train"] + self.rd() + ["--data", "hdf5:" + self.path("truncated.h5")], EXIT_USAGE,
-                            "truncated.h5")
-        self.assert_refused(["train"] + self.rd() + ["--data", "hdf5:" + self.path("only_x.h5")], EXIT_USAGE,
-                            "has no dataset 'y'")
-        self.assert_refused(["train"] + self.rd() + ["--data", "hdf5:" + self.path("mismatch.h5")], EXIT_USAGE,
-                            "x has 64 samples but y has 60")
-        self.assert_refused(["train"] + self.rd() + ["--data", "hdf5:" + self.path("neg.h5")], EXIT_USAGE,
-                            "negative class label")
-        self.assert_refused(["train"] + self.rd() + ["--model", "torchscript:" + self.path("nope.pt")], EXIT_USAGE,
-                            "does not exist")
-        self.assert_refused(["train"] + self.rd() + ["--model", "torchscript:" + self.path("flat.h5")], EXIT_USAGE,
-                            "cannot load TorchScript module")
+        cases = [(["--data", "hdf5:" + self.path("nope.h5")], "does not exist"),
+                 (["--data", "hdf5:" + self.path("text.h5")], "is not an HDF5 file"),
+                 (["--data", "hdf5:" + self.path("truncated.h5")], "truncated.h5"),
+                 (["--data", "hdf5:" + self.path("only_x.h5")], "has no dataset 'y'"),
+                 (["--data", "hdf5:" + self.path("mismatch.h5")], "x has 64 samples but y has 60"),
+                 (["--data", "hdf5:" + self.path("neg.h5")], "negative class label"),
+                 (["--model", "torchscript:" + self.path("nope.pt")], "does not exist"),
+                 (["--model", "torchscript:" + self.path("flat.h5")], "cannot load TorchScript module")]
+        for args, want in cases:
+            with self.subTest(args=args):
+                self.assert_refused(["train"] + self.rd() + args, EXIT_USAGE, want)
         self.assert_refused(["train", "--run-dir", self.path("used")], EXIT_USAGE, "already holds a run")
 
     def test_shape_mismatch(self):

@@ -12,6 +12,7 @@ import time
 import unittest
 
 sys.path.insert(0, os.path.dirname(__file__))
+import culprit_testlib as testlib  # noqa: E402
 from culprit_testlib import (EXIT_DIFFERS, EXIT_USAGE, HERE, MPIRUN, PY, ROOT, TIMEOUT, VERDICTS,  # noqa: E402
                              TempDirTest, run, run_each_rank_code)
 
@@ -33,8 +34,7 @@ def run_script(script, args, world, env=None, cwd=None):
 
 
 def metrics(run_dir):
-    with open(os.path.join(run_dir, "metrics.jsonl")) as f:
-        return [{k: m[k] for k in ("step", "loss", "grad_norm", "fingerprint")} for m in map(json.loads, f)]
+    return [{k: m[k] for k in ("step", "loss", "grad_norm", "fingerprint")} for m in testlib.metrics(run_dir)]
 
 
 class Python(TempDirTest):

@@ -5,13 +5,12 @@ clipping on (the detectors see the norm before clipping) and bisected to its ran
 fault in a clipped update is settled on two replicas (the float64 arbiter clips too); faults in
 bfloat16 activations and their gradients are localised exactly; a bit a bfloat16 value does not keep
 is refused in one line."""
-import json
 import os
 import sys
 
 sys.path.insert(0, os.path.dirname(__file__))
 from culprit_testlib import (EXIT_USAGE, TempDirTest, first_differing_step, incidents,  # noqa: E402
-                             make_scripted_model)
+                             make_scripted_model, metrics)
 
 MLP = ["--model", "mlp", "--global-batch", "24", "--micro-shards", "4", "--samples", "96", "--quiet"]
 GPT_BF16 = ["--model", "gpt", "--global-batch", "12", "--micro-shards", "4", "--samples", "48", "--optimizer", "adamw",
@@ -20,8 +19,7 @@ GPT_BF16 = ["--model", "gpt", "--global-batch", "12", "--micro-shards", "4", "--
 
 class Recipes(TempDirTest):
     def metrics(self, run_dir):
-        with open(os.path.join(run_dir, "metrics.jsonl")) as f:
-            return {m["step"]: m for m in map(json.loads, f)}
+        return {m["step"]: m for m in metrics(run_dir)}
 
     def test_clipping_does_not_hide_a_norm_inflating_fault(self):
         # A flipped exponent bit in one micro-shard gradient of rank 1: the clip scales the update

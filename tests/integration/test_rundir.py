@@ -230,7 +230,7 @@ class Identity(TempDirTest):
     reported case: a checkpoint of another run renamed in as a later step was "reproduced")."""
 
     def two_runs(self):
-        a = self.train("a", ["--steps", "4", "--checkpoint-every", "2"] + ARGS[:-1], world=2)
+        self.train("a", ["--steps", "4", "--checkpoint-every", "2"] + ARGS[:-1], world=2)
         self.train("b", ["--steps", "8", "--checkpoint-every", "2", "--keep-last", "10"] + ARGS[:-1], world=2)
         with open(self.path("a", "run.json")) as f, open(self.path("b", "run.json")) as g:
             ids = json.load(f)["run_id"], json.load(g)["run_id"]
