@@ -163,6 +163,12 @@ Status remove(const std::string& path) {
   return os_error("delete", path, errno);
 }
 
+Status remove_durably(const std::string& path) {
+  if (::unlink(path.c_str()) == 0) return sync_dir(path);
+  if (errno == ENOENT) return Status::OK();
+  return os_error("delete", path, errno);
+}
+
 Status move(const std::string& from, const std::string& to) {
   if (std::rename(from.c_str(), to.c_str()) != 0) return os_error("rename '" + from + "' to", to, errno);
   return sync_dir(to);

@@ -121,6 +121,17 @@ TEST_F(RunFiles, RemoveDeletesALinkNotItsTarget) {
   ASSERT_TRUE(files::remove(in_run("step-1.h5")).ok());
   EXPECT_TRUE(files::remove(in_run("step-1.h5")).ok());  // absent is fine
   EXPECT_EQ(read(victim_), "precious\n");
+  // The durable removal too: the link goes, its target stays; absent is fine; a directory is not a
+  // file to remove and says so (an I/O error naming it).
+  fs::create_symlink(victim_, in_run("diagnosis.json"));
+  ASSERT_TRUE(files::remove_durably(in_run("diagnosis.json")).ok());
+  EXPECT_FALSE(fs::exists(fs::symlink_status(in_run("diagnosis.json"))));
+  EXPECT_TRUE(files::remove_durably(in_run("diagnosis.json")).ok());
+  EXPECT_EQ(read(victim_), "precious\n");
+  fs::create_directory(in_run("diagnosis.html"));
+  const Status dir = files::remove_durably(in_run("diagnosis.html"));
+  EXPECT_EQ(dir.code(), StatusCode::kIo);
+  EXPECT_NE(dir.message().find("diagnosis.html"), std::string::npos) << dir.message();
 }
 
 TEST_F(RunFiles, TheLockIsTakenOncePerProcessAndRefusesAnotherHolder) {

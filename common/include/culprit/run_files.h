@@ -49,6 +49,9 @@ Status cut_torn_tail(const std::string& path);
 
 // Deletes the file `path` (a link is removed itself, its target untouched). Absent is fine.
 Status remove(const std::string& path);
+// remove(), then fsyncs the directory when something was deleted, so that the file does not come
+// back after a crash of the machine (a record whose absence others rely on: a stale diagnosis).
+Status remove_durably(const std::string& path);
 
 // Renames `from` to `to` in one directory, replacing `to` (a link at either is moved or replaced
 // itself, never followed), then fsyncs the directory so the new name survives a crash.
