@@ -177,6 +177,7 @@ json to_json(const Diagnosis& d) {
   j["steps_replayed"] = d.steps_replayed;
   j["seconds"] = d.seconds;
   j["startup_seconds"] = d.startup_seconds;
+  j["slurm_job_id"] = d.slurm_job_id;
   return j;
 }
 
@@ -211,6 +212,7 @@ Diagnosis diagnosis_from(const json& j) {
   d.steps_replayed = j.at("steps_replayed").get<std::int64_t>();
   d.seconds = j.at("seconds").get<double>();
   d.startup_seconds = j.at("startup_seconds").get<double>();
+  d.slurm_job_id = field_or(j, "slurm_job_id", std::string());  // added within version 2
   return d;
 }
 
@@ -271,7 +273,12 @@ const Incident* first_fault(const std::vector<Incident>& all) {
 
 std::string diagnosis_path(const std::string& run_dir) { return (fs::path(run_dir) / "diagnosis.json").string(); }
 
-Status write_diagnosis(const std::string& run_dir, const Diagnosis& d) {
+Status write_diagnosis(const std::string& run_dir, const Diagnosis& diagnosis) {
+  Diagnosis d = diagnosis;
+  if (d.slurm_job_id.empty()) {
+    const char* job = std::getenv("SLURM_JOB_ID");
+    d.slurm_job_id = job ? job : "";
+  }
   return write_file(diagnosis_path(run_dir), dump(to_json(d), 2) + "\n", /*atomic=*/true);
 }
 

@@ -1,9 +1,11 @@
 // The run directory's records (culprit/records.h): every record written and read back whole, the
 // vocabularies' tables, version and damage refusals, and the fields job scripts read.
 #include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
 
 #include <unistd.h>
 
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 
@@ -239,6 +241,26 @@ TEST_F(Records, DiagnosisRoundTripsAndItsFieldsReadForScripts) {
   EXPECT_FALSE(got.phase);
   ASSERT_TRUE(r::field_of(got, "phase", &v).ok());
   EXPECT_EQ(v, "");
+  // The writing job: SLURM_JOB_ID when the diagnosis names none, "" outside Slurm; a record from
+  // before the field reads as "" (old readers ignore it: readers skip fields they do not know).
+  ::setenv("SLURM_JOB_ID", "4812", 1);
+  ASSERT_TRUE(r::write_diagnosis(run(), d).ok());
+  ::unsetenv("SLURM_JOB_ID");
+  ASSERT_TRUE(r::read_diagnosis(run(), &got).ok());
+  EXPECT_EQ(got.slurm_job_id, "4812");
+  ASSERT_TRUE(r::field_of(got, "slurm_job_id", &v).ok());
+  EXPECT_EQ(v, "4812");
+  ASSERT_TRUE(r::write_diagnosis(run(), d).ok());
+  ASSERT_TRUE(r::read_diagnosis(run(), &got).ok());
+  EXPECT_EQ(got.slurm_job_id, "");
+  {
+    std::ifstream in(r::diagnosis_path(run()));
+    nlohmann::ordered_json j = nlohmann::ordered_json::parse(in);
+    ASSERT_EQ(j.erase("slurm_job_id"), 1u);
+    std::ofstream(r::diagnosis_path(run())) << j.dump(2) << "\n";
+  }
+  ASSERT_TRUE(r::read_diagnosis(run(), &got).ok());
+  EXPECT_EQ(got.slurm_job_id, "");
   // Another record kind under the name is refused.
   std::ofstream(r::diagnosis_path(run())) << "{\"record\":\"audit\",\"version\":1}\n";
   EXPECT_EQ(r::read_diagnosis(run(), &got).code(), culprit::StatusCode::kDamaged);

@@ -191,9 +191,14 @@ struct Diagnosis {
   std::int64_t steps_replayed = 0;
   double seconds = 0;
   double startup_seconds = 0;  // of `seconds`: reading the run and opening the replay engine
+  // SLURM_JOB_ID of the job that wrote it ("" outside Slurm): a job script uses a diagnosis only
+  // when it is its own job's (jobs/train.sbatch), never an older job's left in the run directory.
+  std::string slurm_job_id;
 };
 
 std::string diagnosis_path(const std::string& run_dir);
+// Writes RUN/diagnosis.json atomically; an empty slurm_job_id is taken from SLURM_JOB_ID, as for an
+// incident.
 Status write_diagnosis(const std::string& run_dir, const Diagnosis& d);
 Status read_diagnosis(const std::string& run_dir, Diagnosis* out);
 
