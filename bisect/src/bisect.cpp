@@ -244,11 +244,20 @@ double since(std::chrono::steady_clock::time_point t0) {
 }  // namespace
 
 // The run is this job's while it is bisected (no train --resume rewrites its traces meanwhile).
-// Without run.json there is no run: open_context says so.
+// Without run.json there is no run: open_context says so, and nothing is removed.
+// Once locked, the previous diagnosis goes: RUN/diagnosis.json is this bisection's or none, so that
+// a bisection that fails (a full disk while writing it, a damaged run, a crash) never leaves an
+// older diagnosis to be read as its own (--on-detect diagnose's job script would blame the old
+// host). Removed durably (unlinked, the directory synced): after a crash it is the old file or
+// nothing, never half of one; the page goes with it, as it shows the same diagnosis.
 static Status lock_run(const std::string& run_dir, const char* command) {
   std::error_code ec;
   if (!std::filesystem::exists(std::filesystem::path(run_dir) / "run.json", ec)) return Status::OK();
-  return files::lock_run_dir(run_dir, command);
+  CULPRIT_RETURN_IF_ERROR(files::lock_run_dir(run_dir, command));
+  CULPRIT_RETURN_IF_ERROR(files::remove_durably(records::diagnosis_path(run_dir))
+                              .prefixed("removing the previous diagnosis before bisecting"));
+  return files::remove_durably((std::filesystem::path(run_dir) / "diagnosis.html").string())
+      .prefixed("removing the previous diagnosis before bisecting");
 }
 
 Status run(const Options& opt, const Comm& comm, records::Diagnosis* d) {

@@ -1,7 +1,9 @@
 // `culprit bisect` and --on-detect diagnose's hand-over: the options, declared once.
 #include <cstdio>
+#include <string>
 
 #include "culprit/bisect.h"
+#include "culprit/exit_codes.h"
 
 namespace culprit::bisect {
 
@@ -31,8 +33,15 @@ int diagnose_after_halt(const Comm& comm, const std::string& run_dir, int halt_c
   records::Diagnosis d;
   const Status st = run(opt, comm, &d);
   if (!st.ok()) {
-    if (comm.rank == 0) cli::error_line("diagnosis failed: " + st.message());
-    return halt_code;
+    // The failure's own code (6 for a full disk, 4 for a damaged record, ...), never the halt's: a
+    // job script reads a hardware code as "the diagnosis named a host". run() agreed on st, so every
+    // rank returns the same code; the previous diagnosis was removed before the search.
+    const int code = exit_code(st);
+    if (comm.rank == 0)
+      cli::error_line("diagnosing the halt failed (exit " + std::to_string(code) + ", not the halt's " +
+                      std::to_string(halt_code) + "): " + st.message() + "; fix that, then run culprit bisect --run-dir " +
+                      run_dir);
+    return code;
   }
   if (comm.rank == 0 && d.rank >= 0 && is_hardware(d.verdict))
     std::fprintf(stderr, "culprit: exclude host %s (rank %d, device %s) before requeueing: %s\n", d.host.c_str(), d.rank,

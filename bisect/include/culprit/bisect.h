@@ -20,14 +20,16 @@ struct Options {
   std::int64_t search_back = -1;
 };
 
-// Collective (any world size). Writes RUN/diagnosis.json and RUN/diagnosis.html on rank 0 and prints
+// Collective (any world size). Removes the previous RUN/diagnosis.json and .html once the run is
+// locked (a failed bisection leaves none), writes them on rank 0 and prints
 // a summary there; *out is the diagnosis on every rank. Its verdict's exit code:
 // verdict_exit_code (culprit/records.h).
 Status run(const Options& opt, const Comm& comm, records::Diagnosis* out);
 
 // culprit train --on-detect diagnose, after a detection halted the run with exit code halt_code:
 // the bisection on the same ranks. Returns the verdict's exit code (the halt's own when the verdict
-// is none or the diagnosis fails); for a hardware verdict rank 0 names the host to exclude.
+// is none; the failure's, e.g. 6 for a full disk, when the diagnosis fails, with no diagnosis.json
+// left behind); for a hardware verdict rank 0 names the host to exclude.
 int diagnose_after_halt(const Comm& comm, const std::string& run_dir, int halt_code);
 
 // `culprit bisect`, with its options (commands.cpp).
