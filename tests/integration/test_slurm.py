@@ -8,6 +8,9 @@ submit with sbatch and read outcomes with scontrol):
   hardware-unconfirmed (26) and excludes that host; with the early checkpoints deleted it ends
   inconclusive (25): nobody excluded, no follow-up job;
 - a train.sbatch run that fails before any diagnosis still records its decision (stop);
+- names in checkpoints/ that are not checkpoints (`step-9+x[$(cmd)].h5`, `step-99999999 (copy).h5`)
+  are ignored with a line each: the command in the name never runs, the requeue resumes from the
+  right checkpoint;
 - postmortem.sbatch writes the expected diagnosis of a silent fault;
 - the audit array and its merge job write one report covering every interval;
 - screen.sbatch passes a healthy node and excludes it when a flip is injected into its matmul;
@@ -31,6 +34,8 @@ SLURM_DIR = os.environ.get("CULPRIT_SLURM_DIR", "/tmp/culprit-slurm-test")
 SHAPE = ["--steps", "8", "--keep-last", "10", "--trace", "layer", "--global-batch", "24", "--micro-shards", "4",
          "--samples", "96", "--quiet"]
 SIZE = SHAPE + ["--checkpoint-every", "2"]
+# SHAPE without its step count, with checkpoints every 2 steps (runs trained in two parts).
+PARTS = [a for a in SIZE if a not in ("--steps", "8")]
 SKIP = os.environ.get("CULPRIT_SKIP_SLURM") == "1"
 PKG = os.environ.get("CULPRIT_PYTHON_DIR", "")  # set by CMake when the Python package is built
 
@@ -197,6 +202,38 @@ class Slurm(TempDirTest):
         self.assertEqual(wait(job), ("FAILED", 2), open(self.path("bad-%s.out" % job)).read())
         d = self.decisions(run_dir)[-1]
         self.assertEqual((d["decision"], d["step"], d["exit_code"], d["slurm_job_id"]), ("stop", -1, 2, job), d)
+
+    def test_train_ignores_names_in_checkpoints_that_are_not_checkpoints(self):
+        # A run trained to step 4, then names planted in checkpoints/ that only look like checkpoints;
+        # its continuation halts at step 5 (a persistent fault): the requeue resumes from step 4, the
+        # command in a planted name never runs, every planted name is named on stderr and kept.
+        run_dir = self.path("stray")
+        res = run(["train", "--steps", "4"] + PARTS, world=3, run_dir=run_dir)
+        self.assertEqual(res.code, 0, res.err)
+        planted = ["step-9+x[$(date>pwned)].h5", "step-99999999 (copy).h5", "step-00000003.h5.tmp"]
+        for name in planted:
+            with open(os.path.join(run_dir, "checkpoints", name), "w") as f:
+                f.write("not a checkpoint\n")
+        os.symlink("step-00000002.h5", os.path.join(run_dir, "checkpoints", "step-00000003.h5"))  # a link
+        overcommit = {"CULPRIT_SRUN_ARGS": "-O", "CULPRIT_SBATCH_ARGS": "-O"}
+        job = sbatch(["-n", "3", "-O", "-o", self.path("stray-%j.out"), os.path.join(JOBS, "train.sbatch"), run_dir,
+                      "--steps", "8"] + PARTS +
+                     ["--inject", "step=5,rank=1,layer=fc2,index=3,phase=grad,kind=nan,mode=persistent"],
+                     cwd=self.tmp, extra=overcommit)
+        state, code = wait(job)
+        out = open(self.path("stray-%s.out" % job)).read()
+        self.assertEqual((state, code), ("FAILED", 21), out)
+        self.assertFalse(os.path.exists(self.path("pwned")), "a command in a file name ran:\n" + out)
+        self.assertFalse(os.path.exists(os.path.join(run_dir, "pwned")), out)
+        d = self.decisions(run_dir)[-1]
+        self.assertEqual((d["decision"], d["exit_code"], d["step"]), ("requeue", 21, 5), d)
+        self.assertTrue(d["resume_from"].endswith("checkpoints/step-00000004.h5"), d)
+        subprocess.run(["scancel", d["next_job"]], env=slurm_env(), check=True)
+        ignored = {l for l in out.splitlines() if l.startswith("culprit jobs: ignoring ")}
+        self.assertEqual(len(ignored), len(planted) + 1, out)  # one line per name (the link too)
+        for name in planted:
+            self.assertTrue(os.path.exists(os.path.join(run_dir, "checkpoints", name)), name)  # nothing deleted
+        self.assertTrue(any("step-00000003.h5 " in l for l in ignored), ignored)
 
     def test_postmortem_job_writes_the_diagnosis(self):
         run_dir = self.path("silent")
