@@ -7,10 +7,16 @@ submit with sbatch and read outcomes with scontrol):
 - a run resumed on fewer ranks (a node lost) whose bisection blames a rank outside its world ends
   hardware-unconfirmed (26) and excludes that host; with the early checkpoints deleted it ends
   inconclusive (25): nobody excluded, no follow-up job;
-- a train.sbatch run that fails before any diagnosis still records its decision (stop);
+- a train.sbatch run that fails before any diagnosis still records its decision (stop), and an older
+  job's diagnosis.json left in the run directory is not read as this job's (its step not used);
 - names in checkpoints/ that are not checkpoints (`step-9+x[$(cmd)].h5`, `step-99999999 (copy).h5`)
   are ignored with a line each: the command in the name never runs, the requeue resumes from the
   right checkpoint;
+- a blamed host that is not a plain host name of the job's nodes (recorded as `HOST,culprit-spare`
+  by ranks each in a UTS namespace: a list of every node) excludes nobody: stop, no follow-up job;
+- a diagnosis that fails on a full filesystem (a tmpfs filled as the diagnosis starts; root only)
+  exits 6, not the halt's 10, removes the stale diagnosis.json it found, and the job stops excluding
+  nobody;
 - postmortem.sbatch writes the expected diagnosis of a silent fault;
 - the audit array and its merge job write one report covering every interval;
 - screen.sbatch passes a healthy node and excludes it when a flip is injected into its matmul;
@@ -20,13 +26,14 @@ CULPRIT_SKIP_SLURM=1 skips these tests; otherwise daemons that do not start fail
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import time
 import unittest
 
 sys.path.insert(0, os.path.dirname(__file__))
-from culprit_testlib import CULPRIT, TempDirTest, run  # noqa: E402
+from culprit_testlib import CRASH_MARKERS, CULPRIT, MPIRUN, PY, TempDirTest, run  # noqa: E402
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "../.."))
 JOBS = os.path.join(ROOT, "jobs")
@@ -72,6 +79,24 @@ def wait(job, timeout=300):
             return info["JobState"], int(info["ExitCode"].split(":")[0])
         time.sleep(0.5)
     raise AssertionError("job %s did not end within %d s: %s" % (job, timeout, job_info(job)))
+
+
+def short_host():
+    return subprocess.run(["hostname", "-s"], capture_output=True, text=True).stdout.strip()
+
+
+def can_mount():
+    return os.geteuid() == 0 and shutil.which("mount") is not None
+
+
+def plant_stale_diagnosis(run_dir, step, host):
+    """An older job's diagnosis.json (a post-mortem or an earlier halt), blaming `host` at `step`."""
+    os.makedirs(run_dir, exist_ok=True)
+    with open(os.path.join(run_dir, "diagnosis.json"), "w") as f:
+        json.dump({"record": "diagnosis", "version": 2, "verdict": "hardware-persistent", "step": step,
+                   "layer": "fc1", "phase": "grad", "rank": 0, "host": host, "device": "cpu", "reruns": 8,
+                   "reproduced": 8, "evidence": ["planted"], "steps_replayed": 1, "seconds": 1.0,
+                   "startup_seconds": 0.5, "slurm_job_id": "an-older-job"}, f)
 
 
 @unittest.skipIf(SKIP, "CULPRIT_SKIP_SLURM=1: Slurm tests not wanted")
@@ -142,19 +167,29 @@ class Slurm(TempDirTest):
         differs = run(["diff", os.path.join(clean, final), os.path.join(faulty, final)])
         self.assertEqual(differs.code, 5, differs.out)
 
-    def resumed_on_two(self, name, drop_early_checkpoints):
+    def resumed_on_two(self, name, drop_early_checkpoints, recorded_host=None):
         """A run trained on 3 ranks with a silent fault on rank 2 at step 5 (one micro-shard's gradient,
         reduced into every replica: nothing fires), resumed by train.sbatch on 2 ranks (a node lost)
         with a spike detector tight enough to fire on healthy steps; optionally with the checkpoints
-        before step 6 deleted first (a user freeing space)."""
+        before step 6 deleted first (a user freeing space). recorded_host: the first part runs under
+        mpirun in a UTS namespace whose host name it is, so the run records its ranks there."""
         run_dir = self.path(name)
         shape = ["--keep-last", "10", "--global-batch", "24", "--micro-shards", "4", "--samples", "96", "--quiet",
                  "--checkpoint-every", "2"]
-        job = sbatch(["-n", "3", "-O", "-o", self.path(name + "-a-%j.out"), os.path.join(JOBS, "train.sbatch"),
-                      run_dir, "--steps", "6"] + shape +
-                     ["--inject", "step=5,rank=2,layer=fc1,index=3,phase=grad,kind=bitflip,bit=22,mode=transient"],
-                     cwd=self.tmp, extra={"CULPRIT_SRUN_ARGS": "-O"})
-        self.assertEqual(wait(job), ("COMPLETED", 0), open(self.path(name + "-a-%s.out" % job)).read())
+        first = ["--steps", "6"] + shape + \
+            ["--inject", "step=5,rank=2,layer=fc1,index=3,phase=grad,kind=bitflip,bit=22,mode=transient"]
+        if recorded_host is None:
+            job = sbatch(["-n", "3", "-O", "-o", self.path(name + "-a-%j.out"), os.path.join(JOBS, "train.sbatch"),
+                          run_dir] + first, cwd=self.tmp, extra={"CULPRIT_SRUN_ARGS": "-O"})
+            self.assertEqual(wait(job), ("COMPLETED", 0), open(self.path(name + "-a-%s.out" % job)).read())
+        else:
+            # Each rank renames its own namespace's host before it becomes culprit (mpirun itself
+            # refuses a node name that is not a plain host name).
+            rename = "import os, socket, sys; socket.sethostname(sys.argv[1]); os.execvp(sys.argv[2], sys.argv[2:])"
+            res = subprocess.run(MPIRUN + ["-np", "3", "unshare", "--uts", PY, "-c", rename, recorded_host,
+                                           os.path.abspath(CULPRIT), "train", "--run-dir", run_dir] + first,
+                                 capture_output=True, text=True, timeout=300)
+            self.assertEqual(res.returncode, 0, res.stdout + res.stderr)
         if drop_early_checkpoints:
             for step in (0, 2, 4):
                 os.remove(os.path.join(run_dir, "checkpoints", "step-%08d.h5" % step))
@@ -195,13 +230,20 @@ class Slurm(TempDirTest):
         self.assertEqual(d.get("next_job", ""), "", d)
 
     def test_train_records_a_stop_without_a_diagnosis(self):
-        # Bad input: culprit exits 2 before any diagnosis; the script still records its decision.
+        # Bad input: culprit exits 2 before any diagnosis; the script still records its decision. An
+        # older job's diagnosis.json in the directory is not this job's: its step and verdict are not
+        # this job's decision's.
         run_dir = self.path("bad")
+        plant_stale_diagnosis(run_dir, 3, short_host())
         job = sbatch(["-n", "1", "-o", self.path("bad-%j.out"), os.path.join(JOBS, "train.sbatch"), run_dir, "--steps",
                       "0"], cwd=self.tmp)
-        self.assertEqual(wait(job), ("FAILED", 2), open(self.path("bad-%s.out" % job)).read())
+        ended = wait(job)
+        out = open(self.path("bad-%s.out" % job)).read()
+        self.assertEqual(ended, ("FAILED", 2), out)
         d = self.decisions(run_dir)[-1]
         self.assertEqual((d["decision"], d["step"], d["exit_code"], d["slurm_job_id"]), ("stop", -1, 2, job), d)
+        self.assertNotIn("hardware-persistent", d["message"])
+        self.assertIn("diagnosis.json is not this job's (written by job an-older-job", out)
 
     def test_train_ignores_names_in_checkpoints_that_are_not_checkpoints(self):
         # A run trained to step 4, then names planted in checkpoints/ that only look like checkpoints;
@@ -234,6 +276,89 @@ class Slurm(TempDirTest):
         for name in planted:
             self.assertTrue(os.path.exists(os.path.join(run_dir, "checkpoints", name)), name)  # nothing deleted
         self.assertTrue(any("step-00000003.h5 " in l for l in ignored), ignored)
+
+    @unittest.skipUnless(os.geteuid() == 0 and shutil.which("unshare"), "a UTS namespace needs root (CI runs as root)")
+    def test_train_excludes_nobody_when_the_blamed_host_is_not_one_of_its_nodes(self):
+        # As the hardware-unconfirmed case below, but the run recorded the blamed rank's host as
+        # "HOST,culprit-spare": as an --exclude list that is every node of the cluster. It is not a
+        # plain host name of this job's nodes: stop, nobody excluded, no follow-up job.
+        listed = short_host() + ",culprit-spare"
+        run_dir, job, state, code, out = self.resumed_on_two("listhost", False, recorded_host=listed)
+        self.assertEqual((state, code), ("FAILED", 26), out)
+        diag = json.load(open(os.path.join(run_dir, "diagnosis.json")))
+        self.assertEqual((diag["verdict"], diag["rank"], diag["host"], diag["slurm_job_id"]),
+                         ("hardware-unconfirmed", 2, listed, job), diag)
+        d = self.decisions(run_dir)[-1]
+        self.assertEqual((d["decision"], d["exit_code"], d["slurm_job_id"], d["host"]), ("stop", 26, job, ""), d)
+        self.assertEqual((d.get("exclude", ""), d.get("next_job", "")), ("", ""), d)
+        self.assertIn("'%s', which is not a plain host name of this job's nodes (%s)" % (listed, short_host()),
+                      d["message"])
+
+    @unittest.skipUnless(can_mount(), "a tmpfs for the full filesystem needs root (CI runs as root)")
+    def test_a_diagnosis_that_fails_on_a_full_disk_exits_6_and_no_stale_one_is_used(self):
+        # The run lives on a small tmpfs: trained to step 4, then an older job's diagnosis.json is
+        # planted, blaming this host at step 3. train.sbatch resumes; a spot-check mismatch halts step
+        # 5 (exit 10) and the diagnosis starts; as soon as it says so (stderr: "culprit: diagnosing")
+        # the test fills the filesystem, so what the diagnosis writes does not fit (ENOSPC). The exit
+        # is 6, not the halt's 10, in one line; the stale diagnosis is gone; the job stops excluding
+        # nobody (before: exit 10, the stale host excluded, a resume from step 2).
+        disk = self.path("disk")
+        os.makedirs(disk)
+        subprocess.run(["mount", "-t", "tmpfs", "-o", "size=48m", "tmpfs", disk], check=True)
+        try:
+            run_dir = os.path.join(disk, "run")
+            res = run(["train", "--steps", "4"] + PARTS, world=3, run_dir=run_dir)
+            self.assertEqual(res.code, 0, res.err)
+            plant_stale_diagnosis(run_dir, 3, short_host())
+            fault = ["--spot-check", "1", "--inject",
+                     "step=5,rank=1,layer=fc1,index=2,phase=forward,kind=bitflip,bit=4,mode=persistent"]
+            job = sbatch(["-n", "3", "-O", "-o", self.path("full-%j.out"), os.path.join(JOBS, "train.sbatch"),
+                          run_dir, "--steps", "8"] + PARTS + fault, cwd=self.tmp,
+                         extra={"CULPRIT_SRUN_ARGS": "-O", "CULPRIT_SBATCH_ARGS": "-O"})
+            log = self.path("full-%s.out" % job)
+            end = time.time() + 300
+            while time.time() < end and not (os.path.exists(log) and "culprit: diagnosing" in open(log).read()):
+                time.sleep(0.02)
+            self.assertIn("culprit: diagnosing", open(log).read())
+            filler = os.path.join(disk, "filler")  # outside the run directory: the "other" data
+            fd = os.open(filler, os.O_WRONLY | os.O_CREAT)
+            try:
+                v = os.statvfs(disk)
+                try:
+                    os.posix_fallocate(fd, 0, v.f_bavail * v.f_frsize)
+                except OSError:
+                    pass
+                while True:
+                    try:
+                        os.write(fd, b"\0" * 4096)
+                    except OSError:
+                        break
+            finally:
+                os.close(fd)
+            state, code = wait(job)
+            out = open(log).read()
+            os.remove(filler)
+            self.assertEqual((state, code), ("FAILED", 6), out)
+            failed = [l for l in out.splitlines() if l.startswith("culprit: error: diagnosing the halt failed")]
+            self.assertEqual(len(failed), 1, out)
+            self.assertIn("(exit 6, not the halt's 10)", failed[0])
+            self.assertIn("No space left on device", failed[0])
+            for marker in CRASH_MARKERS:
+                self.assertNotIn(marker, out)
+            self.assertIn("culprit jobs: stop (exit 6)", out)
+            self.assertNotIn("culprit jobs: requeue", out)
+            # No stale diagnosis: none, or this job's own (its record written before its page failed).
+            path = os.path.join(run_dir, "diagnosis.json")
+            if os.path.exists(path):
+                diag = json.load(open(path))
+                self.assertEqual((diag["slurm_job_id"], diag["step"]), (job, 5), diag)
+            # The decision, when the full disk let it be recorded, excludes nobody.
+            for d in self.decisions(run_dir):
+                if d["slurm_job_id"] == job:
+                    self.assertEqual((d["decision"], d["exit_code"], d.get("exclude", ""), d["host"]),
+                                     ("stop", 6, "", ""), d)
+        finally:
+            subprocess.run(["umount", disk], check=False)
 
     def test_postmortem_job_writes_the_diagnosis(self):
         run_dir = self.path("silent")
