@@ -76,6 +76,10 @@ RECIPES = {
     "gpt-clip": (MODELS["gpt"][0] + ["--clip-grad-norm", "0.5", "--weight-decay", "0.1"], GPT_LAYERS),
     "cnn-bf16-clip": (MODELS["cnn"][0] + ["--precision", "bf16", "--clip-grad-norm", "1", "--weight-decay", "0.01"],
                       MODELS["cnn"][1]),
+    # The optimizers and layouts of issue 34's links campaign: AdamW; clipping with the optimizer
+    # state sharded (--shard-optimizer, ZeRO-1).
+    "mlp-adamw": (MODELS["mlp"][0] + ["--optimizer", "adamw"], MODELS["mlp"][1]),
+    "cnn-clip-shard": (MODELS["cnn"][0] + ["--clip-grad-norm", "1", "--shard-optimizer"], MODELS["cnn"][1]),
 }
 DEFAULT_MODELS = ("cnn", "gpt", "mlp", "ts")
 PHASES = ["forward", "backward", "grad", "comm", "param", "optimizer", "data"]
@@ -117,16 +121,16 @@ def make_torchscript(work):
                      "--micro-shards", "4"], MODELS["ts"][1])
 
 
-def draw(rng, i, models=DEFAULT_MODELS):
+def draw(rng, i, models=DEFAULT_MODELS, phases=PHASES, modes=MODES):
     """One trial's configuration; every tenth is clean."""
     model = rng.choice(sorted(models))
-    wt, wb = rng.randint(1, 4), rng.randint(2, 4)
+    wt, wb = rng.randint(1 if set(phases) - {"comm"} else 2, 4), rng.randint(2, 4)
     t = {"trial": i, "model": model, "w_train": wt, "w_bisect": wb, "fault": None}
     if i % 10 == 9:
         return t
-    phase = rng.choice([p for p in PHASES if p != "comm" or wt > 1])
+    phase = rng.choice([p for p in phases if p != "comm" or wt > 1])
     kind = rng.choice(KINDS)
-    mode = rng.choice(MODES)
+    mode = rng.choice(modes)
     f = {"phase": phase, "kind": kind, "mode": mode, "rank": rng.randrange(wt), "step": rng.randint(2, STEPS - 2),
          "index": rng.randrange(8), "layer": "" if phase == "data" else rng.choice(MODELS[model][1])}
     spec = "step=%d,rank=%d,index=%d,phase=%s,kind=%s,mode=%s" % (f["step"], f["rank"], f["index"], phase, kind, mode)
@@ -324,6 +328,8 @@ def main():
     ap.add_argument("--rescore", default="", help="score the trials of an earlier --out file again and summarise")
     ap.add_argument("--models", default=",".join(DEFAULT_MODELS),
                     help="models to draw from: %s, py (recipes: %s)" % (", ".join(DEFAULT_MODELS), ", ".join(RECIPES)))
+    ap.add_argument("--phases", default=",".join(PHASES), help="phases to draw from (a targeted slice: comm)")
+    ap.add_argument("--modes", default=",".join(MODES), help="modes to draw from (a targeted slice: persistent)")
     ap.add_argument("--again", default="", help="run the trials listed in FILE, one per line as this script prints "
                     "them (e.g. the non-exact ones of docs/bisect.md), instead of drawing")
     a = ap.parse_args()
@@ -342,6 +348,9 @@ def main():
     unknown = [m for m in models if m not in MODELS]
     if unknown:
         ap.error("unknown model(s) %s" % ", ".join(unknown))
+    phases, modes = a.phases.split(","), a.modes.split(",")
+    if not set(phases) <= set(PHASES) or not set(modes) <= set(MODES) or not phases or not modes:
+        ap.error("--phases takes %s; --modes takes %s" % (",".join(PHASES), ",".join(MODES)))
     rng = random.Random(a.seed)
     work = tempfile.mkdtemp(prefix="culprit-localize-")
     make_torchscript(work)
@@ -353,10 +362,10 @@ def main():
         if again == []:
             ap.error("--again %s lists no trials" % a.again)
         for i in range(len(again) if again is not None else a.trials):
-            t = trial(work, again[i] if again is not None else draw(rng, i, models))
+            t = trial(work, again[i] if again is not None else draw(rng, i, models, phases, modes))
             while "refused" in t:
                 print("     redrawn: %s" % t["refused"], flush=True)
-                t = trial(work, draw(rng, i, models))
+                t = trial(work, draw(rng, i, models, phases, modes))
             results.append(t)
             if out:
                 out.write(json.dumps(t) + "\n")

@@ -122,7 +122,9 @@ int reduction_fault(const Context& ctx, std::int64_t s, const StepResult& sr, bo
 // Also whether the record's reduced gradient is the healthy one, the value the ranks' steps computed
 // alone agree on; *record_healthy: it is, so the differing reduction was the bisection's own
 // replay's (*alone_wrong: the ranks whose own step was wrong too).
-Status corrupted_param(Context& ctx, std::int64_t s, Finding* f, bool* record_healthy, std::vector<int>* alone_wrong) {
+// *healthy_fp: that value's fingerprint, when the steps computed alone agree on one (else 0).
+Status corrupted_param(Context& ctx, std::int64_t s, Finding* f, bool* record_healthy, std::vector<int>* alone_wrong,
+                       std::uint64_t* healthy_fp) {
   const auto linked = ctx.engine->reduced_param_fps();
   CULPRIT_RETURN_IF_ERROR(agree(ctx.comm, ctx.engine->rewind()));
   StepResult alone;
@@ -142,6 +144,7 @@ Status corrupted_param(Context& ctx, std::int64_t s, Finding* f, bool* record_he
     if (n == best) ++holders;
   }
   const bool known = holders == 1 && (best >= 2 || ctx.W == 1);
+  *healthy_fp = known ? healthy : 0;
   bool all_records = known;
   for (int r : ctx.run.trace.ranks) {
     auto it = ctx.run.trace.steps.find({r, s});
@@ -253,18 +256,46 @@ void wrong_update_record(const Context& ctx, int r, const UpdateVote& u, Finding
   }
 }
 
+// The rank whose device made a replay of the reduction (rotation 0: rank c reduces chunk c) come
+// out unlike the healthy reduced gradient: the sender of a message that changed on its way (the
+// replay's comm check, the same on every rank), else the one rank whose reduced chunk differs from
+// the step computed alone (`alone`, on the ranks whose own step came out healthy: alone_ok); -1:
+// none, or no single one. `chunks`: the replay's reduced chunks. Collective.
+int replay_deviates(const Context& ctx, const StepResult& r, const std::vector<Fingerprint>& chunks,
+                    const std::vector<Fingerprint>& alone, bool alone_ok) {
+  if (!r.comm_faults.empty()) return r.comm_faults[0].first;
+  std::vector<int> bad(static_cast<std::size_t>(ctx.W), 0);
+  for (int c = 0; alone_ok && c < ctx.W; ++c) bad[c] = chunks[c] != alone[c];
+  CULPRIT_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, bad.data(), ctx.W, MPI_INT, MPI_MAX, ctx.comm.comm));
+  int n = 0, at = -1;
+  for (int c = 0; c < ctx.W; ++c)
+    if (bad[c]) ++n, at = c;
+  return n == 1 ? at : -1;
+}
+
 // The micro-shards reproduce; the update does not. Replayed in the original layout (a faulty link
 // is exercised as in the run, at the same world size), then settled as the micro-shards are.
 // The reduced gradient differs: the sender or reducer to blame (*odd), or *healthy when the run's
-// own reduction was healthy and the replay's was wrong (*redo: the ranks suspected). Collective.
+// own reduction was healthy and the replay's was wrong (*redo: the ranks suspected).
+// Whether the odd rank's device does it again: a replay of the reduction that comes out unlike the
+// healthy value by that rank's doing, whatever its wrong value (a noisy link differs every time; a
+// fault in the chunk a rank keeps never crosses a link and no comm check sees it). Its device
+// sends every element of its blocks in any layout, so the fault is exercised at any bisection
+// world size; the step is replayed up to --reruns more times until it shows (an intermittent link
+// fires now and then). *runs: the replays, *wrong: those that showed it. Collective.
 Status reduction(Context& ctx, const StepResult& sr, Finding* f, int* odd, bool* reproduced, bool* healthy,
-                 std::vector<int>* redo) {
+                 std::vector<int>* redo, int* runs, int* wrong) {
   const std::int64_t s = f->step;
   const auto& rec = ctx.run.trace;
   f->phase = Phase::kComm;
   bool record_healthy = false;
   std::vector<int> alone_wrong;
-  CULPRIT_RETURN_IF_ERROR(corrupted_param(ctx, s, f, &record_healthy, &alone_wrong));
+  std::uint64_t healthy_fp = 0;
+  const auto linked_chunks = ctx.engine->reduced_chunk_fps(ctx.W);
+  CULPRIT_RETURN_IF_ERROR(corrupted_param(ctx, s, f, &record_healthy, &alone_wrong, &healthy_fp));
+  const auto alone_chunks = ctx.engine->reduced_chunk_fps(ctx.W);
+  const bool alone_ok =
+      healthy_fp != 0 && std::find(alone_wrong.begin(), alone_wrong.end(), ctx.comm.rank) == alone_wrong.end();
   if (record_healthy) {
     // The run reduced this step correctly: the replay's reduction (a link, or a micro-shard of a
     // rank whose device fired during the search) was wrong. Noted; the step is redone. A difference
@@ -277,9 +308,20 @@ Status reduction(Context& ctx, const StepResult& sr, Finding* f, int* odd, bool*
     return Status::OK();
   }
   *odd = reduction_fault(ctx, s, sr, reproduced);
-  // The replay in the run's layout came out unlike the healthy reduction again: it reproduces.
+  // The replay in the run's layout came out as the record's unhealthy reduction: it reproduces.
   const auto& row0 = rec.steps.find({rec.ranks[0], s});
   *reproduced = *reproduced || (row0 != rec.steps.end() && sr.grad_fp == row0->second.grad_fp);
+  *runs = 1;
+  *wrong = *reproduced || (*odd >= 0 && replay_deviates(ctx, sr, linked_chunks, alone_chunks, alone_ok) == *odd);
+  const bool here = *odd >= 0 && *odd < ctx.W;  // else its device is not rerun (hardware-unconfirmed)
+  while (here && *wrong == 0 && *runs <= ctx.opt.reruns) {
+    CULPRIT_RETURN_IF_ERROR(agree(ctx.comm, ctx.engine->rewind()));
+    StepResult again;
+    CULPRIT_RETURN_IF_ERROR(agree(ctx.comm, ctx.engine->run_step(&again, ctx.round + *runs)));
+    *wrong += replay_deviates(ctx, again, ctx.engine->reduced_chunk_fps(ctx.W), alone_chunks, alone_ok) == *odd;
+    ++*runs;
+  }
+  *reproduced = *wrong > 0;
   return Status::OK();
 }
 
@@ -296,9 +338,15 @@ Status settle_tie(Context& ctx, const StepResult& sr, UpdateVote* u, int* redone
              " time(s) from its start: " + (u->s.healthy >= 0 ? "a device contradicted itself" : "every device repeated itself"));
   }
   if (!u->s.ambiguous || ctx.W != 2) return Status::OK();
+  // The exact referee first (an element-wise phase: its bits are any correct device's), then, when
+  // it gives no opinion, the float64 arbiter (which cannot see a flip of a few ulps).
   Arbitration a;
-  CULPRIT_RETURN_IF_ERROR(arbitrate_update(ctx, &a));
+  CULPRIT_RETURN_IF_ERROR(referee_update(ctx, &a));
   ctx.note("step " + std::to_string(s) + ": ranks 0 and 1 each repeat their own update; " + a.why);
+  if (a.healthy < 0) {
+    CULPRIT_RETURN_IF_ERROR(arbitrate_update(ctx, &a));
+    ctx.note("step " + std::to_string(s) + ": " + a.why);
+  }
   if (a.healthy >= 0) {
     u->o.more.push_back({kArbiterDevice, u->o.replay[a.healthy]});
     u->s = settle(u->o);
@@ -335,8 +383,12 @@ Status localize_update(Context& ctx, Finding* f, Evidence* ev) {
   if (reduced) {
     bool record_healthy = false;
     UpdateVote none;
-    CULPRIT_RETURN_IF_ERROR(reduction(ctx, sr, f, &odd_rank, &reproduced, &record_healthy, &none.s.wrong_now));
+    int runs = 1, wrong = 0;
+    CULPRIT_RETURN_IF_ERROR(
+        reduction(ctx, sr, f, &odd_rank, &reproduced, &record_healthy, &none.s.wrong_now, &runs, &wrong));
     if (record_healthy) return update_replay_faulted(ctx, s, *f, none, ev);
+    redone = runs - 1;
+    times = wrong;
   } else if (u.s.healthy >= 0 && u.s.wrong_records.empty()) {
     return update_replay_faulted(ctx, s, *f, u, ev);
   } else if (u.s.healthy >= 0 && u.s.wrong_records.size() == 1) {

@@ -78,6 +78,28 @@ class Localize(TempDirTest):
                          (4, "param", "fc2", 0, []), got)
         self.assertEqual(got["reruns"], 9, got)  # the replay and 8 redos, each device repeating itself
 
+    def test_a_two_replica_low_bit_tie_at_rest_is_settled_by_the_exact_referee(self):
+        # A flip of bit 3 of a parameter (or its optimizer state) at rest after every update from
+        # step 4, two replicas: each rank repeats its own update, and 8 ulps are far inside the
+        # float64 arbiter's bound. The update re-executed element by element in float32 (libtorch's
+        # operation order; harness/optim/tests shows it bit for bit) equals rank 1's and not rank
+        # 0's: rank 0 is blamed. Every recipe: SGD with momentum, Nesterov, AdamW, clipping, bf16.
+        cases = [("param", []), ("optimizer", ["--nesterov"]), ("param", ["--optimizer", "adamw"]),
+                 ("optimizer", ["--optimizer", "adamw", "--weight-decay", "0.1"]),
+                 ("param", ["--clip-grad-norm", "0.5"]), ("param", ["--precision", "bf16"])]
+        for i, (phase, extra) in enumerate(cases):
+            with self.subTest(phase=phase, recipe=extra):
+                spec = "step=4,rank=0,index=2,phase=%s,kind=bitflip,bit=3,mode=persistent,layer=fc2" % phase
+                d = self.trained("exact%d" % i, 2, ["--steps", "6", "--on-detect", "warn", "--inject", spec] + extra)
+                got = self.bisect(d, 2, "hardware-persistent")
+                self.assertEqual((got["step"], got["phase"], got["layer"], got["rank"], got["candidates"]),
+                                 (4, phase, "fc2", 0, []), got)
+                self.assertTrue(any("equals rank 1's bit for bit and not rank 0's: the exact referee" in e
+                                    for e in got["evidence"]), got["evidence"])
+        # Negative control: the clean twin, bisected the same way, is none.
+        clean = self.trained("exact-clean", 2, ["--steps", "6", "--optimizer", "adamw"])
+        self.assertEqual(self.bisect(clean, 2, "none")["rank"], -1)
+
     def test_an_intermittent_fault_at_rest_firing_again_in_the_replay(self):
         # Trained on one rank, bisected on two: the fault at rest fires in the first replay too, so the
         # update is a 1-vs-1 tie; redoing the step draws anew until rank 0 contradicts itself.
@@ -172,6 +194,30 @@ class Localize(TempDirTest):
                          code=EXIT_HARDWARE)
         got = self.bisect(d, 3, "hardware-persistent")
         self.assertEqual((got["step"], got["phase"], got["layer"], got["rank"]), (4, "comm", "fc3", 1), got)
+
+    def test_a_persistent_link_fault_is_persistent_at_any_bisecting_world_size(self):
+        # Issue 34's misses: a persistent fault that writes a new wrong value each time (noise) in
+        # the chunk rank 1 keeps (fc2, four ranks): the replay differs from the record AND from the
+        # healthy value, and no message changes on the way. And a bit flip trained on 2 ranks,
+        # bisected on 3 and 4, where the replay's layout sends other slices. Both are the device
+        # doing it again. Negative control: the same faults transient stay hardware-transient, after
+        # --reruns replays that all came out healthy.
+        noise = "step=2,rank=1,index=0,phase=comm,kind=noise,layer=fc2"
+        flip = "step=3,rank=1,index=5,phase=comm,kind=bitflip,bit=29,layer=fc1"
+        for name, world, spec, bisect_on in (("noise", 4, noise, (4,)), ("flip", 2, flip, (3, 4))):
+            for mode, verdict in (("persistent", "hardware-persistent"), ("transient", "hardware-transient")):
+                d = self.trained(name + "-" + mode, world,
+                                 ["--steps", "5", "--checkpoint-every", "2", "--on-detect", "warn", "--optimizer", "adamw",
+                                  "--inject", spec + ",mode=" + mode])
+                for wb in bisect_on:
+                    got = self.bisect(d, wb, verdict)
+                    step = int(spec.split(",")[0].split("=")[1])
+                    self.assertEqual((got["step"], got["phase"], got["layer"], got["rank"]),
+                                     (step, "comm", spec.split("layer=")[1], 1), got)
+                    if mode == "persistent":
+                        self.assertGreaterEqual(got["reproduced"], 1, got)
+                    else:
+                        self.assertEqual((got["reruns"], got["reproduced"]), (9, 0), got)
 
     def test_a_link_fault_the_comm_check_saw_that_the_replay_reproduces_exactly(self):
         # Trained on 4 ranks: rank 0's message to rank 3 carries a NaN into fc3 (the comm check halts,
