@@ -126,4 +126,36 @@ Status arbitrate_update(Context& ctx, Arbitration* out) {
   return measure(ctx, now, wide, wide.size(), out);
 }
 
+Status referee_update(Context& ctx, Arbitration* out) {
+  *out = Arbitration{};
+  out->tried = true;
+  std::vector<float> now, exact;
+  std::string why;
+  const Status st = agree(ctx.comm, ctx.engine->update_exact(&now, &exact, &why));
+  if (!st.ok() || !why.empty()) {  // why is the configuration's: the same on every rank
+    out->why = "no exact re-execution of the update (" + (st.ok() ? why : st.message()) + ")";
+    return Status::OK();
+  }
+  const std::uint64_t fp = fingerprint_bytes(exact.data(), exact.size() * sizeof(float));
+  std::uint64_t fps[2] = {0, 0};
+  CULPRIT_MPI_CHECK(MPI_Allgather(&fp, 1, MPI_UINT64_T, fps, 1, MPI_UINT64_T, ctx.comm.comm));
+  if (fps[0] != fps[1]) {
+    out->why = "the update re-executed element by element differs between the ranks too: no exact opinion";
+    return Status::OK();
+  }
+  int mine = now.size() == exact.size() && std::memcmp(now.data(), exact.data(), now.size() * sizeof(float)) == 0;
+  int equal[2] = {0, 0};
+  CULPRIT_MPI_CHECK(MPI_Allgather(&mine, 1, MPI_INT, equal, 1, MPI_INT, ctx.comm.comm));
+  if (equal[0] != equal[1]) {
+    out->healthy = equal[0] ? 0 : 1;
+    out->why = "the update re-executed element by element in float32 in libtorch's operation order (the same bits "
+               "on both ranks) equals rank " + std::to_string(out->healthy) + "'s bit for bit and not rank " +
+               std::to_string(1 - out->healthy) + "'s: the exact referee";
+  } else {
+    out->why = std::string("the update re-executed element by element in float32 equals ") +
+               (equal[0] ? "both ranks' (the difference lies elsewhere)" : "neither rank's") + ": no exact opinion";
+  }
+  return Status::OK();
+}
+
 }  // namespace culprit::bisect

@@ -24,5 +24,11 @@ Status arbitrate_shard(Context& ctx, int k, const ShardResult& mine, Arbitration
 // recomputed in float64 from the marked state; each rank's parameters and primary optimizer state
 // after the step measured against it, as above.
 Status arbitrate_update(Context& ctx, Arbitration* out);
+// Collective, with a world of two, engine as above: the exact referee, tried before the float64
+// one. The update re-executed element by element in float32 in libtorch's operation order (any
+// correct device gets its bits); both ranks' re-executions must be bitwise equal, and the rank whose
+// replayed parameters and primary optimizer state equal it bit for bit, the other's not, is healthy.
+// Else no opinion (why says which); never an error.
+Status referee_update(Context& ctx, Arbitration* out);
 
 }  // namespace culprit::bisect

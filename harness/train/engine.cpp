@@ -175,6 +175,13 @@ class EngineImpl : public Engine {
       return Status::OK();
     });
   }
+  Status update_exact(std::vector<float>* now, std::vector<float>* exact, std::string* why) override {
+    why->clear();
+    return guarded(StatusCode::kInternal, "re-executing the update element by element", [&] {
+      trainer_->update_exact(marked_, now, exact, why);
+      return Status::OK();
+    });
+  }
   std::vector<Fingerprint> reduced_chunk_fps(int world) const override {
     std::vector<Fingerprint> out;
     for (int c = 0; c < world; ++c) out.push_back(trainer_->reduced_fp(world, c));

@@ -96,6 +96,9 @@ class Trainer {
   // reduced gradient and learning rate, without faults (trainer_float64.cpp). *now: this rank's state after
   // the step; *wide: the float64 one; each P parameter values, then P optimizer state values.
   void update_f64(const ckpt::Checkpoint& start, std::vector<float>* now, std::vector<double>* wide);
+  // The same update re-executed element by element in float32 in libtorch's operation order
+  // (trainer_exact.cpp): *exact, its bits, laid out as *now. False, with *why, where it cannot be.
+  bool update_exact(const ckpt::Checkpoint& start, std::vector<float>* now, std::vector<float>* exact, std::string* why);
   std::int64_t replayed() const { return done_; }
   // The first sample the data source refused since the last call (a file changed under the run).
   Status take_data_status() { return std::exchange(data_status_, Status::OK()); }

@@ -92,6 +92,10 @@ class Engine {
   // step; *wide: the float64 one; each the P parameter values, then P values of each parameter's
   // primary optimizer state (SGD's momentum, AdamW's first moment; 0 where there is none yet).
   virtual Status update_f64(std::vector<float>* now, std::vector<double>* wide) = 0;
+  // The same update re-executed element by element in float32, in libtorch's own operation order
+  // (optim/exact_update.h: bit for bit libtorch's, where its test passes): *exact, laid out as *now.
+  // *why non-empty: no exact re-execution here (--shard-optimizer), and why.
+  virtual Status update_exact(std::vector<float>* now, std::vector<float>* exact, std::string* why) = 0;
   // Collective: the layout of the following run_steps (see open's `rotate`). With rotate 0 every rank
   // sends the reduction's messages the original run's rank of that number sent (same world size): a
   // faulty link reappears there.
