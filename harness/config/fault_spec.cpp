@@ -76,6 +76,10 @@ Status check_fault_text(const std::string& text) {
       return Status::BadInput("--inject: key '" + key + "' is given twice in '" + text.substr(0, 200) +
                               (text.size() > 200 ? "..." : "") + "' (each key once)");
     seen.push_back(key);
+    const std::string value = item.substr(eq + 1);
+    double ignored = 0;
+    if (key != "layer" && key != "phase" && key != "kind" && key != "mode" && !(key == "rank" && value == "all"))
+      CULPRIT_RETURN_IF_ERROR(number(key, value, &ignored));  // its range: parse_fault's
     if (comma == std::string::npos) return Status::OK();
     at = comma + 1;
   }

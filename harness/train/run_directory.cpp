@@ -51,7 +51,10 @@ Status truncate_metrics(const std::string& path, std::int64_t keep) {
     if (j["step"].get<std::int64_t>() > keep && cut == size) cut = lines.offset();
   }
   CULPRIT_RETURN_IF_ERROR(lines.status());
-  return cut == size ? Status::OK() : files::keep_prefix(path, cut);
+  // A link there (read through: reading writes nothing) is replaced by the file it showed, so the
+  // appends that follow never write through it (run_files.h).
+  const bool link = !files::refuse_link(path).ok();
+  return cut == size && !link ? Status::OK() : files::keep_prefix(path, cut);
 }
 
 // Rank 0, before anything is written. The directory becomes this job's (the lock, held until the
