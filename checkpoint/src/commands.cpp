@@ -204,6 +204,15 @@ Status append_decision(const LogArgs& a) {
   const std::string& run_dir = a.paths[0];
   std::error_code ec;
   if (!fs::is_directory(run_dir, ec)) return Status::BadInput("'" + run_dir + "' is not a run directory");
+  // incidents.log holds one record a line, key=value: a newline (or any control character) in a
+  // value would forge a line of its own. The message is for people and is cleaned when written.
+  for (const auto& [name, value] : {std::pair<const char*, const std::string*>{"host", &a.host}, {"exclude", &a.exclude},
+                                    {"resume-from", &a.resume_from}, {"next-job", &a.next_job}})
+    for (const unsigned char c : *value)
+      if (c < 0x20 || c == 0x7f)
+        return Status::BadInput(std::string("option '--") + name + "' holds a control character (" +
+                                (c == '\n' ? std::string("a newline") : "byte " + std::to_string(c)) +
+                                "): a job's decision is one line of the incident log");
   records::Incident inc;
   inc.step = a.step;
   inc.detector = Detector::kJobs;
@@ -222,13 +231,18 @@ std::vector<cli::Command> commands() {
                      1, true, [](const ToolArgs& a, std::string* out, int*) { return inspect(a.paths[0], a.json, out); }));
   out.push_back(tool("verify",
                      "recheck every fingerprint of a checkpoint, or of a run directory's checkpoints and traces",
-                     "culprit verify RUN|FILE   (exit 0 clean, 4 damaged)", 1, false,
+                     "culprit verify RUN|FILE   (exit 0 clean, 4 damaged, 2 no such run or in use, 6 unreadable)",
+                     1, false,
                      [](const ToolArgs& a, std::string* out, int* code) {
-                       bool clean = false;
-                       // verify's own result: anything it cannot read is damage.
-                       Status st = verify(a.paths[0], out, &clean);
-                       if (!st.ok()) return Status::Damaged(st.message());
-                       if (!clean) *code = kExitDamaged;
+                       bool clean = false, unreadable = false;
+                       // What verify could not start on keeps its category (no such file, a run in
+                       // use: 2; permissions: 6); what it found is damage.
+                       Status st = verify(a.paths[0], out, &clean, &unreadable);
+                       if (!st.ok() && st.code() != StatusCode::kBadInput && st.code() != StatusCode::kIo)
+                         return Status::Damaged(st.message());
+                       CULPRIT_RETURN_IF_ERROR(st);
+                       // Damage found wins; a file it could not read at all leaves the run unchecked.
+                       if (!clean) *code = unreadable ? kExitIo : kExitDamaged;
                        return Status::OK();
                      }));
   out.push_back(tool("diff", "compare two checkpoints tensor by tensor", "culprit diff A B   (exit 0 identical, 5 different)",

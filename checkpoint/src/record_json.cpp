@@ -57,12 +57,13 @@ Status write_file(const std::string& path, const std::string& text, bool atomic)
   return Status::OK();
 }
 
-Status open_record(const std::string& path, std::ifstream* in) {
-  in->open(path);
-  if (*in) return Status::OK();
-  std::error_code ec;
-  if (!fs::exists(path, ec)) return Status::BadInput("'" + path + "' does not exist");
-  return io_error("read", path);
+Status read_record_text(const std::string& path, const char* kind, std::string* text) {
+  const std::string what = std::string("a culprit ") + kind + " record";
+  const std::uint64_t limit = std::string(kind) == "audit" ? files::kMaxAuditBytes : files::kMaxJsonRecordBytes;
+  bool absent = false;
+  CULPRIT_RETURN_IF_ERROR(files::read_regular(path, limit, what.c_str(), text, &absent));
+  if (absent) return Status::BadInput("'" + path + "' does not exist");
+  return Status::OK();
 }
 
 Status field(const json& j, const std::string& name, const char* kind, std::string* out) {

@@ -89,38 +89,43 @@ json to_json(const Incident& i) {
 Incident incident_from(const json& j, int version) {
   Incident i;
   i.time = j.at("time").get<std::string>();
-  i.step = j.at("step").get<std::int64_t>();
+  i.step = integer_at<std::int64_t>(j, "step");
   i.detector = named<Detector>(j, "detector");
   Decision legacy{};
   if (version == 0 && i.detector == Detector::kJobs && parse_name(j.at("class").get<std::string>(), &legacy)) {
     i.cls = IncidentClass::kJobs;
-    i.job = JobDecision{legacy, field_or(j, "restart", 0), field_or(j, "exit_code", 0),
+    i.job = JobDecision{legacy, integer_or(j, "restart", 0), integer_or(j, "exit_code", 0),
                         field_or(j, "exclude", std::string()), field_or(j, "resume_from", std::string()),
                         field_or(j, "next_job", std::string())};
   } else {
     i.cls = named<IncidentClass>(j, "class");
   }
-  i.rank = j.at("rank").get<int>();
-  i.ranks = field_or(j, "ranks", i.rank >= 0 ? std::vector<int>{i.rank} : std::vector<int>());
-  i.micro_shard = field_or(j, "micro_shard", -1);
+  i.rank = integer_at<int>(j, "rank");
+  i.ranks = integers_or(j, "ranks", i.rank >= 0 ? std::vector<int>{i.rank} : std::vector<int>());
+  i.micro_shard = integer_or(j, "micro_shard", -1);
   i.tensor = field_or(j, "tensor", std::string());
   if (j.contains("what")) i.what = named<Subject>(j, "what");
-  i.sender = field_or(j, "sender", -1);
-  i.receiver = field_or(j, "receiver", -1);
+  i.sender = integer_or(j, "sender", -1);
+  i.receiver = integer_or(j, "receiver", -1);
   i.host = j.at("host").get<std::string>();
   i.device = j.at("device").get<std::string>();
   i.slurm_job_id = j.at("slurm_job_id").get<std::string>();
   if (j.contains("decision")) {
     JobDecision d;
     d.decision = named<Decision>(j, "decision");
-    d.restart = j.at("restart").get<int>();
-    d.exit_code = j.at("exit_code").get<int>();
+    d.restart = integer_at<int>(j, "restart");
+    d.exit_code = integer_at<int>(j, "exit_code");
     d.exclude = j.at("exclude").get<std::string>();
     d.resume_from = j.at("resume_from").get<std::string>();
     d.next_job = j.at("next_job").get<std::string>();
     i.job = d;
   }
   i.message = j.at("message").get<std::string>();
+  // A step is 1-based (-1: none; 0: before the first, as a silent rank at start-up is): a fault
+  // shown at step 0 or before is no record culprit writes, and would send a bisection nowhere.
+  if (i.step < -1 || (i.step < 1 && shows_a_fault(i)))
+    throw std::runtime_error("'step' is " + std::to_string(i.step) + ", not a step " +
+                             (shows_a_fault(i) ? "(1-based) a detector fired at" : "(1-based, 0 or -1)"));
   return i;
 }
 
@@ -137,6 +142,7 @@ std::string log_line(const Incident& i) {
   std::string msg = i.message;
   for (auto& c : msg)
     if (c == '"' || c == '\n') c = '\'';
+    else if (static_cast<unsigned char>(c) < 0x20 || c == 0x7f) c = ' ';  // one line, no terminal escapes
   return line + " message=\"" + msg + "\"";
 }
 
@@ -147,7 +153,7 @@ json to_json(const StepRange& r) {
   if (!r.reason.empty()) j["reason"] = r.reason;
   return j;
 }
-StepRange range_from(const json& j) { return {j.at("from").get<std::int64_t>(), j.at("to").get<std::int64_t>(), field_or<std::string>(j, "reason", "")}; }
+StepRange range_from(const json& j) { return {integer_at<std::int64_t>(j, "from"), integer_at<std::int64_t>(j, "to"), field_or<std::string>(j, "reason", "")}; }
 
 json to_json(const Diagnosis& d) {
   json j = header("diagnosis", kDiagnosisVersion);
@@ -184,32 +190,32 @@ json to_json(const Diagnosis& d) {
 Diagnosis diagnosis_from(const json& j) {
   Diagnosis d;
   d.verdict = named<Verdict>(j, "verdict");
-  d.step = j.at("step").get<std::int64_t>();
+  d.step = integer_at<std::int64_t>(j, "step");
   d.layer = j.at("layer").get<std::string>();
   if (!j.at("phase").get<std::string>().empty()) d.phase = named<Phase>(j, "phase");
-  d.rank = j.at("rank").get<int>();
+  d.rank = integer_at<int>(j, "rank");
   d.host = j.at("host").get<std::string>();
   d.device = j.at("device").get<std::string>();
   // Version 2's fields; a version 0 or 1 record has none of them.
-  d.candidates = field_or<std::vector<int>>(j, "candidates", {});
-  d.sample = field_or<std::int64_t>(j, "sample", -1);
+  d.candidates = integers_or<int>(j, "candidates", {});
+  d.sample = integer_or<std::int64_t>(j, "sample", -1);
   d.sample_file = field_or(j, "sample_file", std::string());
-  d.sample_offset = field_or<std::int64_t>(j, "sample_offset", -1);
-  d.reruns = j.at("reruns").get<int>();
-  d.reproduced = j.at("reproduced").get<int>();
+  d.sample_offset = integer_or<std::int64_t>(j, "sample_offset", -1);
+  d.reruns = integer_at<int>(j, "reruns");
+  d.reproduced = integer_at<int>(j, "reproduced");
   if (j.contains("coverage")) {
     const json& c = j.at("coverage");
-    d.coverage.first_step = c.at("first_step").get<std::int64_t>();
-    d.coverage.last_step = c.at("last_step").get<std::int64_t>();
+    d.coverage.first_step = integer_at<std::int64_t>(c, "first_step");
+    d.coverage.last_step = integer_at<std::int64_t>(c, "last_step");
     for (const auto& r : c.at("examined")) d.coverage.examined.push_back(range_from(r));
     for (const auto& r : c.at("not_examined")) d.coverage.not_examined.push_back(range_from(r));
   }
   if (j.contains("replay_faults"))
     for (const auto& f : j.at("replay_faults"))
-      d.replay_faults.push_back({f.at("step").get<std::int64_t>(), f.at("rank").get<int>(), f.at("host").get<std::string>(),
+      d.replay_faults.push_back({integer_at<std::int64_t>(f, "step"), integer_at<int>(f, "rank"), f.at("host").get<std::string>(),
                                  f.at("device").get<std::string>(), f.at("what").get<std::string>()});
   d.evidence = j.at("evidence").get<std::vector<std::string>>();
-  d.steps_replayed = j.at("steps_replayed").get<std::int64_t>();
+  d.steps_replayed = integer_at<std::int64_t>(j, "steps_replayed");
   d.seconds = j.at("seconds").get<double>();
   d.startup_seconds = j.at("startup_seconds").get<double>();
   d.slurm_job_id = field_or(j, "slurm_job_id", std::string());  // added within version 2
@@ -237,26 +243,25 @@ Status append_incident(const std::string& run_dir, Incident inc) {
 Status read_incidents(const std::string& run_dir, std::vector<Incident>* out) {
   out->clear();
   const auto path = (fs::path(run_dir) / "incidents.jsonl").string();
-  std::error_code ec;
-  if (!fs::exists(path, ec)) return Status::OK();
-  std::ifstream in;
-  CULPRIT_RETURN_IF_ERROR(open_record(path, &in));
-  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  std::size_t pos = 0;
-  for (int n = 1; pos < text.size(); ++n) {
-    const auto end = text.find('\n', pos);
-    const std::string line = text.substr(pos, end == std::string::npos ? std::string::npos : end - pos);
-    pos = end == std::string::npos ? text.size() : end + 1;
+  int fd = -1;
+  CULPRIT_RETURN_IF_ERROR(files::open_regular(path, files::kMaxIncidentFileBytes, "incident records", &fd));
+  if (fd < 0) return Status::OK();
+  // Line by line, each line bounded: neither a huge file nor one endless line is read whole.
+  files::LineReader lines(fd, path, files::kMaxRecordLine);
+  std::string line;
+  bool whole = false;
+  while (lines.next(&line, &whole)) {
     try {
       const json j = json::parse(line);
       out->push_back(incident_from(j, check_header(j, "incident", kIncidentVersion)));
     } catch (const std::exception& e) {
       // A last line without its newline is an append a crash (or a full disk) cut short: not a record.
-      if (end == std::string::npos) break;
-      return Status::Damaged("'" + path + "' line " + std::to_string(n) + " is not an incident record: " + e.what());
+      if (!whole) break;
+      return Status::Damaged("'" + path + "' line " + std::to_string(lines.line_number()) +
+                             " is not an incident record: " + e.what());
     }
   }
-  return Status::OK();
+  return lines.status();
 }
 
 bool shows_a_fault(const Incident& i) {

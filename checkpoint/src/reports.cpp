@@ -25,10 +25,10 @@ json to_json(const IntervalResult& r) {
 
 IntervalResult interval_from(const json& j) {
   IntervalResult r;
-  r.from = j.at("from").get<std::int64_t>();
-  r.to = j.at("to").get<std::int64_t>();
-  r.rank = j.at("rank").get<int>();
-  r.share = j.at("share").get<int>();
+  r.from = integer_at<std::int64_t>(j, "from");
+  r.to = integer_at<std::int64_t>(j, "to");
+  r.rank = integer_at<int>(j, "rank");
+  r.share = integer_at<int>(j, "share");
   r.reproduced = named<IntervalVerdict>(j, "verdict") == IntervalVerdict::kReproduced;
   r.detail = j.at("detail").get<std::string>();
   return r;
@@ -56,10 +56,10 @@ AuditReport audit_from(const json& j) {
   AuditReport a;
   a.run_dir = j.at("run_dir").get<std::string>();
   a.merged = !j.contains("share");
-  a.share = a.merged ? 0 : j.at("share").get<int>();
-  a.shares = j.at("shares").get<int>();
-  a.world_size = a.merged ? 0 : j.at("world_size").get<int>();
-  for (const auto& v : j.at("all_intervals")) a.all_intervals.push_back({v.at(0).get<std::int64_t>(), v.at(1).get<std::int64_t>()});
+  a.share = a.merged ? 0 : integer_at<int>(j, "share");
+  a.shares = integer_at<int>(j, "shares");
+  a.world_size = a.merged ? 0 : integer_at<int>(j, "world_size");
+  for (const auto& v : j.at("all_intervals")) a.all_intervals.push_back({integer<std::int64_t>(v.at(0), "all_intervals"), integer<std::int64_t>(v.at(1), "all_intervals")});
   for (const auto& v : j.at("intervals")) a.intervals.push_back(interval_from(v));
   a.damaged = j.at("damaged").get<std::vector<std::string>>();
   a.seconds = field_or(j, "seconds", 0.0);  // version 0 merges had none
@@ -91,17 +91,17 @@ json to_json(const ScreenReport& r) {
 ScreenReport screen_from(const json& j) {
   ScreenReport r;
   r.tests = j.at("tests").get<std::vector<std::string>>();
-  r.size = j.at("size").get<int>();
-  r.repetitions = j.at("repetitions").get<std::int64_t>();
+  r.size = integer_at<int>(j, "size");
+  r.repetitions = integer_at<std::int64_t>(j, "repetitions");
   r.seconds = j.at("seconds").get<double>();
   for (const auto& dj : j.at("devices")) {
     ScreenDevice d;
-    d.rank = dj.at("rank").get<int>();
+    d.rank = integer_at<int>(dj, "rank");
     d.host = dj.at("host").get<std::string>();
     d.device = dj.at("device").get<std::string>();
     d.verdict = named<DeviceVerdict>(dj, "verdict");
     for (const auto& t : r.tests) d.failures.push_back(dj.at("failures").at(t).get<int>());
-    d.first_failure = dj.at("first_failure").is_null() ? 0 : dj.at("first_failure").get<std::int64_t>();
+    d.first_failure = dj.at("first_failure").is_null() ? 0 : integer_at<std::int64_t>(dj, "first_failure");
     r.devices.push_back(d);
   }
   const auto ex = j.at("exclude").get<std::string>();

@@ -1,3 +1,7 @@
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -11,6 +15,7 @@
 #include "culprit/checkpoint_format.h"
 #include "culprit/checkpoint_tools.h"
 #include "culprit/h5.h"
+#include "culprit/run_files.h"
 #include "culprit/trace.h"
 #include "verify_run.h"
 
@@ -151,15 +156,30 @@ Status inspect(const std::string& path, bool json, std::string* out) {
   return Status::OK();
 }
 
-Status verify(const std::string& path, std::string* report, bool* clean) {
+Status verify(const std::string& path, std::string* report, bool* clean, bool* unreadable) {
   std::error_code ec;
   *clean = true;
+  bool io = false, damage = false;
+  // A file's failure: damage, or (an I/O error: permissions, EIO) a file that could not be checked.
+  const auto failed = [&](const Status& st) {
+    *clean = false;
+    (st.code() == StatusCode::kIo ? io : damage) = true;
+  };
   std::ostringstream os;
   std::vector<std::string> ckpts, traces;
   RunFacts facts;
   std::map<std::string, std::string> checkpoint_run_ids;  // and trace files'
   std::map<int, trace::TraceFile> trace_files;
+  // What cannot even be looked at (a directory on the way without search permission) is an I/O
+  // failure, not a missing run.
+  struct stat st_path{};
+  if (::stat(path.c_str(), &st_path) != 0 && errno != ENOENT && errno != ENOTDIR)
+    return Status::IoError("cannot read '" + path + "': " + std::strerror(errno));
   if (fs::is_directory(path, ec)) {
+    // A directory that cannot be listed would look like one holding nothing.
+    if (::access(path.c_str(), R_OK | X_OK) != 0)
+      return Status::IoError("cannot read the run directory '" + path + "': " + std::strerror(errno));
+    CULPRIT_RETURN_IF_ERROR(files::check_not_in_use(path, "culprit verify"));
     CULPRIT_RETURN_IF_ERROR(read_run_facts(path, &facts));
     for (const auto& [step, p] : list(path)) ckpts.push_back(p);
     traces = trace::list(path);
@@ -183,7 +203,7 @@ Status verify(const std::string& path, std::string* report, bool* clean) {
       checkpoint_run_ids[p] = id == c.meta.end() ? "" : id->second;
       os << "ok    " << p << " (step " << c.step << ", state " << fingerprint_hex(c.state_fingerprint) << ")\n";
     } else {
-      *clean = false;
+      failed(st);
       os << "FAIL  " << st.message() << "\n";
     }
   }
@@ -219,11 +239,14 @@ Status verify(const std::string& path, std::string* report, bool* clean) {
         merged = std::move(tf);
       }
     } else {
-      *clean = false;
+      failed(st);
       os << "FAIL  " << st.message() << "\n";
     }
   }
+  const bool files_clean = *clean;
   if (facts.has_run_json) verify_run_whole(path, facts, checkpoint_run_ids, trace_files, os, clean);
+  if (files_clean && !*clean) damage = true;
+  if (unreadable) *unreadable = io && !damage;
   *report = os.str();
   return Status::OK();
 }

@@ -16,9 +16,11 @@ namespace fs = std::filesystem;
 Status read_run_facts(const std::string& run_dir, RunFacts* out) {
   *out = RunFacts();
   const fs::path path = fs::path(run_dir) / "run.json";
-  std::ifstream in(path);
-  if (!in) return Status::OK();
-  const auto j = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
+  std::string text;
+  bool absent = false;
+  CULPRIT_RETURN_IF_ERROR(files::read_regular(path.string(), files::kMaxJsonRecordBytes, "a culprit run.json", &text, &absent));
+  if (absent) return Status::OK();
+  const auto j = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
   if (!j.is_object()) return Status::Damaged("'" + path.string() + "' is not a culprit run.json");
   out->has_run_json = true;
   if (j.contains("run_id") && j["run_id"].is_string()) out->run_id = j["run_id"].get<std::string>();
@@ -42,18 +44,27 @@ void fail(std::ostringstream& os, bool* clean, const std::string& line) {
 void check_metrics(const std::string& run_dir, const std::map<int, trace::TraceFile>& traces,
                    std::int64_t newest_checkpoint, std::ostringstream& os, bool* clean) {
   const std::string path = (fs::path(run_dir) / "metrics.jsonl").string();
-  std::ifstream in(path);
-  if (!in) return fail(os, clean, "'" + path + "' is missing");
+  int fd = -1;
+  const Status opened = files::open_regular(path, UINT64_MAX, "metrics lines", &fd);
+  if (!opened.ok()) return fail(os, clean, opened.message());
+  if (fd < 0) return fail(os, clean, "'" + path + "' is missing");
+  files::LineReader lines(fd, path, files::kMaxRecordLine);
   std::map<std::int64_t, float> trace_loss;
   if (!traces.empty())
     for (const auto& row : traces.begin()->second.steps) trace_loss[row.step] = row.loss;
-  std::int64_t last = -1, lineno = 0;
-  for (std::string line; std::getline(in, line);) {
-    ++lineno;
+  std::int64_t last = -1, torn = 0;
+  std::string line;
+  bool whole = false;
+  // Only the last line may be torn (what --resume cuts); a bad line with lines after it is damage.
+  while (lines.next(&line, &whole)) {
+    if (torn)
+      return fail(os, clean, "'" + path + "' line " + std::to_string(torn) +
+                                 " is not a metrics line, and lines follow it (only the last line may be torn)");
+    const std::int64_t lineno = lines.line_number();
     const auto j = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
     if (!j.is_object() || !j.contains("step") || !j["step"].is_number_integer()) {
-      os << "note  " << path << " line " << lineno << " is torn (a crash or full disk; --resume rewrites it)\n";
-      break;
+      torn = lineno;
+      continue;
     }
     const std::int64_t step = j["step"].get<std::int64_t>();
     if (last >= 0 && step != last + 1)
@@ -66,6 +77,8 @@ void check_metrics(const std::string& run_dir, const std::map<int, trace::TraceF
       return fail(os, clean, "'" + path + "' step " + std::to_string(step) + ": loss " + j["loss"].dump() +
                                  ", the lowest rank's trace records " + std::to_string(t->second) + " (not the same run?)");
   }
+  if (!lines.status().ok()) return fail(os, clean, lines.status().message());
+  if (torn) os << "note  " << path << " line " << torn << " is torn (a crash or full disk; --resume cuts it)\n";
   if (newest_checkpoint > 0 && last < newest_checkpoint)
     fail(os, clean, "'" + path + "' ends at step " + std::to_string(last) + ", before the newest checkpoint (step " +
                         std::to_string(newest_checkpoint) + ")");

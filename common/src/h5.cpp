@@ -3,6 +3,7 @@
 #include <atomic>
 #include "culprit/system.h"
 
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -67,12 +68,24 @@ std::int64_t Array::numel() const {
   return n;
 }
 
+// HDF5 opens a file by name, blocking: a fifo or device in place of a checkpoint or trace would
+// hang it (or read forever). Only a regular file is handed to HDF5 (a link is followed to one).
+Status regular_file(const std::string& path) {
+  struct stat s{};
+  if (::stat(path.c_str(), &s) != 0 || S_ISREG(s.st_mode) || S_ISDIR(s.st_mode)) return Status::OK();
+  const char* kind = S_ISFIFO(s.st_mode) ? "a fifo" : S_ISSOCK(s.st_mode) ? "a socket"
+                     : S_ISCHR(s.st_mode) || S_ISBLK(s.st_mode) ? "a device" : "not a file";
+  return Status::Damaged("'" + path + "' is " + kind + ", not a regular file: not an HDF5 checkpoint or trace "
+                         "(remove it, or put the run's own file back)");
+}
+
 Status open_read(const std::string& path, Handle* file) {
   std::error_code ec;
   if (!std::filesystem::exists(path, ec))
     return Status::BadInput("file '" + path + "' does not exist");
   if (std::filesystem::is_directory(path, ec))
     return Status::BadInput("'" + path + "' is a directory, not an HDF5 file");
+  CULPRIT_RETURN_IF_ERROR(regular_file(path));
   if (access(path.c_str(), R_OK) != 0)
     return Status::IoError("cannot read '" + path + "': " + std::strerror(errno));
   if (H5Fis_hdf5(path.c_str()) <= 0) {
@@ -142,6 +155,7 @@ Status read_array(const Handle& file, const std::string& path, const std::string
 namespace culprit::h5 {
 
 Status open_rw(const std::string& path, Handle* file) {
+  CULPRIT_RETURN_IF_ERROR(regular_file(path));
   hid_t id = H5Fopen(path.c_str(), H5F_ACC_RDWR, H5P_DEFAULT);
   if (id < 0) return Status::IoError("cannot open HDF5 file '" + path + "' for writing: " + error_stack());
   *file = Handle(id, H5Fclose);

@@ -1,6 +1,10 @@
 #include "culprit/fault_spec.h"
 
+#include <algorithm>
 #include <atomic>
+#include <cctype>
+#include <iterator>
+#include <vector>
 #include <chrono>
 #include <cmath>
 #include <cstring>
@@ -20,6 +24,11 @@ Status lookup(const std::string& key, const std::string& value, E* out) {
 }
 
 Status number(const std::string& key, const std::string& value, double* out) {
+  // Decimal only: std::stod would also take 0x3 (hex), inf, nan and leading blanks.
+  const bool decimal = !value.empty() && (std::isdigit(static_cast<unsigned char>(value[0])) || value[0] == '-' ||
+                                          value[0] == '+' || value[0] == '.') &&
+                       value.find_first_not_of("0123456789+-.eE") == std::string::npos;
+  if (!decimal) return Status::BadInput("--inject: " + key + "=" + value + " is not a decimal number");
   try {
     std::size_t used = 0;
     *out = std::stod(value, &used);
@@ -48,8 +57,50 @@ bool takes_stale(Phase p) {
   return p == Phase::kGrad || p == Phase::kParam || p == Phase::kData || p == Phase::kLr || p == Phase::kRng;
 }
 
+Status check_fault_text(const std::string& text) {
+  static const char* const keys[] = {"step", "rank", "layer", "index", "phase", "kind", "bit", "factor", "seconds", "mode", "p"};
+  std::vector<std::string> seen;
+  std::size_t at = 0;
+  for (;;) {
+    const std::size_t comma = text.find(',', at);
+    const std::string item = text.substr(at, comma == std::string::npos ? std::string::npos : comma - at);
+    if (item.empty())
+      return Status::BadInput("--inject: '" + text + "' has an empty item (a leading, trailing or doubled comma)");
+    const auto eq = item.find('=');
+    if (eq == std::string::npos) return Status::BadInput("--inject: '" + item + "' is not key=value");
+    const std::string key = item.substr(0, eq);
+    if (std::find(std::begin(keys), std::end(keys), key) == std::end(keys))
+      return Status::BadInput("--inject: unknown key '" + key +
+                              "' (valid: step, rank, layer, index, phase, kind, bit, factor, seconds, mode, p)");
+    if (std::find(seen.begin(), seen.end(), key) != seen.end())
+      return Status::BadInput("--inject: key '" + key + "' is given twice in '" + text.substr(0, 200) +
+                              (text.size() > 200 ? "..." : "") + "' (each key once)");
+    seen.push_back(key);
+    const std::string value = item.substr(eq + 1);
+    double ignored = 0;
+    if (key != "layer" && key != "phase" && key != "kind" && key != "mode" && !(key == "rank" && value == "all"))
+      CULPRIT_RETURN_IF_ERROR(number(key, value, &ignored));  // its range: parse_fault's
+    if (comma == std::string::npos) return Status::OK();
+    at = comma + 1;
+  }
+}
+
+Status check_fault_texts(const std::vector<std::string>& texts) {
+  std::size_t bytes = 0;
+  for (const auto& t : texts) {
+    CULPRIT_RETURN_IF_ERROR(check_fault_text(t));
+    bytes += t.size();
+  }
+  if (bytes > kMaxInjectBytes)
+    return Status::BadInput("--inject: " + std::to_string(texts.size()) + " fault(s) of " + std::to_string(bytes) +
+                            " bytes in all, more than " + std::to_string(kMaxInjectBytes) +
+                            " (the run records them in every checkpoint and trace header)");
+  return Status::OK();
+}
+
 Status parse_fault(const std::string& text, const std::vector<std::string>& layers, FaultSpec* out) {
   *out = FaultSpec();
+  CULPRIT_RETURN_IF_ERROR(check_fault_text(text));
   out->text = text;
   bool have_phase = false, have_layer = false;
   std::stringstream ss(text);

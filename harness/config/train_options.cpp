@@ -8,6 +8,8 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "culprit/run_files.h"
+#include "culprit/fault_spec.h"
 #include "culprit/harness.h"
 #include "culprit/system.h"
 #include "config/sizes.h"
@@ -192,10 +194,12 @@ opts::Table<C> make_table() {
 // The resolved configuration a run recorded in RUN/run.json.
 Status stored_config(const std::string& run_dir, std::string* ini) {
   const auto path = std::filesystem::path(run_dir) / "run.json";
-  std::ifstream in(path);
-  if (!in) return Status::BadInput("'" + run_dir + "' holds no run (no run.json)");
+  std::string text;
+  bool absent = false;
+  CULPRIT_RETURN_IF_ERROR(files::read_regular(path.string(), files::kMaxJsonRecordBytes, "a culprit run.json", &text, &absent));
+  if (absent) return Status::BadInput("'" + run_dir + "' holds no run (no run.json)");
   try {
-    auto j = nlohmann::json::parse(in);
+    auto j = nlohmann::json::parse(text);
     *ini = j.at("config").get<std::string>();
   } catch (const std::exception& e) {
     return Status::Damaged("'" + path.string() + "' is not a culprit run.json");
@@ -313,12 +317,30 @@ Status parse_train_options(const std::vector<std::string>& args, TrainConfig* cf
   return Status::OK();
 }
 
-Status load_run_config(const std::string& run_dir, TrainConfig* cfg) {
+Status parse_recorded_config(const std::string& ini, TrainConfig* cfg) {
   *cfg = TrainConfig();
+  CULPRIT_RETURN_IF_ERROR(train_options().parse_ini(ini, cfg, /*allow_unknown=*/true));
+  apply_recorded_defaults(ini, cfg);
+  return Status::OK();
+}
+
+std::string first_critical_difference(const TrainConfig& a, const TrainConfig& b, std::string* a_value,
+                                      std::string* b_value) {
+  const auto& table = train_options();
+  for (const auto& key : table.critical()) {
+    *a_value = table.value_text(a, key);
+    *b_value = table.value_text(b, key);
+    if (*a_value != *b_value) return key;
+  }
+  a_value->clear();
+  b_value->clear();
+  return "";
+}
+
+Status load_run_config(const std::string& run_dir, TrainConfig* cfg) {
   std::string stored;
   CULPRIT_RETURN_IF_ERROR(stored_config(run_dir, &stored));
-  CULPRIT_RETURN_IF_ERROR(train_options().parse_ini(stored, cfg, /*allow_unknown=*/true).prefixed("'" + run_dir + "/run.json'"));
-  apply_recorded_defaults(stored, cfg);
+  CULPRIT_RETURN_IF_ERROR(parse_recorded_config(stored, cfg).prefixed("'" + run_dir + "/run.json'"));
   cfg->run_dir = run_dir;
   return Status::OK();
 }
@@ -326,6 +348,8 @@ Status load_run_config(const std::string& run_dir, TrainConfig* cfg) {
 Status validate(const TrainConfig& c, int world) {
   if (c.run_dir.empty()) return Status::BadInput("option '--run-dir' is required");
   CULPRIT_RETURN_IF_ERROR(train_options().validate(c));
+  // The faults' form and size before anything is written (their layers: once the model exists).
+  CULPRIT_RETURN_IF_ERROR(check_fault_texts(c.inject));
   const int m = c.micro_shards;
   if (m < 1 || (m & (m - 1)) != 0)
     return Status::BadInput("option '--micro-shards' must be a power of two in [1, 1048576], got " + std::to_string(m));

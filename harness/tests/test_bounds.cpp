@@ -153,7 +153,13 @@ TEST(InjectBounds, EveryKeyHasARange) {
   EXPECT_EQ(msg("step=1,bit=32,phase=grad,layer=fc1"), "--inject: bit must be an integer in [0, 31], got 32");
   EXPECT_EQ(msg("step=1,p=2,phase=data"), "--inject: p must be a number in [0, 1], got 2");
   EXPECT_EQ(msg("step=1,seconds=1e9,phase=data"), "--inject: seconds must be a number in [0, 86400], got 1e9");
-  EXPECT_EQ(msg("step=1,factor=nan,phase=data"), "--inject: factor=nan is not a finite number");
+  // Decimal numbers only (std::stod would take nan, inf and hex): nan is refused as such.
+  EXPECT_EQ(msg("step=1,factor=nan,phase=data"), "--inject: factor=nan is not a decimal number");
+  EXPECT_EQ(msg("step=1,factor=1e999,phase=data"), "--inject: factor=1e999 is not a finite number");
+  EXPECT_EQ(msg("step=0x3,phase=data"), "--inject: step=0x3 is not a decimal number");
+  EXPECT_EQ(msg("step=3,phase=data,"), "--inject: 'step=3,phase=data,' has an empty item (a leading, trailing or doubled comma)");
+  EXPECT_EQ(msg("step=3,step=4,phase=data"), "--inject: key 'step' is given twice in 'step=3,step=4,phase=data' (each key once)");
+  EXPECT_FALSE(h::check_fault_texts(std::vector<std::string>(3000, "step=3,phase=data")).ok());
   EXPECT_TRUE(h::parse_fault("step=3,rank=1,phase=grad,layer=fc1,index=7,bit=31", {"fc1"}, &f).ok());
 }
 

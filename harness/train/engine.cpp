@@ -139,7 +139,9 @@ class EngineImpl : public Engine {
     trainer_ = std::make_unique<Trainer>(cfg_, layout_, data_, *model_);
     CULPRIT_RETURN_IF_ERROR(agree(comm, guarded(StatusCode::kInternal, "setup", [&] { return trainer_->init(StepMode::kReplay); })));
     CULPRIT_RETURN_IF_ERROR(trainer_->check_ranks_agree());
-    CULPRIT_RETURN_IF_ERROR(agree(comm, check_compatible(cfg_, data_, c, path)));
+    // The configuration as recorded (cfg), not the replay's own changes to it (cfg_: detectors and
+    // trace off), is what the checkpoint's must equal.
+    CULPRIT_RETURN_IF_ERROR(agree(comm, check_compatible(cfg, data_, c, path)));
     CULPRIT_RETURN_IF_ERROR(agree(comm, guarded(StatusCode::kInternal, "restoring " + path, [&] { return trainer_->restore(c); })));
     trainer_->begin_replay(c.step, comm.rank);
     return Status::OK();

@@ -17,27 +17,44 @@ namespace culprit::harness {
 
 namespace fs = std::filesystem;
 
-// Keeps the lines of metrics.jsonl up to step `keep` (a resumed run rewrites what follows). A torn
-// tail (a crash or a full disk mid-line: no newline, or a line that is not a JSON object with an
-// integer "step") ends what is kept; the rewrite goes through a temporary file and a rename, so a
-// crash during it leaves the old file whole.
+// Keeps the lines of metrics.jsonl up to step `keep` (a resumed run rewrites what follows). Each
+// line is a JSON object with an integer "step"; only the last line may fail that, torn by a crash
+// or a full disk mid-append (with or without its newline), and is cut. Any other line that fails it
+// is damage, named, and nothing is cut: the lines after it are the run's record. Read line by line
+// (a long run's file is never held whole); the rewrite copies the kept prefix to a temporary file
+// and renames it, so a crash during it leaves the old file whole.
 Status truncate_metrics(const std::string& path, std::int64_t keep) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return Status::OK();
-  std::string all((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  in.close();
-  std::string kept;
-  for (std::size_t at = 0; at < all.size();) {
-    const std::size_t end = all.find('\n', at);
-    if (end == std::string::npos) break;  // torn: no newline
-    const std::string line = all.substr(at, end - at);
-    at = end + 1;
+  int fd = -1;
+  std::uint64_t size = 0;
+  CULPRIT_RETURN_IF_ERROR(files::open_regular(path, UINT64_MAX, "metrics lines", &fd, &size));
+  if (fd < 0) return Status::OK();
+  files::LineReader lines(fd, path, files::kMaxRecordLine);
+  std::string line;
+  bool whole = false;
+  std::uint64_t cut = size;  // the kept prefix: the lines before the first after `keep`, or a torn one
+  std::int64_t bad_line = 0;
+  std::string bad_why;
+  while (lines.next(&line, &whole)) {
+    if (bad_line) {  // a line follows the bad one: that one was not a torn tail
+      return Status::Damaged("'" + path + "' line " + std::to_string(bad_line) + " " + bad_why +
+                             ", and lines follow it: only the last line may be torn (a crash or a full disk); "
+                             "a line in the middle is damage, and --resume deletes nothing of it (repair or "
+                             "remove that line, then resume)");
+    }
     const auto j = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
-    if (!j.is_object() || !j.contains("step") || !j["step"].is_number_integer()) break;
-    if (j["step"].get<std::int64_t>() > keep) break;
-    kept += line + "\n";
+    if (!j.is_object() || !j.contains("step") || !j["step"].is_number_integer()) {
+      bad_line = lines.line_number();
+      bad_why = j.is_discarded() ? "is not JSON" : "is not a metrics line (a JSON object with an integer \"step\")";
+      if (cut == size) cut = lines.offset();
+      continue;
+    }
+    if (j["step"].get<std::int64_t>() > keep && cut == size) cut = lines.offset();
   }
-  return files::write_atomic(path, kept);
+  CULPRIT_RETURN_IF_ERROR(lines.status());
+  // A link there (read through: reading writes nothing) is replaced by the file it showed, so the
+  // appends that follow never write through it (run_files.h).
+  const bool link = !files::refuse_link(path).ok();
+  return cut == size && !link ? Status::OK() : files::keep_prefix(path, cut);
 }
 
 // Rank 0, before anything is written. The directory becomes this job's (the lock, held until the
@@ -72,9 +89,11 @@ Status prepare_run_dir(const TrainConfig& cfg) {
 Status stored_run_id(const std::string& run_dir, std::string* id) {
   id->clear();
   const std::string path = (fs::path(run_dir) / "run.json").string();
-  std::ifstream in(path);
-  if (!in) return Status::BadInput("'" + run_dir + "' holds no run (no run.json)");
-  const auto j = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
+  std::string text;
+  bool absent = false;
+  CULPRIT_RETURN_IF_ERROR(files::read_regular(path, files::kMaxJsonRecordBytes, "a culprit run.json", &text, &absent));
+  if (absent) return Status::BadInput("'" + run_dir + "' holds no run (no run.json)");
+  const auto j = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
   if (!j.is_object()) return Status::Damaged("'" + path + "' is not a culprit run.json");
   if (j.contains("run_id") && j["run_id"].is_string()) *id = j["run_id"].get<std::string>();
   return Status::OK();
@@ -105,8 +124,32 @@ Status find_checkpoint(const TrainConfig& cfg, const Comm& comm, ckpt::Checkpoin
   return ckpt::find_valid(comm, cfg.run_dir, ckpt::kAnyStep, ckpt::Pick::kNewest, c, from).prefixed("cannot resume");
 }
 
+// A checkpoint holds the configuration its run trained with, written with its state and checked
+// with it; run.json is a text file anyone may edit. A checkpoint of this run (its run identity is
+// run.json's, checked first) whose determinism-critical options differ from run.json's means
+// run.json no longer says what the run did: resuming would train on with the edited value and a
+// replay would compute other bits than the run did (a bisection would call that
+// software-nondeterminism). Damaged, naming the option and both values. The injected faults are not
+// compared (not critical: each invocation names its own) nor are options a run may change on
+// --resume (--steps, the detectors, checkpoint and trace retention).
+Status same_configuration(const TrainConfig& cfg, const ckpt::Checkpoint& c, const std::string& from) {
+  const auto it = c.meta.find("config");
+  if (it == c.meta.end() || it->second.empty()) return Status::OK();  // a checkpoint that does not say
+  TrainConfig theirs;
+  const Status st = parse_recorded_config(it->second, &theirs);
+  if (!st.ok()) return Status::Damaged("checkpoint '" + from + "' holds a configuration this culprit cannot read: " + st.message());
+  std::string ours_value, theirs_value;
+  const std::string key = first_critical_difference(cfg, theirs, &ours_value, &theirs_value);
+  if (key.empty()) return Status::OK();
+  return Status::Damaged("'" + (fs::path(cfg.run_dir) / "run.json").string() + "' says --" + key + " " + ours_value +
+                         " but checkpoint '" + from + "' of the same run was written with --" + key + " " +
+                         theirs_value + ": run.json was edited or replaced, and no longer says what the run computed "
+                         "(put back its --" + key + " " + theirs_value + "; a resumed run cannot change it)");
+}
+
 Status check_compatible(const TrainConfig& cfg, const Dataset& data, const ckpt::Checkpoint& c, const std::string& from) {
   CULPRIT_RETURN_IF_ERROR(ckpt::belongs(from, c, cfg.run_id));
+  CULPRIT_RETURN_IF_ERROR(same_configuration(cfg, c, from));
   auto want = c.meta_int.find("seed");
   if (want == c.meta_int.end() || static_cast<std::uint64_t>(want->second) != cfg.seed)
     return Status::BadInput("checkpoint '" + from + "' belongs to another run (seed differs)");

@@ -5,6 +5,7 @@
 #include <cstdio>
 
 #include "culprit/replay.h"
+#include "culprit/run_files.h"
 #include "replay_codec.h"
 
 namespace culprit::replay {
@@ -148,6 +149,9 @@ Status examine_step(harness::Engine& engine, const RunRecord& run, const Schema&
 }  // namespace
 
 Status run(const Options& opt, const Comm& comm, ReplayReport* out) {
+  // A run another job is writing (train, bisect) has traces and checkpoints in the middle of being
+  // written: "in use" (exit 2), never a damaged record. Rank 0 asks; every rank agrees.
+  CULPRIT_RETURN_IF_ERROR(agree(comm, comm.rank == 0 ? files::check_not_in_use(opt.run_dir, "culprit replay") : Status::OK()));
   RunRecord run;
   CULPRIT_RETURN_IF_ERROR(load_run(opt.run_dir, comm, &run));
   CULPRIT_RETURN_IF_ERROR(agree(comm, check_options(opt, run, comm)));

@@ -11,7 +11,7 @@ import h5py
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(__file__))
-from culprit_testlib import TempDirTest, run  # noqa: E402
+from culprit_testlib import EXIT_USAGE, TempDirTest, run  # noqa: E402
 import reference_trainer as ref  # noqa: E402
 
 PY = "/usr/bin/python3"
@@ -155,7 +155,7 @@ class Tools(TempDirTest):
         bad = run(["diff", ckpt(self.path("t"), 6)])
         self.assertEqual(bad.code, 2)
         missing = run(["verify", self.path("nope")])
-        self.assertEqual(missing.code, 4)
+        self.assertEqual(missing.code, EXIT_USAGE)  # no such run: bad input (README), not damage
         self.assertIn("does not exist", missing.err)
 
 

@@ -64,6 +64,27 @@ class Errors(TempDirTest):
         self.assert_refused(["train"] + self.rd() + ["--checkpoint-writers-per-host", "-2"], EXIT_USAGE,
                             "'--checkpoint-writers-per-host' must be in [0, 1024], got -2")
 
+    def test_inject_specs_are_refused_by_form_before_anything_is_written(self):
+        base = "rank=0,layer=fc1,phase=forward,kind=bitflip"
+        for spec, want in [("step=0x3," + base, "step=0x3 is not a decimal number"),
+                           ("step=3," + base + ",", "has an empty item (a leading, trailing or doubled comma)"),
+                           ("step=3,," + base, "has an empty item"),
+                           ("step=3,step=4," + base, "key 'step' is given twice"),
+                           ("step=3,bit=inf," + base, "bit=inf is not a decimal number"),
+                           ("step=3," + ",".join(["rank=0"] * 10000) + ",layer=fc1,phase=forward",
+                            "key 'rank' is given twice")]:
+            with self.subTest(spec=spec[:40]):
+                self.assert_refused(["train"] + self.rd("inj") + ["--steps", "2", "--inject", spec], EXIT_USAGE, want)
+                self.assertFalse(os.path.exists(self.path("inj")), "the run directory was made before the refusal")
+        many = ["--inject", "step=3,rank=0,layer=fc1,index=123456,phase=forward,kind=bitflip,bit=3"] * 400
+        self.assert_refused(["train"] + self.rd("inj") + ["--steps", "2"] + many, EXIT_USAGE,
+                            "400 fault(s) of", "more than 16384")
+        self.assertFalse(os.path.exists(self.path("inj")))
+        # Negative control: the same fault, well formed, trains.
+        r = run(["train", "--steps", "2", "--quiet", "--on-detect", "warn", "--inject", "step=1," + base],
+                run_dir=self.path("ok"))
+        self.assertEqual(r.code, 0, r.err)
+
     def test_device_cuda_without_cuda(self):
         # Debian's libtorch is CPU-only: --device cuda is refused plainly on every rank (with a
         # CUDA-enabled libtorch and no GPU it names the host instead; bench/gpu-check.sh trains on one).

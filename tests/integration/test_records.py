@@ -68,6 +68,50 @@ class Records(TempDirTest):
         self.assertTrue(line.endswith("message=\"say 'why'\""), line)
         self.assertEqual(self.field(d, "incident.decision", "--detector", "jobs"), "requeue")
 
+    def test_numbers_and_steps_of_a_record_are_checked(self):
+        d = self.path("r")
+        self.train("r", ARGS[:2] + ["--steps", "2", "--checkpoint-every", "2"])
+        res = run(["log", d, "--decision", "stop", "--message", "m"])
+        self.assertEqual(res.code, 0, res.err)
+        path = os.path.join(d, "incidents.jsonl")
+        with open(path) as f:
+            good = json.loads(f.readline())
+        fault = dict(good, detector="nonfinite", **{"class": "numerical"})
+        for k in ("decision", "restart", "exit_code", "exclude", "resume_from", "next_job"):
+            fault.pop(k)
+        for rec, needle in [(dict(good, step=1e30), "'step' is 1e+30, not an integer"),
+                            (dict(good, step=2 ** 70), "'step' is 1.1805916207174113e+21, not an integer"),
+                            (dict(good, rank=2 ** 40), "'rank' is 1099511627776, not an integer in"),
+                            (dict(fault, step=0), "'step' is 0, not a step (1-based) a detector fired at"),
+                            (dict(fault, step=-5), "'step' is -5")]:
+            with self.subTest(rec=needle):
+                with open(path, "w") as f:
+                    f.write(json.dumps(rec) + "\n")
+                res = self.report(d, "--field", "incident.step")
+                self.assertEqual(res.code, EXIT_DAMAGED, res.out + res.err)
+                self.assertIn("incidents.jsonl' line 1 is not an incident record: " + needle, res.err)
+                self.assertEqual(res.out, "")  # no value printed (1e30 was INT64_MIN)
+        # A fault at step 0 sends no bisection anywhere: damaged-record (4), not bad input.
+        b = run(["bisect", "--run-dir", d], world=2, use_mpirun=True)
+        self.assertEqual(b.code, EXIT_DAMAGED, b.out + b.err)
+        self.assertIn("damaged-record", b.out)
+
+    def test_log_refuses_control_characters(self):
+        d = self.path("r")
+        self.train("r", ARGS[:2] + ["--steps", "2", "--checkpoint-every", "2"])
+        for opt in ("--host", "--exclude", "--resume-from", "--next-job"):
+            with self.subTest(opt=opt):
+                res = run(["log", d, "--decision", "stop", opt, "node1\ntime=forged step=1 detector=jobs"])
+                self.assertEqual(res.code, EXIT_USAGE, res.err)
+                self.assertIn("option '%s' holds a control character (a newline)" % opt, res.err)
+                self.assertFalse(os.path.exists(os.path.join(d, "incidents.log")))
+        res = run(["log", d, "--decision", "stop", "--message", "two\nlines\x1b[2J"])
+        self.assertEqual(res.code, 0, res.err)
+        with open(os.path.join(d, "incidents.log")) as f:
+            lines = f.read().splitlines()
+        self.assertEqual(len(lines), 1, lines)
+        self.assertNotIn("\x1b", lines[0])
+
     def test_bad_input_damage_and_newer_versions(self):
         d = self.path("r")
         self.train("r", ARGS)

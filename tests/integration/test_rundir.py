@@ -4,6 +4,7 @@ deleted, a new run only in a directory holding nothing culprit writes (full, fai
 disks: test_disk.py). Real things throughout: concurrent mpirun jobs, real symbolic links."""
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -11,7 +12,7 @@ import time
 import unittest
 
 sys.path.insert(0, os.path.dirname(__file__))
-from culprit_testlib import (CULPRIT, EXIT_DAMAGED, EXIT_USAGE, MPIRUN, SMALL_MLP as ARGS, TempDirTest,  # noqa: E402
+from culprit_testlib import (CULPRIT, EXIT_DAMAGED, EXIT_IO, EXIT_USAGE, MPIRUN, SMALL_MLP as ARGS, TempDirTest,  # noqa: E402
                              metric_steps, run, tree_digest)
 
 FOREIGN = "'%s' belongs to another run (run_id "  # a foreign checkpoint or trace, refused by name
@@ -336,6 +337,194 @@ class TornTails(TempDirTest):
         r = run(["report", d, "--field", "incident.message", "--which", "last"])
         self.assertEqual(r.code, 0, r.err)
         self.assertIn("after", r.out)
+
+
+def small_run(test, name="run", world=2, steps=4):
+    """A finished run of `steps` steps checkpointed every 2 (its checkpoints and trace intact)."""
+    test.train(name, ["--steps", str(steps), "--checkpoint-every", "2"] + ARGS[:-1], world=world)
+    return test.path(name)
+
+
+def read_bytes(path):
+    with open(path, "rb") as f:
+        return f.read()
+
+
+class DamagedMetrics(TempDirTest):
+    """Only the last line of metrics.jsonl may be torn (a crash or a full disk mid-append): --resume
+    cuts that one (test_crash.TornTail). A damaged line with lines after it is damage: exit 4 naming
+    the line, and nothing of the file is deleted."""
+
+    def test_a_damaged_line_in_the_middle_is_refused_not_cut(self):
+        d = small_run(self)
+        path = os.path.join(d, "metrics.jsonl")
+        with open(path) as f:
+            lines = f.readlines()
+        self.assertEqual(len(lines), 4)
+        for i, bad in enumerate(('{"step": 2, "lo\n', "garbage\n", '{"loss": 1.0}\n')):
+            with self.subTest(bad=bad):
+                with open(path, "w") as f:
+                    f.writelines(lines[:1] + [bad] + lines[2:])
+                before = read_bytes(path)
+                self.assert_refused(["train", "--resume", "--steps", "6", "--run-dir", d] + ARGS, EXIT_DAMAGED,
+                                    "metrics.jsonl' line 2 ", "only the last line may be torn")
+                self.assertEqual(read_bytes(path), before)  # nothing lost
+                v = run(["verify", d])
+                self.assertEqual(v.code, EXIT_DAMAGED, v.out + v.err)
+                self.assertIn("metrics.jsonl' line 2 is not a metrics line, and lines follow it", v.out)
+        # Negative control: the same damage on the last line is a torn tail, cut by --resume.
+        with open(path, "w") as f:
+            f.writelines(lines + ['{"step": 5, "lo\n'])
+        r = run(["train", "--resume", "--steps", "6"] + ARGS, world=2, run_dir=d)
+        self.assertEqual(r.code, 0, r.err)
+        self.assertEqual(metric_steps(d), [1, 2, 3, 4, 5, 6])
+
+
+class EditedRunJson(TempDirTest):
+    """Every checkpoint holds the configuration the run trained with; run.json is a text file. A
+    hand-edited run.json is refused where a checkpoint is opened (resume, bisect, replay, audit):
+    exit 4 naming the option, never a verdict about the edited configuration's bits."""
+
+    def test_an_edited_critical_option_is_refused_everywhere(self):
+        d = small_run(self)
+        path = os.path.join(d, "run.json")
+        with open(path) as f:
+            j = json.load(f)
+        self.assertRegex(j["config"], r"(?m)^lr = 0\.1$")
+        original = read_bytes(path)
+        # Negative control: untouched, every command runs.
+        self.assertEqual(run(["replay", "--step", "3"], world=2, run_dir=d).code, 0)
+        j["config"] = re.sub(r"(?m)^lr = 0\.1$", "lr = 0.2", j["config"])
+        with open(path, "w") as f:
+            json.dump(j, f)
+        for args in (["train", "--resume", "--steps", "6"] + ARGS, ["replay", "--step", "3"], ["audit"]):
+            with self.subTest(args=args[0]):
+                self.assert_refused(args + ["--run-dir", d], EXIT_DAMAGED, "run.json' says --lr 0.2 but checkpoint",
+                                    "was written with --lr 0.1", "run.json was edited")
+        b = run(["bisect", "--run-dir", d], world=2, use_mpirun=True)
+        self.assertEqual(b.code, EXIT_DAMAGED, b.out + b.err)
+        self.assertIn("says --lr 0.2 but checkpoint", b.out + b.err)
+        self.assertNotIn("software-nondeterminism", b.out)
+        # Put back, the run resumes bitwise as before.
+        with open(path, "wb") as f:
+            f.write(original)
+        r = run(["train", "--resume", "--steps", "6"] + ARGS, world=2, run_dir=d)
+        self.assertEqual(r.code, 0, r.err)
+
+
+class RecordFiles(TempDirTest):
+    """A record is opened only if it is a regular file of a size its kind can have: a fifo never
+    hangs a reader, a huge file never exhausts its memory (exit 4 naming the file, at once)."""
+    REFUSAL_TIMEOUT = 60
+
+    def fifo(self, path):
+        if os.path.lexists(path):
+            os.remove(path)
+        os.mkfifo(path)
+
+    def test_a_fifo_in_place_of_a_record_is_refused_at_once(self):
+        d = small_run(self)
+        r = run(["log", d, "--decision", "stop", "--message", "m"])
+        self.assertEqual(r.code, 0, r.err)
+        cases = [("incidents.jsonl", ["report", d], "incidents.jsonl' is a fifo, not a regular file"),
+                 ("diagnosis.json", ["report", d, "--field", "diagnosis.verdict"], "diagnosis.json' is a fifo"),
+                 ("run.json", ["replay", "--step", "3", "--run-dir", d], "run.json' is a fifo"),
+                 ("run.json", ["bisect", "--run-dir", d], "run.json' is a fifo")]
+        for name, args, want in cases:
+            with self.subTest(name=name, command=args[0]):
+                saved = self.path("saved-" + name)
+                src = os.path.join(d, name)
+                if os.path.exists(src) and not os.path.exists(saved):
+                    shutil.copy(src, saved)
+                self.fifo(src)
+                self.assert_refused(args, EXIT_DAMAGED, want, world=1 if args[0] == "report" else 2)
+                os.remove(src)
+                if os.path.exists(saved):
+                    shutil.copy(saved, src)
+        # A checkpoint and a trace: verify names each and goes on, bisect refuses.
+        ckpt = os.path.join(d, "checkpoints", "step-00000002.h5")
+        self.fifo(ckpt)
+        v = run(["verify", d], timeout=60)
+        self.assertEqual(v.code, EXIT_DAMAGED, v.out + v.err)
+        self.assertIn("step-00000002.h5' is a fifo, not a regular file", v.out)
+        os.remove(ckpt)
+        trace = os.path.join(d, "trace", "rank-00001.h5")
+        shutil.copy(trace, self.path("trace"))
+        self.fifo(trace)
+        v = run(["verify", d], timeout=60)
+        self.assertEqual(v.code, EXIT_DAMAGED, v.out + v.err)
+        self.assertIn("rank-00001.h5' is a fifo", v.out)
+        b = run(["bisect", "--run-dir", d], world=2, use_mpirun=True, timeout=60)
+        self.assertEqual(b.code, EXIT_DAMAGED, b.out + b.err)
+        self.assertIn("is a fifo", b.out + b.err)
+
+    def test_a_huge_record_is_refused_without_reading_it(self):
+        d = small_run(self, world=1)
+        path = os.path.join(d, "incidents.jsonl")
+        with open(path, "w") as f:
+            f.truncate(4 << 30)  # sparse: 4 GiB of nothing
+        self.assert_refused(["report", d], EXIT_DAMAGED, "incidents.jsonl' is 4294967296 bytes, more than",
+                            world=1)
+        with open(path, "w") as f:
+            f.write('{"record": "incident", "version": 1, "message": "' + "x" * (2 << 20) + '"}\n')
+        self.assert_refused(["report", d], EXIT_DAMAGED, "incidents.jsonl' line 1 is longer than", world=1)
+        with open(os.path.join(d, "diagnosis.json"), "w") as f:
+            f.truncate(1 << 40)
+        os.remove(path)
+        self.assert_refused(["report", d, "--field", "diagnosis.verdict"], EXIT_DAMAGED,
+                            "diagnosis.json' is 1099511627776 bytes", world=1)
+
+
+class LiveRun(TempDirTest):
+    """A run another job is writing is "in use" (exit 2) to every command that reads it whole, never
+    damaged; verify's own failures keep their exit codes (no such run 2, unreadable 6)."""
+
+    def test_verify_and_replay_of_a_live_run_say_in_use(self):
+        d = self.path("run")
+        first = start(["train", "--steps", "200000", "--checkpoint-every", "10"] + ARGS, 2, d)
+        try:
+            wait_for_steps(d, 25, first)
+            self.assertEqual(os.stat(os.path.join(d, ".lock")).st_mode & 0o777, 0o600)
+            v = run(["verify", d])
+            self.assertEqual(v.code, EXIT_USAGE, v.out + v.err)
+            self.assertIn("is in use by culprit train (host ", v.err)
+            self.assertNotIn("FAIL", v.out)
+            self.assert_refused(["replay", "--step", "3", "--run-dir", d], EXIT_USAGE, "is in use by culprit train")
+            self.assertIsNone(first.poll())
+        finally:
+            subprocess.run(["pkill", "-9", "-s", str(first.pid)])
+            first.communicate(timeout=60)
+        v = run(["verify", d])  # the job ended: the run is whole up to its newest checkpoint
+        self.assertNotIn("in use", v.out + v.err)
+
+    def test_the_refusal_names_the_live_holder_not_a_dead_one(self):
+        import fcntl
+        d = small_run(self, world=1)
+        dead = subprocess.Popen(["true"])
+        dead.wait()
+        lock = os.path.join(d, ".lock")
+        with open(lock, "r+") as f:
+            f.truncate(0)
+            f.write("culprit train (host %s, pid %d, since 2026-01-01T00:00:00Z)\n" % (os.uname().nodename, dead.pid))
+            f.flush()
+            fcntl.flock(f, fcntl.LOCK_EX)
+            line = self.assert_refused(["train", "--resume", "--steps", "6", "--run-dir", d] + ARGS, EXIT_USAGE,
+                                       "is in use by another process on this host: pid %d " % os.getpid(),
+                                       "which has ended")
+            self.assertIn("pid %d" % dead.pid, line)  # said to have ended, not blamed
+
+    def test_verify_exit_codes_for_a_missing_or_unreadable_run(self):
+        self.assert_refused(["verify", self.path("nope")], EXIT_USAGE, "does not exist", world=1)
+        if os.getuid() != 0:
+            self.skipTest("needs root to run verify as another user")
+        d = small_run(self, world=1)
+        os.chmod(self.tmp, 0o755)
+        os.chmod(d, 0o700)
+        r = subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", CULPRIT, "verify", d],
+                           capture_output=True, text=True, timeout=60)
+        self.assertEqual(r.returncode, EXIT_IO, r.stdout + r.stderr)
+        self.assertIn("cannot read the run directory", r.stderr)
+        self.assertIn("Permission denied", r.stderr)
 
 
 if __name__ == "__main__":

@@ -58,6 +58,9 @@ struct Array {
   std::int64_t numel() const;
 };
 
+// Damaged unless `path` is a regular file (or absent, or a directory: open_read says those): HDF5
+// opens by name, and a fifo or device there would block it. open_read and open_rw check it.
+Status regular_file(const std::string& path);
 Status open_read(const std::string& path, Handle* file);
 // Opens for appending (serial, sec2 driver).
 Status open_rw(const std::string& path, Handle* file);

@@ -60,16 +60,80 @@ Status move(const std::string& from, const std::string& to);
 // Bytes available to this user on the filesystem holding `path` (statvfs).
 Status free_bytes(const std::string& path, std::uint64_t* out);
 
+// ---- reading a run's records ----
+// Records are data, not trusted (docs/architecture.md): a reader opens one only if it is a regular
+// file (a fifo would block the reader forever, a device never end) and no larger than its kind can
+// be (a huge or sparse file would exhaust memory). The open is O_NONBLOCK, and the type is checked
+// on the open descriptor (fstat), so nothing blocks before the check. A link is followed to its
+// target (reading through a link writes nothing), which must be a regular file too.
+
+// Opens `path` for reading: *fd >= 0 and *size its length; an absent file is OK with *fd = -1.
+// Not a regular file, or larger than `max_bytes`: Damaged naming the file, what it is and the limit
+// (`what` names the record kind, "incident records"). Other failures (permissions): IoError.
+Status open_regular(const std::string& path, std::uint64_t max_bytes, const char* what, int* fd,
+                    std::uint64_t* size = nullptr);
+
+// The whole of a record file (open_regular's checks): *absent says whether it was there at all.
+Status read_regular(const std::string& path, std::uint64_t max_bytes, const char* what, std::string* out,
+                    bool* absent = nullptr);
+
+// Reads a line-per-record file line by line, no line longer than `max_line` bytes (a longer one is
+// Damaged, naming its number). next() gives each line without its newline; *whole says whether it
+// ended with one (the last line of a file an append cut short does not). Returns false at the end
+// or on an error (status() says which).
+class LineReader {
+ public:
+  LineReader(int fd, std::string path, std::size_t max_line);
+  ~LineReader();
+  LineReader(const LineReader&) = delete;
+  LineReader& operator=(const LineReader&) = delete;
+  bool next(std::string* line, bool* whole);
+  std::int64_t line_number() const { return lineno_; }  // of the line next() gave, 1-based
+  std::uint64_t offset() const { return start_; }        // its first byte's offset in the file
+  const Status& status() const { return status_; }
+
+ private:
+  int fd_;
+  std::string path_;
+  std::size_t max_line_;
+  std::string buf_;
+  std::size_t at_ = 0;
+  bool eof_ = false;
+  std::uint64_t consumed_ = 0, start_ = 0;
+  std::int64_t lineno_ = 0;
+  Status status_;
+};
+
+// Replaces `path` with its first `length` bytes, atomically (copied to a fresh `path`.tmp,
+// fsynced, renamed): a crash leaves the old file or the shortened one. Streams: no size limit.
+Status keep_prefix(const std::string& path, std::uint64_t length);
+
+// Limits of the record kinds (docs/records.md): far above what a run writes, far below memory.
+constexpr std::uint64_t kMaxJsonRecordBytes = std::uint64_t{64} << 20;     // run.json, diagnosis, screen
+constexpr std::uint64_t kMaxAuditBytes = std::uint64_t{256} << 20;         // audit.json (an interval a line)
+constexpr std::uint64_t kMaxIncidentFileBytes = std::uint64_t{1} << 30;     // incidents.jsonl
+constexpr std::size_t kMaxRecordLine = std::size_t{1} << 20;                // one line of a .jsonl file
+
 // The run-directory lock: RUN/.lock, flock(2)-ed for the life of the process. Writers of the run
 // (train, bisect) hold it exclusively; audit, whose array shares read the run side by side and
 // write only their own parts, holds it shared. The kernel drops the lock when the process ends in
 // any way (exit, crash, SIGKILL), so a lock left by a crashed job is free again: a stale .lock
 // file is only a file. The file says who took it (command, host, pid, Slurm job, time) for the
-// one line a refused job prints. Taking it again in the same process succeeds (train --on-detect
-// diagnose runs bisect). Read-only commands (verify, diff, inspect, replay) never take it. A run
+// one line a refused job prints; a holder it names that is no longer alive on this host is not
+// named as the one in the way (another holder is, from /proc/locks where the kernel says). It is
+// created 0600: someone who may only read the run cannot lock it (nor keep its owner out).
+// Taking it again in the same process succeeds (train --on-detect diagnose runs bisect). A run
 // directory without run.json is not locked by bisect or audit (there is no run to guard).
 enum class Lock { kExclusive, kShared };
 Status lock_run_dir(const std::string& run_dir, const std::string& command, Lock mode = Lock::kExclusive);
+
+// For commands that only read a run (verify RUN, replay): the run must not be in the middle of
+// being written. Takes the lock shared for the life of the process when it can; a run another job
+// holds exclusively (train, bisect) is BadInput "in use", naming the holder, like a writer's
+// refusal. Takes nothing, and refuses nothing, when there is no .lock (no job ever wrote the run)
+// or it cannot be opened (a read-only archive, another user's run): nobody can be writing a run
+// that nobody could lock.
+Status check_not_in_use(const std::string& run_dir, const std::string& command);
 
 // A file of the run `ours` is one whose recorded run identity `theirs` is the same; a file or run
 // from before identities (either empty) passes. Otherwise BadInput naming `file` and both.

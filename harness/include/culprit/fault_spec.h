@@ -61,6 +61,15 @@ bool takes_stale(Phase p);
 // Parses one SPEC. `layers` are the model's layer names (for checking layer=); an unknown key,
 // phase, kind, mode or layer is an error listing the valid values.
 Status parse_fault(const std::string& text, const std::vector<std::string>& layers, FaultSpec* out);
+// What parse_fault checks of a SPEC's form before it knows the model: key=value items separated by
+// single commas (no empty item: a trailing or doubled comma is a mistake), known keys, each key
+// once, numbers in decimal (0x3, inf, " 3" are refused). BadInput naming the key or the item.
+Status check_fault_text(const std::string& text);
+// The --inject texts of one run together: each checked as above, and at most kMaxInjectBytes in
+// all (they are recorded in run.json, every checkpoint and every trace header; an HDF5 attribute
+// has a size limit). Checked before the run directory is touched.
+constexpr std::size_t kMaxInjectBytes = 16384;
+Status check_fault_texts(const std::vector<std::string>& texts);
 
 // Whether `spec` fires for this computation. `replay` is true when a step is being recomputed
 // (transient faults fire only in the original run). `occurrence` distinguishes repeated executions

@@ -230,6 +230,13 @@ Status parse_train_options(const std::vector<std::string>& args, TrainConfig* cf
 // The configuration a run recorded in RUN/run.json, injected faults included (replays simulate the
 // same faulty devices).
 Status load_run_config(const std::string& run_dir, TrainConfig* cfg);
+// A configuration as a run recorded it (run.json's or a checkpoint's INI text) into *cfg, read as
+// load_run_config reads it (options a run from before them lacks mean what culprit did then).
+Status parse_recorded_config(const std::string& ini, TrainConfig* cfg);
+// The first determinism-critical option whose value differs between two configurations ("" when
+// none does): its name, and each side's value as the INI text writes it.
+std::string first_critical_difference(const TrainConfig& a, const TrainConfig& b, std::string* a_value,
+                                      std::string* b_value);
 // RUN/run.json's "run_id" ("" for a run from before run identities).
 Status stored_run_id(const std::string& run_dir, std::string* id);
 // The fully resolved configuration as INI text (key = value per line), loadable with --config.
