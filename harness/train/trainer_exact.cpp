@@ -10,27 +10,11 @@
 #include <vector>
 
 #include "optim/exact_update.h"
+#include "train/state_values.h"
 #include "train/trainer.h"
 
 namespace culprit::harness {
 
-namespace {
-
-// A checkpointed tensor's values as float32 (n of them at most) into dst.
-void put_f32(const ckpt::RawTensor& r, float* dst, std::size_t n) {
-  auto t = torch::from_blob(const_cast<void*>(static_cast<const void*>(r.bytes.data())), r.shape,
-                            torch::TensorOptions().dtype(to_scalar(r.dtype)));
-  const at::Tensor c = t.to(torch::kFloat32).contiguous();
-  std::copy(c.data_ptr<float>(), c.data_ptr<float>() + std::min<std::size_t>(n, static_cast<std::size_t>(c.numel())), dst);
-}
-
-void put_live(const at::Tensor& t, float* dst) {
-  if (!t.defined()) return;
-  const at::Tensor c = t.detach().to(at::kCPU).to(torch::kFloat32).contiguous();
-  std::copy(c.data_ptr<float>(), c.data_ptr<float>() + c.numel(), dst);
-}
-
-}  // namespace
 
 bool Trainer::update_exact(const ckpt::Checkpoint& start, std::vector<float>* now, std::vector<float>* exact,
                            std::string* why) {
@@ -55,7 +39,7 @@ bool Trainer::update_exact(const ckpt::Checkpoint& start, std::vector<float>* no
     x.primary = exact->data() + P + off;
     x.n = n;
     x.decay = flat_.decay[i];
-    put_f32(*marked.at(name), x.p, n);
+    put(view_of(*marked.at(name)), x.p);
     std::vector<float> g(reduced_.begin() + static_cast<std::ptrdiff_t>(off),
                          reduced_.begin() + static_cast<std::ptrdiff_t>(off + n));
     if (cfg_.optim.clip_grad_norm > 0)
@@ -66,17 +50,17 @@ bool Trainer::update_exact(const ckpt::Checkpoint& start, std::vector<float>* no
     const auto first = marked.find(name + (sgd ? "/momentum_buffer" : "/exp_avg"));
     x.has_state = first != marked.end();
     if (x.has_state) {
-      put_f32(*first->second, x.primary, n);
+      put(view_of(*first->second), x.primary);
       if (!sgd) {
-        put_f32(*marked.at(name + "/exp_avg_sq"), x.second, n);
+        put(view_of(*marked.at(name + "/exp_avg_sq")), x.second);
         const auto& step = *marked.at(name + "/step");
         std::memcpy(&x.step, step.bytes.data(), std::min(sizeof x.step, step.bytes.size()));
       }
     }
     exact_update(cfg_.optim, opt_->lr(), &x);
     if (sgd && cfg_.optim.momentum == 0) std::fill(x.primary, x.primary + n, 0.0f);  // SGD keeps no buffer then
-    put_live(flat_.params[i].tensor, now->data() + off);
-    put_live(opt_->primary(flat_.params[i].tensor), now->data() + P + off);
+    put(flat_.params[i].tensor, now->data() + off);
+    put(opt_->primary(flat_.params[i].tensor), now->data() + P + off);
   }
   return true;
 }

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "culprit/rng.h"
+#include "train/state_values.h"
 #include "train/trainer.h"
 
 namespace culprit::harness {
@@ -113,18 +114,11 @@ void Trainer::shard_grad_f64(int k, int round, std::vector<double>* out) {
 
 namespace {
 
+// A marked tensor widened to float64 (an integer one as it is): always a copy, since the optimizer
+// step writes into it and the marked state must stay as it is.
 at::Tensor tensor_of(const ckpt::RawTensor& r) {
-  auto t = torch::from_blob(const_cast<void*>(static_cast<const void*>(r.bytes.data())), r.shape,
-                            torch::TensorOptions().dtype(to_scalar(r.dtype)));
-  // Always a copy: the optimizer step writes into it, and the marked state must stay as it is.
+  const at::Tensor t = view_of(r);
   return t.is_floating_point() ? t.to(torch::kFloat64, /*non_blocking=*/false, /*copy=*/true) : t.clone();
-}
-
-template <class T>
-void put(const at::Tensor& t, T* dst) {
-  if (!t.defined()) return;
-  const at::Tensor c = t.detach().to(at::kCPU).to(std::is_same_v<T, float> ? torch::kFloat32 : torch::kFloat64).contiguous();
-  std::copy(c.data_ptr<T>(), c.data_ptr<T>() + c.numel(), dst);
 }
 
 }  // namespace
