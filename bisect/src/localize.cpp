@@ -24,8 +24,8 @@ std::vector<ShardResult> allgather(const Comm& comm, const ShardResult& mine, st
   rec[0] = mine.grad_fp, rec[1] = mine.input_fp, rec[2] = lb, rec[3] = static_cast<std::uint64_t>(mine.rank);
   for (std::size_t i = 0; i < nl && i < mine.fwd.size(); ++i) rec[4 + i] = mine.fwd[i], rec[4 + nl + i] = mine.bwd[i];
   for (std::size_t i = 0; i < np && i < mine.param_grad.size(); ++i) rec[4 + 2 * nl + i] = mine.param_grad[i];
-  CULPRIT_MPI_CHECK(MPI_Allgather(rec.data(), static_cast<int>(len), MPI_UINT64_T, all.data(), static_cast<int>(len),
-                                  MPI_UINT64_T, comm.comm));
+  CULPRIT_COLLECTIVE(comm, "the bisection", MPI_Iallgather(rec.data(), static_cast<int>(len), MPI_UINT64_T, all.data(), static_cast<int>(len),
+                                  MPI_UINT64_T, comm.comm, &_culprit_req));
   std::vector<ShardResult> out(comm.size);
   for (int r = 0; r < comm.size; ++r) {
     const std::uint64_t* p = all.data() + static_cast<std::size_t>(r) * len;
@@ -84,17 +84,60 @@ struct ShardVote {
   const trace::ShardRow* row = nullptr;
   Arbitration arbiter;           // tried on a tie of two
 };
+// The data source as the third opinion on sample `sample` (data set index), which ranks 0 and 1
+// loaded as loads[0] and loads[1]: both ranks read it afresh outside the step (no batch, no device,
+// no step's fault). When the two reads agree, they say what the sample is, and the load equal to
+// them is the healthy one: loading is reading the source. A data record (prepare-data) that still
+// matches the sample's blocks says the file is as it was prepared; its absence is said, not needed.
+// Collective.
+Status witness_source(Context& ctx, int k, std::int64_t sample, const std::uint64_t* loads, ShardVote* sv) {
+  std::vector<Fingerprint> fp;
+  std::string source;
+  CULPRIT_RETURN_IF_ERROR(agree(ctx.comm, ctx.engine->source_samples({sample}, &fp, &source)));
+  const std::uint64_t mine = fp.empty() ? 0 : fp[0];
+  std::uint64_t read[2] = {0, 0};
+  CULPRIT_COLLECTIVE(ctx.comm, "the bisection", MPI_Iallgather(&mine, 1, MPI_UINT64_T, read, 1, MPI_UINT64_T, ctx.comm.comm, &_culprit_req));
+  const std::string K = "micro-shard " + std::to_string(k) + ": ranks 0 and 1 load data set index " +
+                        std::to_string(sample) + " unlike each other, and no third device's load of it is in the record; ";
+  if (read[0] != read[1]) {
+    ctx.note(K + "read afresh from " + source + ", it differs between the two ranks too: no third opinion");
+    return Status::OK();
+  }
+  const int h = read[0] == loads[0] ? 0 : read[0] == loads[1] ? 1 : -1;
+  if (h < 0) {
+    ctx.note(K + "read afresh from " + source + " on both ranks alike, it is as neither loaded it: no third opinion");
+    return Status::OK();
+  }
+  std::string vouch;
+  if (harness::Engine::has_data_record(ctx.run.cfg)) {
+    std::vector<harness::ChangedSample> changed;
+    std::string skipped;
+    CULPRIT_RETURN_IF_ERROR(agree(ctx.comm, ctx.engine->changed_samples({sample}, &changed, &skipped)));
+    vouch = !skipped.empty() ? "; " + skipped
+            : changed.empty() ? "; its stored bytes match the data record of culprit prepare-data"
+                              : "; its stored bytes changed since culprit prepare-data (" + changed[0].where + ")";
+  } else if (ctx.run.cfg.data.kind != harness::DataKind::kSynthetic) {
+    vouch = "; no data record (culprit prepare-data) vouches for the file, whose bytes both ranks read alike";
+  }
+  sv->o.more.push_back({kDataSourceDevice, sv->o.replay[h]});
+  sv->s = settle(sv->o);
+  ctx.note(K + "read afresh from " + source + " outside the step, on both ranks alike, it is as rank " + std::to_string(h) +
+           " loads it: the data source is the third opinion" + vouch);
+  return Status::OK();
+}
+
 // A tie of two over micro-shard k of the next step, whose input the two ranks load differently: the
 // first sample they load unlike each other, as any third device loaded the same data set index in
 // the run's record (a rank outside this world, in another step or micro-shard: the trace holds
 // every sample's fingerprint), is one more opinion: a device of its own, siding with the rank whose
-// load it matches. Collective (the search over the record is the same on every rank).
+// load it matches. Without one, the data source read afresh is (witness_source). Collective (the
+// search over the record is the same on every rank).
 Status witness_load(Context& ctx, int k, ShardVote* sv) {
   const auto& mine = sv->mine.sample_fps;
   const std::size_t n = mine.size();
   std::vector<std::uint64_t> both(2 * n);
-  CULPRIT_MPI_CHECK(MPI_Allgather(mine.data(), static_cast<int>(n), MPI_UINT64_T, both.data(), static_cast<int>(n),
-                                  MPI_UINT64_T, ctx.comm.comm));
+  CULPRIT_COLLECTIVE(ctx.comm, "the bisection", MPI_Iallgather(mine.data(), static_cast<int>(n), MPI_UINT64_T, both.data(), static_cast<int>(n),
+                                  MPI_UINT64_T, ctx.comm.comm, &_culprit_req));
   const auto idx = ctx.engine->shard_samples(k);
   for (std::size_t j = 0; j < n && j < idx.size(); ++j) {
     if (both[j] == both[n + j]) continue;
@@ -113,10 +156,11 @@ Status witness_load(Context& ctx, int k, ShardVote* sv) {
         return Status::OK();
       }
     }
-    break;  // the first differing sample decides, or nothing does
+    const std::uint64_t loads[2] = {both[j], both[n + j]};
+    return witness_source(ctx, k, idx[j], loads, sv);  // the first differing sample decides, or nothing does
   }
-  ctx.note("micro-shard " + std::to_string(k) + ": ranks 0 and 1 load its input unlike each other, and no third device's load "
-           "of the same samples is in the record");
+  ctx.note("micro-shard " + std::to_string(k) + ": ranks 0 and 1 load its input unlike each other, but every sample's "
+           "fingerprint alike: no third opinion");
   return Status::OK();
 }
 
@@ -164,7 +208,7 @@ void name_sample(Context& ctx, const ShardVote& sv, Finding* f) {
   while (from < ctx.W && sv.o.replay[from] != sv.s.healthy) ++from;
   std::vector<std::uint64_t> want(sv.mine.sample_fps.begin(), sv.mine.sample_fps.end());
   if (from >= ctx.W) from = sv.row->rank == 0 && ctx.W > 1 ? 1 : 0;  // a tie: a rank that did not record it
-  CULPRIT_MPI_CHECK(MPI_Bcast(want.data(), static_cast<int>(want.size()), MPI_UINT64_T, from, ctx.comm.comm));
+  CULPRIT_COLLECTIVE(ctx.comm, "the bisection", MPI_Ibcast(want.data(), static_cast<int>(want.size()), MPI_UINT64_T, from, ctx.comm.comm, &_culprit_req));
   const auto& got = f->reference.sample_fps;
   for (std::size_t i = 0; i < got.size() && i < want.size(); ++i)
     if (got[i] != want[i]) {
@@ -205,8 +249,8 @@ void judge_shard(Context& ctx, const ShardVote& sv, Finding* f, Evidence* ev) {
       if (ev->input_differs) name_sample(ctx, sv, f);
       ctx.note(K + (s.ambiguous ? ": ranks " + rank_list(s.candidates) +
                                       " each reproduce their own result, rerun after rerun: one of them is persistently "
-                                      "faulty, and no third opinion (reruns, the float64 recomputation, another device's load "
-                                      "of the samples) tells which (bisect with 3 or more ranks, or screen both)"
+                                      "faulty, and no third opinion (reruns, the float64 recomputation, another device's load of "
+                                      "the samples, the data source read afresh) tells which (bisect with 3 or more ranks, or screen both)"
                                 : ": the record and the replays on " + std::to_string(ctx.W) +
                                       " ranks give no result two devices agree on (ranks " + rank_list(s.candidates) + ")"));
       return;
@@ -313,7 +357,7 @@ Status rerun(Context& ctx, Finding* f, Evidence* ev) {
   }
   CULPRIT_RETURN_IF_ERROR(agree(ctx.comm, st));
   int total = 0;
-  CULPRIT_MPI_CHECK(MPI_Allreduce(&reproduced, &total, 1, MPI_INT, MPI_SUM, ctx.comm.comm));
+  CULPRIT_COLLECTIVE(ctx.comm, "the bisection", MPI_Iallreduce(&reproduced, &total, 1, MPI_INT, MPI_SUM, ctx.comm.comm, &_culprit_req));
   ev->reproduced = total;
   ctx.d->reruns = reruns;
   ctx.d->reproduced = total;

@@ -45,6 +45,9 @@ Settlement settle(const Opinions& o);
 
 // The float64 recomputation as an opinion: a device of its own in Opinions::more.
 constexpr int kArbiterDevice = -2;
+// The data source read afresh outside the step, alike on both ranks of a tie over a load
+// (localize.cpp: witness_load): a device of its own holding the value of the rank whose load it is.
+constexpr int kDataSourceDevice = -3;
 // The arbiter measures each device's float32 gradient against the float64 one over the elements
 // where the two devices' results differ (relative: ||g32 - g64|| / ||g64|| there). It sides with
 // one device when the other's distance is at least kArbiterGap times larger and at least

@@ -89,6 +89,14 @@ std::shared_ptr<const ShardSamples> SampleLoader::fetch(std::int64_t step, int k
   return s;
 }
 
+std::shared_ptr<const ShardSamples> SampleLoader::read_alone(const std::vector<std::int64_t>& idx) {
+  for (auto& [key, p] : ahead_) wait(p.done);
+  std::shared_future<void> done;
+  auto s = start(idx, &done, /*ahead=*/false);
+  wait(done);
+  return s;
+}
+
 double SampleLoader::take_wait_seconds() { return std::exchange(wait_, 0.0); }
 
 double SampleLoader::take_read_seconds() {

@@ -44,6 +44,10 @@ class SampleLoader {
   // The samples `idx` of micro-shard k of `step`: the read-ahead's when it read these very samples
   // (waiting for it), else read now. Forgets every read-ahead of earlier steps.
   std::shared_ptr<const ShardSamples> fetch(std::int64_t step, int k, const std::int64_t* idx, std::size_t count);
+  // The samples `idx` read now by the data source alone, after every read ahead has finished (so
+  // nothing else uses the source meanwhile), on the thread an HDF5 source must use: the sample as
+  // stored, outside any step's batch (the bisection's witness of a load, bisect/src/localize.cpp).
+  std::shared_ptr<const ShardSamples> read_alone(const std::vector<std::int64_t>& idx);
   // Seconds fetch() waited for reads since the last call (the read stall of a step).
   double take_wait_seconds();
   // Seconds the reads themselves took since the last call (hidden behind compute when ahead).

@@ -212,6 +212,17 @@ class EngineImpl : public Engine {
       out->push_back({d.sample, d.where.file, d.where.offset, d.block_offset, d.block_bytes, d.where.text()});
     return Status::OK();
   }
+  Status source_samples(const std::vector<std::int64_t>& idx, std::vector<Fingerprint>* out,
+                        std::string* source) override {
+    switch (cfg_.data.kind) {
+      case DataKind::kSynthetic: *source = "the synthetic data set (each sample a function of the seed and its index)"; break;
+      case DataKind::kPython: *source = "the script's data set"; break;
+      default: *source = "the file '" + cfg_.data.path + "'";
+    }
+    Status st;
+    *out = trainer_->source_sample_fps(idx, &st);
+    return st;
+  }
   std::string sample_location(std::int64_t i, std::string* file, std::int64_t* offset) override {
     if (i < 0 || i >= data_.n) return "";
     const SampleLocation loc = data_.reader->locate(i);

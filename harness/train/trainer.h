@@ -99,6 +99,9 @@ class Trainer {
   // The same update re-executed element by element in float32 in libtorch's operation order
   // (trainer_exact.cpp): *exact, its bits, laid out as *now. False, with *why, where it cannot be.
   bool update_exact(const ckpt::Checkpoint& start, std::vector<float>* now, std::vector<float>* exact, std::string* why);
+  // The samples `idx` as the data source gives them now, read outside any step (no batch, no data
+  // fault): each one's fingerprint as sample_fingerprints gives a loaded sample's. *st: the read's.
+  std::vector<Fingerprint> source_sample_fps(const std::vector<std::int64_t>& idx, Status* st);
   std::int64_t replayed() const { return done_; }
   // The first sample the data source refused since the last call (a file changed under the run).
   Status take_data_status() { return std::exchange(data_status_, Status::OK()); }

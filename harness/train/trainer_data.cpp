@@ -83,6 +83,15 @@ std::pair<at::Tensor, at::Tensor> Trainer::load_samples(std::int64_t s, int k, c
           rows(got, got->y, c.numel(), data_.y_shape, data_.y_dtype).clone()};
 }
 
+std::vector<Fingerprint> Trainer::source_sample_fps(const std::vector<std::int64_t>& idx, Status* st) {
+  const auto got = loader_->read_alone(idx);
+  *st = got->status;
+  std::vector<Fingerprint> out;
+  const std::size_t each = data_.x_bytes();
+  for (std::size_t i = 0; st->ok() && i < idx.size(); ++i) out.push_back(fingerprint_bytes(got->x.data() + i * each, each));
+  return out;
+}
+
 std::pair<at::Tensor, at::Tensor> Trainer::first_samples(std::int64_t n) {
   const at::Tensor idx = torch::arange(std::min(n, data_.n), torch::kLong);
   return load_samples(0, 0, idx);

@@ -312,11 +312,35 @@ class Localize(TempDirTest):
         g.manual_seed(1234 + (9 - 1) // 4)  # the seed, the epoch (96 samples / 24 a step)
         order = torch.randperm(96, generator=g)
         self.assertEqual(got["sample"], int(order[((9 - 1) % 4) * 24 + 1 * 6]))  # micro-shard 1's first sample
-        # The negative control: trained on two ranks, no third device ever loaded anything: a tie.
-        two = self.trained("load-tie-two", 2, ["--steps", "16", "--inject", spec])
-        got = self.bisect(two, 2, "data")
-        self.assertEqual((got["step"], got["rank"], got["candidates"]), (9, -1, [0, 1]), got)
 
+    def test_a_two_rank_tie_over_a_load_no_third_device_made_is_settled_by_the_data_source(self):
+        # Trained on two ranks, bisected on two: no third device ever loaded anything. Read afresh
+        # outside the step on both ranks alike, the data source says what the sample is: synthetic
+        # data recomputed, an HDF5 file read (and vouched for by its data record when one exists).
+        spec = "step=9,rank=1,index=4,phase=data,kind=bitflip,bit=22,mode=persistent"
+        g = torch.Generator()
+        g.manual_seed(1234 + (9 - 1) // 4)
+        truth = int(torch.randperm(96, generator=g)[((9 - 1) % 4) * 24 + 2 * 6])  # rank 1's first micro-shard (2)
+        x = np.random.default_rng(5).standard_normal((96, 20)).astype(np.float32)
+        bare, vouched = self.data("bare", x), self.data("vouched", x)
+        self.assertEqual(run(["prepare-data", "--data", "hdf5:" + vouched]).code, EXIT_OK)
+        for name, data, says in (("synthetic", [], "the synthetic data set"),
+                                 ("hdf5-bare", ["--data", "hdf5:" + bare], "no data record"),
+                                 ("hdf5-vouched", ["--data", "hdf5:" + vouched], "match the data record")):
+            with self.subTest(data=name):
+                d = self.trained("load-two-" + name, 2, data + ["--steps", "16", "--inject", spec])
+                got = self.bisect(d, 2, "data")
+                self.assertEqual((got["step"], got["phase"], got["rank"], got["candidates"], got["sample"]),
+                                 (9, "data", 1, [], truth), got)
+                said = [e for e in got["evidence"] if "the data source is the third opinion" in e]
+                self.assertTrue(any("data set index %d " % truth in e for e in said), got["evidence"])
+                for e in said:
+                    self.assertIn("as rank 0 loads it", e)
+                    self.assertIn(says, e)
+        # The negative control: the same run without the fault, bisected on two ranks: none.
+        clean = self.trained("load-two-clean", 2, ["--steps", "16"])
+        got = self.bisect(clean, 2, "none")
+        self.assertEqual((got["rank"], got["candidates"]), (-1, []), got)
 
 if __name__ == "__main__":
     import unittest

@@ -116,6 +116,12 @@ class Engine {
   virtual std::vector<std::int64_t> shard_samples(int k) = 0;
   // Local: the data set indices of micro-shard k of any 1-based step (the run's sample order).
   virtual std::vector<std::int64_t> shard_samples_of(std::int64_t step, int k) = 0;
+  // Local: the samples `idx` as the data source gives them, read afresh outside any step (no batch
+  // assembly, no device, no injected fault), each one's fingerprint as a loaded sample's
+  // (ShardResult::sample_fps); *source: what gave them, for people. The bisection's third opinion
+  // on a load two ranks disagree about (bisect/src/localize.cpp: witness_load).
+  virtual Status source_samples(const std::vector<std::int64_t>& idx, std::vector<Fingerprint>* out,
+                                std::string* source) = 0;
   // Local: those of `samples` whose stored bytes changed since prepare-data recorded the data file
   // (none without a record, or with synthetic data).
   // *skipped: why the record was not compared (of another file), or empty.
