@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "culprit/bisect.h"
+#include "culprit/watchdog.h"
 #include "culprit/compare.h"
 #include "culprit/engine.h"
 #include "culprit/records.h"

@@ -44,21 +44,26 @@ std::string sci(double v) {
 
 namespace {
 
+// Whether the two ranks' recomputations are bitwise equal (`bytes` bytes at `data`). Collective.
+bool same_on_both(const Context& ctx, const void* data, std::size_t bytes) {
+  const std::uint64_t fp = fingerprint_bytes(data, bytes);
+  std::uint64_t fps[2] = {0, 0};
+  CULPRIT_COLLECTIVE(ctx.comm, "the bisection", MPI_Iallgather(&fp, 1, MPI_UINT64_T, fps, 1, MPI_UINT64_T, ctx.comm.comm, &_culprit_req));
+  return fps[0] == fps[1];
+}
+
 // Both ranks' float32 values (n of them) against the float64 ones the ranks computed alike.
 // Collective.
 Status measure(Context& ctx, const std::vector<float>& mine, const std::vector<double>& wide, std::size_t n,
                Arbitration* out) {
   // Both ranks must get the same float64 bits: a fault that reaches float64 too, or a rank that
   // loads the input differently, leaves two float64 opinions, which decide nothing.
-  const std::uint64_t fp = fingerprint_bytes(wide.data(), wide.size() * sizeof(double));
-  std::uint64_t fps[2] = {0, 0};
-  CULPRIT_MPI_CHECK(MPI_Allgather(&fp, 1, MPI_UINT64_T, fps, 1, MPI_UINT64_T, ctx.comm.comm));
-  if (fps[0] != fps[1]) {
+  if (!same_on_both(ctx, wide.data(), wide.size() * sizeof(double))) {
     out->why = "the float64 recomputations differ between the ranks too";
     return Status::OK();
   }
   int have = mine.size() >= n && wide.size() >= n;
-  CULPRIT_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &have, 1, MPI_INT, MPI_MIN, ctx.comm.comm));
+  CULPRIT_COLLECTIVE(ctx.comm, "the bisection", MPI_Iallreduce(MPI_IN_PLACE, &have, 1, MPI_INT, MPI_MIN, ctx.comm.comm, &_culprit_req));
   if (!have) {
     out->why = "a rank has no float32 values of it to measure";
     return Status::OK();
@@ -67,8 +72,11 @@ Status measure(Context& ctx, const std::vector<float>& mine, const std::vector<d
   // over the same differing elements; rank 0's measurement is the one acted on.
   std::vector<float> theirs(n);
   const int other = 1 - ctx.comm.rank;
-  CULPRIT_MPI_CHECK(MPI_Sendrecv(mine.data(), static_cast<int>(n), MPI_FLOAT, other, 0, theirs.data(),
-                                 static_cast<int>(n), MPI_FLOAT, other, 0, ctx.comm.comm, MPI_STATUS_IGNORE));
+  MPI_Request sent = MPI_REQUEST_NULL;
+  CULPRIT_MPI_CHECK(MPI_Isend(mine.data(), static_cast<int>(n), MPI_FLOAT, other, 0, ctx.comm.comm, &sent));
+  CULPRIT_COLLECTIVE(ctx.comm, "the bisection",
+                     MPI_Irecv(theirs.data(), static_cast<int>(n), MPI_FLOAT, other, 0, ctx.comm.comm, &_culprit_req));
+  complete(ctx.comm, &sent, "the bisection");
   const std::vector<float> own(mine.begin(), mine.begin() + static_cast<std::ptrdiff_t>(n));
   const auto& g0 = ctx.comm.rank == 0 ? own : theirs;
   const auto& g1 = ctx.comm.rank == 0 ? theirs : own;
@@ -79,7 +87,7 @@ Status measure(Context& ctx, const std::vector<float>& mine, const std::vector<d
   }
   out->distance[0] = distance(g0, g0, g1, wide, n);
   out->distance[1] = distance(g1, g0, g1, wide, n);
-  CULPRIT_MPI_CHECK(MPI_Bcast(out->distance, 2, MPI_DOUBLE, 0, ctx.comm.comm));
+  CULPRIT_COLLECTIVE(ctx.comm, "the bisection", MPI_Ibcast(out->distance, 2, MPI_DOUBLE, 0, ctx.comm.comm, &_culprit_req));
   out->healthy = arbitrate(out->distance[0], out->distance[1]);
   const std::string both = "relative distances of ranks 0 and 1 to it where they differ: " + sci(out->distance[0]) + ", " +
                            sci(out->distance[1]);
@@ -136,16 +144,13 @@ Status referee_update(Context& ctx, Arbitration* out) {
     out->why = "no exact re-execution of the update (" + (st.ok() ? why : st.message()) + ")";
     return Status::OK();
   }
-  const std::uint64_t fp = fingerprint_bytes(exact.data(), exact.size() * sizeof(float));
-  std::uint64_t fps[2] = {0, 0};
-  CULPRIT_MPI_CHECK(MPI_Allgather(&fp, 1, MPI_UINT64_T, fps, 1, MPI_UINT64_T, ctx.comm.comm));
-  if (fps[0] != fps[1]) {
+  if (!same_on_both(ctx, exact.data(), exact.size() * sizeof(float))) {
     out->why = "the update re-executed element by element differs between the ranks too: no exact opinion";
     return Status::OK();
   }
   int mine = now.size() == exact.size() && std::memcmp(now.data(), exact.data(), now.size() * sizeof(float)) == 0;
   int equal[2] = {0, 0};
-  CULPRIT_MPI_CHECK(MPI_Allgather(&mine, 1, MPI_INT, equal, 1, MPI_INT, ctx.comm.comm));
+  CULPRIT_COLLECTIVE(ctx.comm, "the bisection", MPI_Iallgather(&mine, 1, MPI_INT, equal, 1, MPI_INT, ctx.comm.comm, &_culprit_req));
   if (equal[0] != equal[1]) {
     out->healthy = equal[0] ? 0 : 1;
     out->why = "the update re-executed element by element in float32 in libtorch's operation order (the same bits "

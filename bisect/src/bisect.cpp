@@ -72,7 +72,7 @@ Status open_earlier(Context* ctx, std::int64_t back, bool* none) {
   int any = 0;  // rank 0's listing of the shared run directory decides, for every rank
   if (ctx->comm.rank == 0)
     for (const auto& [step, path] : ckpt::list(ctx->opt.run_dir)) any = any || (step >= lo && step < ctx->start);
-  CULPRIT_MPI_CHECK(MPI_Bcast(&any, 1, MPI_INT, 0, ctx->comm.comm));
+  CULPRIT_COLLECTIVE(ctx->comm, "the bisection", MPI_Ibcast(&any, 1, MPI_INT, 0, ctx->comm.comm, &_culprit_req));
   if (!any) return Status::OK();
   const Status st = replay::open_engine_before(ctx->run, ctx->comm, ctx->start, ckpt::Pick::kOldest, ctx->layer,
                                                /*rotate=*/1, &ctx->engine, &ctx->checkpoint, lo);
@@ -84,7 +84,7 @@ Status open_earlier(Context* ctx, std::int64_t back, bool* none) {
   int older = 0;
   if (ctx->comm.rank == 0)
     for (const auto& [step, path] : ckpt::list(ctx->opt.run_dir)) older = older || step < ctx->engine->step();
-  CULPRIT_MPI_CHECK(MPI_Bcast(&older, 1, MPI_INT, 0, ctx->comm.comm));
+  CULPRIT_COLLECTIVE(ctx->comm, "the bisection", MPI_Ibcast(&older, 1, MPI_INT, 0, ctx->comm.comm, &_culprit_req));
   ctx->reached_oldest = !older;
   ctx->oldest = std::min(ctx->oldest, ctx->engine->step());
   return Status::OK();
@@ -260,8 +260,10 @@ static Status lock_run(const std::string& run_dir, const char* command) {
       .prefixed("removing the previous diagnosis before bisecting");
 }
 
-Status run(const Options& opt, const Comm& comm, records::Diagnosis* d) {
+Status run(const Options& opt, const Comm& given, records::Diagnosis* d) {
   const auto t0 = std::chrono::steady_clock::now();
+  const Watched watched(given, opt.collective_timeout);
+  const Comm& comm = watched.comm();
   *d = records::Diagnosis();
   CULPRIT_RETURN_IF_ERROR(agree(comm, comm.rank == 0 ? lock_run(opt.run_dir, "bisect") : Status::OK()));
   Context ctx(opt, comm, d);
@@ -269,6 +271,7 @@ Status run(const Options& opt, const Comm& comm, records::Diagnosis* d) {
   if (opened.code() == StatusCode::kDamaged) return damaged_record(ctx, opened);
   CULPRIT_RETURN_IF_ERROR(opened);
   d->startup_seconds = since(t0);
+  if (ctx.first) comm.watchdog->set_step(ctx.first->step);  // a silent rank's report names the halt's step
   ctx.note(std::string(ctx.first ? "first incident: step " + std::to_string(ctx.first->step) + " (" +
                                        name_of(ctx.first->detector) + ")"
                                  : "no incident: searching the whole trace") +

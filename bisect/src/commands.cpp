@@ -4,6 +4,7 @@
 
 #include "culprit/bisect.h"
 #include "culprit/exit_codes.h"
+#include "culprit/watchdog.h"
 
 namespace culprit::bisect {
 
@@ -20,6 +21,8 @@ const opts::Table<Options>& bisect_options() {
                             "checkpoint the search started from, for an earlier silent firing (-1: two of the run's "
                             "checkpoint intervals; 0: none)",
                             opts::Range<std::int64_t>{-1, 1'000'000'000}),
+      opts::number<Options>("collective-timeout", &Options::collective_timeout, kCollectiveTimeoutHelp,
+                            opts::Range<double>{1, 604800}.or_zero("wait forever")),
   });
   return table;
 }

@@ -94,12 +94,12 @@ Finding::Update compare_update(const Context& ctx, std::int64_t t, const StepRes
     }
   }
   int differs = u.reduced || !u.param.empty();
-  CULPRIT_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &differs, 1, MPI_INT, MPI_MAX, ctx.comm.comm));
+  CULPRIT_COLLECTIVE(ctx.comm, "the bisection", MPI_Iallreduce(MPI_IN_PLACE, &differs, 1, MPI_INT, MPI_MAX, ctx.comm.comm, &_culprit_req));
   if (!differs) return Finding::Update();
   int from = (u.reduced || !u.param.empty()) ? ctx.comm.rank : ctx.W;
-  CULPRIT_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &from, 1, MPI_INT, MPI_MIN, ctx.comm.comm));
+  CULPRIT_COLLECTIVE(ctx.comm, "the bisection", MPI_Iallreduce(MPI_IN_PLACE, &from, 1, MPI_INT, MPI_MIN, ctx.comm.comm, &_culprit_req));
   int flags[5] = {u.optimizer, u.reduced, u.param_rank, u.from_reduced, u.absorbed};
-  CULPRIT_MPI_CHECK(MPI_Bcast(flags, 5, MPI_INT, from, ctx.comm.comm));
+  CULPRIT_COLLECTIVE(ctx.comm, "the bisection", MPI_Ibcast(flags, 5, MPI_INT, from, ctx.comm.comm, &_culprit_req));
   u.optimizer = flags[0] != 0;
   u.reduced = flags[1] != 0;
   u.param_rank = flags[2];
@@ -141,7 +141,7 @@ Status check_data(Context& ctx, Finding* f, Evidence* ev) {
   // Each rank looks at the record on its own filesystem: they agree (the lowest answer) before any
   // of them enters the collectives below.
   int record = harness::Engine::has_data_record(ctx.run.cfg) ? 1 : 0;
-  CULPRIT_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &record, 1, MPI_INT, MPI_MIN, ctx.comm.comm));
+  CULPRIT_COLLECTIVE(ctx.comm, "the bisection", MPI_Iallreduce(MPI_IN_PLACE, &record, 1, MPI_INT, MPI_MIN, ctx.comm.comm, &_culprit_req));
   if (!record) return Status::OK();
   if (!ctx.engine) {  // the search is over: an engine for the run's sample order and data
     std::string path;
@@ -174,7 +174,7 @@ Status check_data(Context& ctx, Finding* f, Evidence* ev) {
   // changed_samples keeps the order it was given: the first is the worst micro-shard's.
   std::int64_t at = changed.empty() ? INT64_MAX
                                     : std::find(samples.begin(), samples.end(), changed[0].sample) - samples.begin();
-  CULPRIT_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &at, 1, MPI_INT64_T, MPI_MIN, ctx.comm.comm));
+  CULPRIT_COLLECTIVE(ctx.comm, "the bisection", MPI_Iallreduce(MPI_IN_PLACE, &at, 1, MPI_INT64_T, MPI_MIN, ctx.comm.comm, &_culprit_req));
   if (at == INT64_MAX) return Status::OK();
   const std::int64_t first = samples[static_cast<std::size_t>(at)];
   ev->data_changed = true;
@@ -217,7 +217,7 @@ Status check_step(Context& ctx, std::int64_t t, Finding* f, bool* differs) {
   StepCheck c{std::vector<int>(ctx.M, 0), std::vector<int>(ctx.map.rows.size(), 0)};
   StepResult sr;
   CULPRIT_RETURN_IF_ERROR(replay_shards(ctx, t, &c, &sr));
-  CULPRIT_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, c.bad.data(), ctx.M, MPI_INT, MPI_MAX, ctx.comm.comm));
+  CULPRIT_COLLECTIVE(ctx.comm, "the bisection", MPI_Iallreduce(MPI_IN_PLACE, c.bad.data(), ctx.M, MPI_INT, MPI_MAX, ctx.comm.comm, &_culprit_req));
   std::vector<int> bad;
   for (int k = 0; k < ctx.M; ++k)
     if (c.bad[k]) bad.push_back(k);
@@ -242,8 +242,7 @@ Status check_step(Context& ctx, std::int64_t t, Finding* f, bool* differs) {
   }
   const bool update_differs = u.reduced || !u.param.empty();
   c.rows.back() = update_differs;
-  CULPRIT_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, c.rows.data(), static_cast<int>(c.rows.size()), MPI_INT, MPI_MAX,
-                                  ctx.comm.comm));
+  CULPRIT_COLLECTIVE(ctx.comm, "the bisection", MPI_Iallreduce(MPI_IN_PLACE, c.rows.data(), static_cast<int>(c.rows.size()), MPI_INT, MPI_MAX, ctx.comm.comm, &_culprit_req));
   // A step redone after a fault in the bisection's own replay replaces its row of the map.
   if (!ctx.map.steps.empty() && ctx.map.steps.back() == t) {
     ctx.map.cells.back() = c.rows;

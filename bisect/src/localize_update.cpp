@@ -15,8 +15,8 @@ std::vector<std::vector<Fingerprint>> gather_updates(const Context& ctx, const S
   const auto state = ctx.update_state(sr.param_fps, sr.opt_fps);
   const std::size_t np = state.size();
   std::vector<std::uint64_t> mine(state.begin(), state.end()), all(np * ctx.W);
-  CULPRIT_MPI_CHECK(MPI_Allgather(mine.data(), static_cast<int>(np), MPI_UINT64_T, all.data(), static_cast<int>(np),
-                                  MPI_UINT64_T, ctx.comm.comm));
+  CULPRIT_COLLECTIVE(ctx.comm, "the bisection", MPI_Iallgather(mine.data(), static_cast<int>(np), MPI_UINT64_T, all.data(), static_cast<int>(np),
+                                  MPI_UINT64_T, ctx.comm.comm, &_culprit_req));
   std::vector<std::vector<Fingerprint>> out(ctx.W);
   for (int r = 0; r < ctx.W; ++r) out[r].assign(all.begin() + r * np, all.begin() + (r + 1) * np);
   return out;
@@ -52,8 +52,8 @@ void sharded_records(const Context& ctx, std::int64_t s, const std::vector<std::
     mine.insert(mine.end(), slice.begin(), slice.end());
   }
   std::vector<std::uint64_t> all(mine.size() * static_cast<std::size_t>(ctx.W));
-  CULPRIT_MPI_CHECK(MPI_Allgather(mine.data(), static_cast<int>(mine.size()), MPI_UINT64_T, all.data(),
-                                  static_cast<int>(mine.size()), MPI_UINT64_T, ctx.comm.comm));
+  CULPRIT_COLLECTIVE(ctx.comm, "the bisection", MPI_Iallgather(mine.data(), static_cast<int>(mine.size()), MPI_UINT64_T, all.data(),
+                                  static_cast<int>(mine.size()), MPI_UINT64_T, ctx.comm.comm, &_culprit_req));
   const std::size_t np = ctx.schema.params.size();
   auto copy_of = [&](const std::vector<Fingerprint>& state) { return std::vector<Fingerprint>(state.begin(), state.begin() + np); };
   for (std::size_t k = 0; k < rows.size(); ++k) {
@@ -131,7 +131,7 @@ Status corrupted_param(Context& ctx, std::int64_t s, Finding* f, bool* record_he
   CULPRIT_RETURN_IF_ERROR(agree(ctx.comm, ctx.engine->run_step_alone(&alone, ctx.round)));
   std::uint64_t mine = alone.grad_fp;
   std::vector<std::uint64_t> every(ctx.W);
-  CULPRIT_MPI_CHECK(MPI_Allgather(&mine, 1, MPI_UINT64_T, every.data(), 1, MPI_UINT64_T, ctx.comm.comm));
+  CULPRIT_COLLECTIVE(ctx.comm, "the bisection", MPI_Iallgather(&mine, 1, MPI_UINT64_T, every.data(), 1, MPI_UINT64_T, ctx.comm.comm, &_culprit_req));
   // Every rank's record of the reduced gradient is one opinion, the run's (it is a collective
   // result, the same on every rank unless a link corrupted what reached one); the steps computed
   // alone are independent ones: the value most of them agree on (two or more; one rank: its own).
@@ -165,7 +165,7 @@ Status corrupted_param(Context& ctx, std::int64_t s, Finding* f, bool* record_he
     const int i = replay::first_differing_param(alone_fps, it->second.reduced_fps);
     if (i >= 0) at = std::min(at, i);
   }
-  CULPRIT_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &at, 1, MPI_INT, MPI_MIN, ctx.comm.comm));
+  CULPRIT_COLLECTIVE(ctx.comm, "the bisection", MPI_Iallreduce(MPI_IN_PLACE, &at, 1, MPI_INT, MPI_MIN, ctx.comm.comm, &_culprit_req));
   if (at != INT32_MAX && static_cast<std::size_t>(at) < ctx.schema.params.size()) {
     f->update.param = ctx.schema.params[at];
     return Status::OK();
@@ -173,7 +173,7 @@ Status corrupted_param(Context& ctx, std::int64_t s, Finding* f, bool* record_he
   // Else the replay in the run's layout against the step computed alone.
   const int i = replay::first_differing_param(alone_fps, linked);
   at = i < 0 ? INT32_MAX : i;
-  CULPRIT_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &at, 1, MPI_INT, MPI_MIN, ctx.comm.comm));
+  CULPRIT_COLLECTIVE(ctx.comm, "the bisection", MPI_Iallreduce(MPI_IN_PLACE, &at, 1, MPI_INT, MPI_MIN, ctx.comm.comm, &_culprit_req));
   if (at != INT32_MAX && static_cast<std::size_t>(at) < ctx.schema.params.size()) f->update.param = ctx.schema.params[at];
   return Status::OK();
 }
@@ -212,7 +212,7 @@ int rerun_update(Context& ctx, const StepResult& first, UpdateVote* u, Status* s
     *st = agree(ctx.comm, ctx.engine->run_step(&again, ctx.round + i));
     if (!st->ok()) return i;
     int other = again.grad_fp != first.grad_fp || !again.comm_faults.empty();
-    CULPRIT_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &other, 1, MPI_INT, MPI_MAX, ctx.comm.comm));
+    CULPRIT_COLLECTIVE(ctx.comm, "the bisection", MPI_Iallreduce(MPI_IN_PLACE, &other, 1, MPI_INT, MPI_MAX, ctx.comm.comm, &_culprit_req));
     if (other) {
       ctx.note("step " + std::to_string(first.step) + ": redo " + std::to_string(i) +
                " reduced the gradient unlike the first replay; the redos stop");
@@ -266,7 +266,7 @@ int replay_deviates(const Context& ctx, const StepResult& r, const std::vector<F
   if (!r.comm_faults.empty()) return r.comm_faults[0].first;
   std::vector<int> bad(static_cast<std::size_t>(ctx.W), 0);
   for (int c = 0; alone_ok && c < ctx.W; ++c) bad[c] = chunks[c] != alone[c];
-  CULPRIT_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, bad.data(), ctx.W, MPI_INT, MPI_MAX, ctx.comm.comm));
+  CULPRIT_COLLECTIVE(ctx.comm, "the bisection", MPI_Iallreduce(MPI_IN_PLACE, bad.data(), ctx.W, MPI_INT, MPI_MAX, ctx.comm.comm, &_culprit_req));
   int n = 0, at = -1;
   for (int c = 0; c < ctx.W; ++c)
     if (bad[c]) ++n, at = c;
@@ -371,7 +371,7 @@ Status localize_update(Context& ctx, Finding* f, Evidence* ev) {
     auto it = rec.steps.find({r, s});
     if (it != rec.steps.end() && it->second.grad_fp != sr.grad_fp) reduced_here = 1;
   }
-  CULPRIT_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &reduced_here, 1, MPI_INT, MPI_MAX, ctx.comm.comm));
+  CULPRIT_COLLECTIVE(ctx.comm, "the bisection", MPI_Iallreduce(MPI_IN_PLACE, &reduced_here, 1, MPI_INT, MPI_MAX, ctx.comm.comm, &_culprit_req));
   // Or the search saw it differ: a persistent fault in a rank's own chunk comes back in this replay
   // exactly as recorded, and only the step computed alone tells.
   const bool reduced = reduced_here != 0 || f->update.reduced;

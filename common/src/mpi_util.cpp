@@ -60,12 +60,11 @@ std::vector<std::string> gather_lines(const Comm& comm, const std::vector<std::s
   for (const auto& l : mine) joined += l + '\n';
   int n = static_cast<int>(joined.size());
   std::vector<int> counts(comm.size), displs(comm.size);
-  CULPRIT_MPI_CHECK(MPI_Gather(&n, 1, MPI_INT, counts.data(), 1, MPI_INT, 0, comm.comm));
+  CULPRIT_COLLECTIVE(comm, "an agreement", MPI_Igather(&n, 1, MPI_INT, counts.data(), 1, MPI_INT, 0, comm.comm, &_culprit_req));
   int total = 0;
   for (int r = 0; r < comm.size; ++r) displs[r] = total, total += counts[r];
   std::string all(comm.rank == 0 ? static_cast<std::size_t>(total) : 0, '\0');
-  CULPRIT_MPI_CHECK(MPI_Gatherv(joined.data(), n, MPI_CHAR, all.data(), counts.data(), displs.data(), MPI_CHAR, 0,
-                                comm.comm));
+  CULPRIT_COLLECTIVE(comm, "an agreement", MPI_Igatherv(joined.data(), n, MPI_CHAR, all.data(), counts.data(), displs.data(), MPI_CHAR, 0, comm.comm, &_culprit_req));
   std::vector<std::string> out;
   for (std::size_t pos = 0; pos < all.size();) {
     const auto end = all.find('\n', pos);

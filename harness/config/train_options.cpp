@@ -146,7 +146,7 @@ opts::Table<C> make_table() {
     number<C>("spot-check", det(&DetectorOptions::spot_check), "recompute this fraction of micro-shards per step on another rank and compare bitwise (redundant computation; 0: off, 1: every micro-shard)", Range<double>{0, 1}),
     flag<C>("check-invariants", det(&DetectorOptions::invariants), "check training invariants: parameters change, gradients start at zero, each sample once per epoch, learning rate as scheduled, dropout masks differ"),
     // Below a second a busy but healthy rank would be named silent; a week outlasts any collective.
-    number<C>("collective-timeout", det(&DetectorOptions::collective_timeout), "seconds a rank waits in a collective (or for its checkpoint writer) before it names the silent rank(s) and ends the job (0: wait forever)", Range<double>{1, 604800}.or_zero("wait forever")),
+    number<C>("collective-timeout", det(&DetectorOptions::collective_timeout), "seconds a rank waits in a collective (or for its checkpoint writer) before it names the silent rank(s) and ends the job with exit 13 (0: wait forever)", Range<double>{1, 604800}.or_zero("wait forever")),
     choice<C>("trace", &C::trace, "off | step | layer: per-step fingerprint trace in RUN/trace/ (layer: also every layer's forward output and backward gradient)", kCritical),
     number<C>("trace-keep", &C::trace_keep, "keep at least the newest N steps of the trace: its files roll at checkpoints (each of N/4 steps, at least 64) and older files are deleted, except once the run has had an incident (0: keep the whole trace)", steps_or_off),
     number<C>("steps", &C::steps, "optimizer steps to run", Range<std::int64_t>{1, kMaxSteps}),

@@ -17,8 +17,6 @@
 
 namespace culprit::harness {
 
-namespace {
-
 // What the watchdog says goes to the run: a silent rank becomes a collective-timeout incident; a
 // writer stuck on a full disk is an I/O failure, not a silent rank.
 void report_to_the_run(Watchdog* w, const TrainConfig& cfg) {
@@ -48,7 +46,6 @@ void report_to_the_run(Watchdog* w, const TrainConfig& cfg) {
   });
 }
 
-}  // namespace
 
 Status train(const TrainConfig& given, const Comm& world, Env* env) {
   CULPRIT_RETURN_IF_ERROR(agree(world, validate(given, world.size)));

@@ -3,11 +3,20 @@
 
 #include "culprit/exit_codes.h"
 #include "culprit/harness.h"
+#include "culprit/records.h"
 #include "culprit/train.h"
 
 namespace culprit::harness {
 
 namespace {
+
+// The step a detection halted the run at: its first incident that shows a fault (-1: none readable).
+std::int64_t halted_step(const std::string& run_dir) {
+  std::vector<records::Incident> all;
+  if (!records::read_incidents(run_dir, &all).ok()) return -1;
+  const records::Incident* first = records::first_fault(all);
+  return first ? first->step : -1;
+}
 
 int run_train(const std::vector<std::string>& args, const AfterHalt& after_halt) {
   const Comm comm = cli::start_mpi();
@@ -24,7 +33,16 @@ int run_train(const std::vector<std::string>& args, const AfterHalt& after_halt)
   int code = exit_code(st);
   const bool detected = st.code() == StatusCode::kHardware || st.code() == StatusCode::kNumerical ||
                         st.code() == StatusCode::kInvariant;
-  if (detected && cfg.detect.on_detect == OnDetect::kDiagnose && after_halt) code = after_halt(comm, cfg.run_dir, code);
+  if (detected && cfg.detect.on_detect == OnDetect::kDiagnose && after_halt) {
+    // The diagnosis's collectives are bounded as training's were: a rank stopped during it is named
+    // and its host goes to the run's incidents at the halt's step, as during training.
+    Watchdog watchdog(comm, cfg.detect.collective_timeout);
+    report_to_the_run(&watchdog, cfg);
+    watchdog.set_step(halted_step(cfg.run_dir));
+    Comm watched = comm;
+    watched.watchdog = &watchdog;
+    code = after_halt(watched, cfg.run_dir, code);
+  }
   return cli::finish_mpi(code);
 }
 

@@ -8,6 +8,7 @@
 #include <map>
 #include <set>
 
+#include "culprit/watchdog.h"
 #include "culprit/replay.h"
 #include "culprit/run_files.h"
 
@@ -36,7 +37,7 @@ Status verify_checkpoints(const RunRecord& run, const Comm& comm, Ckpts* valid, 
     if (!st.ok()) ok[j] = 0, mine.push_back(st.message());
     if (st.ok() && foreign.ok()) foreign = ckpt::belongs(all[j].second, c, run.cfg.run_id);
   }
-  CULPRIT_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, ok.data(), static_cast<int>(ok.size()), MPI_INT, MPI_MIN, comm.comm));
+  CULPRIT_COLLECTIVE(comm, "the audit", MPI_Iallreduce(MPI_IN_PLACE, ok.data(), static_cast<int>(ok.size()), MPI_INT, MPI_MIN, comm.comm, &_culprit_req));
   *damaged = gather_lines(comm, mine);
   for (std::size_t j = 0; j < all.size(); ++j)
     if (ok[j]) valid->push_back(all[j]);
@@ -111,9 +112,8 @@ Status audit_share(const AuditOptions& opt, const RunRecord& run, const Ckpts& c
   std::vector<std::size_t> share_intervals;
   for (std::size_t i = 0; i + 1 < ckpts.size(); ++i)
     if (static_cast<int>(i % opt.shares) == opt.share) share_intervals.push_back(i);
-  MPI_Comm solo_comm;
-  CULPRIT_MPI_CHECK(MPI_Comm_split(comm.comm, comm.rank, 0, &solo_comm));
-  const Comm solo{solo_comm, 0, 1, comm.host};
+  // Each rank alone: MPI_COMM_SELF, no collective (a rank stopped here would hang a split).
+  const Comm solo{MPI_COMM_SELF, 0, 1, comm.host};
   std::vector<std::string> mine;
   Status failure;
   for (std::size_t n = 0; n < share_intervals.size() && failure.ok(); ++n) {
@@ -124,7 +124,6 @@ Status audit_share(const AuditOptions& opt, const RunRecord& run, const Ckpts& c
     r.share = opt.share;
     if (failure.ok()) mine.push_back(records::to_json_line(r));
   }
-  MPI_Comm_free(&solo_comm);
   CULPRIT_RETURN_IF_ERROR(agree(comm, failure));
   Status parsed;  // on rank 0, which alone holds the lines: every rank learns how it went
   for (const auto& line : gather_lines(comm, mine)) {
@@ -138,7 +137,9 @@ Status audit_share(const AuditOptions& opt, const RunRecord& run, const Ckpts& c
 
 }  // namespace
 
-Status audit(const AuditOptions& opt, const Comm& comm) {
+Status audit(const AuditOptions& opt, const Comm& given) {
+  const Watched watched(given, opt.collective_timeout);
+  const Comm& comm = watched.comm();
   if (opt.shares < 1 || opt.share < 0 || opt.share >= opt.shares)
     return agree(comm, Status::BadInput("option '--share': " + std::to_string(opt.share) + "/" +
                                         std::to_string(opt.shares) + " is not I/N with 0 <= I < N"));
@@ -162,6 +163,10 @@ Status audit(const AuditOptions& opt, const Comm& comm) {
     return agree(comm, Status::BadInput("'" + opt.run_dir + "' holds " + std::to_string(ckpts.size()) +
                                         " valid checkpoint(s): an audit needs two (an interval)"));
   for (std::size_t i = 0; i + 1 < ckpts.size(); ++i) report.all_intervals.push_back({ckpts[i].first, ckpts[i + 1].first});
+  if (comm.rank == 0) {  // what the wait is for, as bisect says it (stderr: stdout is the report)
+    std::fprintf(stderr, "culprit audit: replaying %zu interval(s) on %d rank(s)\n", report.all_intervals.size(), comm.size);
+    std::fflush(stderr);
+  }
   CULPRIT_RETURN_IF_ERROR(audit_share(opt, run, ckpts, comm, &report.intervals));
   Status verdict;
   if (comm.rank == 0) {

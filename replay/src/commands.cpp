@@ -2,6 +2,7 @@
 #include <cstdio>
 
 #include "culprit/replay.h"
+#include "culprit/watchdog.h"
 
 namespace culprit::replay {
 
@@ -52,6 +53,8 @@ const opts::Table<Options>& replay_options() {
                       "step | layer: layer compares every layer's forward output and backward gradient (when the run's "
                       "trace has them)"),
       opts::flag<O>("json", &O::json, "print the report as JSON (docs/records.md) instead of text"),
+      opts::number<O>("collective-timeout", &O::collective_timeout, kCollectiveTimeoutHelp,
+                      opts::Range<double>{1, 604800}.or_zero("wait forever")),
   });
   return table;
 }
@@ -60,6 +63,7 @@ const opts::Table<Options>& replay_options() {
 struct AuditArgs {
   std::string run_dir, share = "0/1", merge;
   std::vector<std::string> compare;
+  double collective_timeout = 300;
   AuditOptions audit;
 };
 
@@ -96,6 +100,8 @@ const opts::Table<AuditArgs>& audit_options() {
   using A = AuditArgs;
   static const opts::Table<A> table("culprit audit options", {
       opts::text<A>("run-dir", &A::run_dir, "the run whose checkpoint intervals to replay"),
+      opts::number<A>("collective-timeout", &A::collective_timeout, kCollectiveTimeoutHelp,
+                      opts::Range<double>{1, 604800}.or_zero("wait forever")),
       opts::custom<A>("share", "I/N: this array task's share of the intervals", set_share, [](const A& a) { return a.share; }),
       opts::text<A>("merge", &A::merge, "RUN: merge every share's part into RUN/audit.json"),
       opts::texts<A>("compare", &A::compare, "RUN_A RUN_B: where two runs meant to be identical differ", opts::kMultitoken),
@@ -109,6 +115,7 @@ Status check_audit(AuditArgs* a) {
     return Status::BadInput("audit takes --run-dir RUN [--share I/N], --merge RUN or --compare RUN_A RUN_B "
                             "(see culprit audit --help)");
   a->audit.run_dir = a->run_dir;
+  a->audit.collective_timeout = a->collective_timeout;
   return Status::OK();
 }
 

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cstdio>
 
+#include "culprit/watchdog.h"
 #include "culprit/replay.h"
 #include "culprit/run_files.h"
 #include "replay_codec.h"
@@ -74,7 +75,7 @@ std::vector<std::string> find_disagreements(const Comm& comm, const std::vector<
   const std::size_t W = static_cast<std::size_t>(comm.size);
   std::vector<Fingerprint> fps(shards.size() * W, 0), all(shards.size() * W, 0);
   for (std::size_t i = 0; i < shards.size() && chosen; ++i) fps[i * W + comm.rank] = results[i].grad_fp;
-  CULPRIT_MPI_CHECK(MPI_Allreduce(fps.data(), all.data(), static_cast<int>(fps.size()), MPI_UINT64_T, MPI_BOR, comm.comm));
+  CULPRIT_COLLECTIVE(comm, "the replay", MPI_Iallreduce(fps.data(), all.data(), static_cast<int>(fps.size()), MPI_UINT64_T, MPI_BOR, comm.comm, &_culprit_req));
   std::vector<std::string> mine;
   for (std::size_t i = 0; i < shards.size(); ++i) {
     int a = -1, b = -1;
@@ -88,11 +89,12 @@ std::vector<std::string> find_disagreements(const Comm& comm, const std::vector<
     const int tag = 9000 + static_cast<int>(i);
     const auto& grad = results[i].grad;
     if (comm.rank == b)
-      CULPRIT_MPI_CHECK(MPI_Send(grad.data(), static_cast<int>(grad.size()), MPI_FLOAT, a, tag, comm.comm));
+      CULPRIT_COLLECTIVE(comm, "the replay",
+                         MPI_Isend(grad.data(), static_cast<int>(grad.size()), MPI_FLOAT, a, tag, comm.comm, &_culprit_req));
     if (comm.rank != a) continue;
     std::vector<float> other(grad.size());
-    CULPRIT_MPI_CHECK(MPI_Recv(other.data(), static_cast<int>(other.size()), MPI_FLOAT, b, tag, comm.comm,
-                               MPI_STATUS_IGNORE));
+    CULPRIT_COLLECTIVE(comm, "the replay",
+                       MPI_Irecv(other.data(), static_cast<int>(other.size()), MPI_FLOAT, b, tag, comm.comm, &_culprit_req));
     for (std::size_t j = 0; j < other.size(); ++j)
       if (!same_bits(other[j], grad[j])) {
         mine.push_back(encode(to_json(Disagreement{a, b, static_cast<std::int64_t>(j), grad[j], other[j]}, shards[i])));
@@ -148,7 +150,9 @@ Status examine_step(harness::Engine& engine, const RunRecord& run, const Schema&
 
 }  // namespace
 
-Status run(const Options& opt, const Comm& comm, ReplayReport* out) {
+Status run(const Options& opt, const Comm& given, ReplayReport* out) {
+  const Watched watched(given, opt.collective_timeout);
+  const Comm& comm = watched.comm();
   // A run another job is writing (train, bisect) has traces and checkpoints in the middle of being
   // written: "in use" (exit 2), never a damaged record. Rank 0 asks; every rank agrees.
   CULPRIT_RETURN_IF_ERROR(agree(comm, comm.rank == 0 ? files::check_not_in_use(opt.run_dir, "culprit replay") : Status::OK()));
@@ -189,7 +193,7 @@ Status run(const Options& opt, const Comm& comm, ReplayReport* out) {
   say(text_examined(rep));
   if (comm.rank == 0 && opt.json) std::fputs(to_json(rep).c_str(), stdout);
   if (comm.rank == 0 && out) *out = rep;
-  CULPRIT_MPI_CHECK(MPI_Bcast(&mismatches, 1, MPI_INT, 0, comm.comm));
+  CULPRIT_COLLECTIVE(comm, "the replay", MPI_Ibcast(&mismatches, 1, MPI_INT, 0, comm.comm, &_culprit_req));
   if (mismatches == 0) return Status::OK();
   return Status::Differs("replay of step " + std::to_string(opt.step) + ": " + std::to_string(mismatches) +
                          " mismatch(es) with the trace");

@@ -3,8 +3,10 @@ message naming it and its host, the incident is logged, the newest valid checkpo
 --resume completes the run bitwise equal to an uninterrupted one."""
 import json
 import os
+import signal
 import subprocess
 import sys
+import threading
 import time
 import unittest
 
@@ -126,6 +128,75 @@ class SilentRank(TempDirTest):
         self.assertLess(after, TIMEOUT + 30, "the job took %.1f s to end after the kill" % after)
         self.assertRegex(err, r"process rank 1 .* exited on signal 9")
         self.resume_matches(d, want, LONG)
+
+    def stop_rank_1(self, d, cmd, ready):
+        """Runs cmd (under mpirun on W ranks, in run directory d); once ready(stderr lines so far)
+        holds and rank 1's process is there, stops it with SIGSTOP. Returns (exit code, stderr,
+        seconds from the stop to the end)."""
+        proc = subprocess.Popen(MPIRUN + ["-np", str(W), CULPRIT] + cmd, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True, start_new_session=True)
+        lines, stopped = [], None
+        reader = threading.Thread(target=lambda: lines.extend(iter(proc.stderr.readline, "")), daemon=True)
+        reader.start()
+        try:
+            deadline = time.time() + 120
+            while stopped is None and time.time() < deadline and proc.poll() is None:
+                pid = rank_pid(d, 1) if ready(lines, d) else None
+                if pid is not None:
+                    os.kill(pid, signal.SIGSTOP)
+                    stopped = time.time()
+                time.sleep(0.05)
+            self.assertIsNotNone(stopped, "rank 1 was never stopped:\n" + "".join(lines))
+            proc.wait(timeout=TIMEOUT + 90)
+            reader.join(timeout=10)
+            err = ""
+        finally:
+            subprocess.run(["pkill", "-9", "-s", str(proc.pid)])
+            proc.stdout.close()
+            proc.stderr.close()
+        return proc.returncode, "".join(lines) + err, time.time() - stopped
+
+    def test_a_rank_stopped_during_the_diagnosis_in_the_job_is_named(self):
+        # --on-detect diagnose: the bisection runs on the ranks that trained; rank 1 is stopped as it
+        # starts. The diagnosis's collectives are bounded as training's: rank 1 is named (exit 13) and
+        # its host goes to the incidents at the halt's step, where jobs/train.sbatch reads it.
+        d = self.path("diag")
+        spec = "step=6,rank=2,layer=fc1,index=3,phase=forward,kind=noise,mode=persistent"
+        code, err, after = self.stop_rank_1(d, ["train", "--run-dir", d, "--steps", "12", "--checkpoint-every", "3",
+                                                "--on-detect", "diagnose", "--spot-check", "1", "--inject", spec] + ARGS,
+                                            lambda lines, d: any("culprit: diagnosing" in l for l in lines))
+        self.assertEqual(code, EXIT_SILENT_RANK, err)
+        self.assertLess(after, TIMEOUT + 1.25 + 30, "the job took %.1f s to end after the stop" % after)
+        self.assertRegex(err, r"culprit: error: rank 1 \(host \S+\) stopped responding: no answer within the "
+                              r"collective timeout of 5 s")
+        silent = [i for i in incidents(d) if i["detector"] == "collective-timeout"]
+        self.assertEqual([(i["rank"], i["ranks"], i["class"]) for i in silent], [(1, [1], "hardware")], silent)
+        # At the halt's step (a step the job resumes before): that of an incident the run logged.
+        self.assertIn(silent[0]["step"], [i["step"] for i in incidents(d) if i["detector"] != "collective-timeout"])
+        self.assertLessEqual(silent[0]["step"], 6)
+        host = run(["report", d, "--field", "incident.host", "--detector", "collective-timeout"])
+        self.assertEqual((host.code, host.out.strip()), (0, silent[0]["host"]), host.err)
+
+    def test_a_rank_stopped_during_bisect_or_audit_is_named(self):
+        # A run long enough that bisect and audit replay for a while; rank 1 is stopped once rank 0
+        # says what it replays (every rank is past the command's start then). Their collectives are bounded by --collective-timeout as training's.
+        d = self.path("long")
+        res = run(["train", "--steps", "1000", "--checkpoint-every", "100", "--trace", "step"] + ARGS, world=W, run_dir=d)
+        self.assertEqual(res.code, 0, res.err)
+        # The negative control: neither is stopped; each finds nothing.
+        for cmd in (["bisect"], ["audit"]):
+            ok = subprocess.run(MPIRUN + ["-np", str(W), CULPRIT] + cmd + ["--run-dir", d, "--collective-timeout",
+                                                                          str(TIMEOUT)], capture_output=True, text=True)
+            self.assertEqual(ok.returncode, 0, ok.stdout + ok.stderr)
+        for cmd in (["bisect"], ["audit"]):
+            with self.subTest(command=cmd[0]):
+                code, err, after = self.stop_rank_1(d, cmd + ["--run-dir", d, "--collective-timeout", str(TIMEOUT)],
+                                                    lambda lines, d: any("replaying" in l for l in lines))
+                self.assertEqual(code, EXIT_SILENT_RANK, err)
+                self.assertLess(after, TIMEOUT + 1.25 + 30, "%s took %.1f s to end after the stop" % (cmd[0], after))
+                self.assertRegex(err, r"culprit: error: rank 1 \(host \S+\) stopped responding")
+        # Nothing was recorded about the run itself: a stopped rank of a bisect is not the run's fault.
+        self.assertEqual(incidents(d), [])
 
 
 if __name__ == "__main__":

@@ -18,6 +18,9 @@ struct Options {
   // after the checkpoint the search started from, the steps before that checkpoint searched too, up
   // to this many (-1: two of the run's checkpoint intervals; 0: none). docs/bisect.md, "Cost".
   std::int64_t search_back = -1;
+  // Seconds a rank waits in a collective before the stopped rank(s) are named and the job ends
+  // (exit 13), as `culprit train --collective-timeout`; a diagnosis inside train uses the run's.
+  double collective_timeout = 300;
 };
 
 // Collective (any world size). Removes the previous RUN/diagnosis.json and .html once the run is

@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -22,6 +23,11 @@ struct SilentReport {
   std::string message;      // one line naming them, their hosts and where the others waited
   Status cause;             // every rank answered and on_stuck() explained the wait (a full disk)
 };
+
+// --collective-timeout's help in every command that takes it (train, bisect, replay, audit).
+inline constexpr const char* kCollectiveTimeoutHelp =
+    "seconds a rank waits in a collective before it names the silent (dead or stopped) rank(s) and ends the job with "
+    "exit 13 (0: wait forever)";
 
 class Watchdog {
  public:
@@ -56,6 +62,23 @@ class Watchdog {
   std::vector<std::string> hosts_;
   std::function<void(const SilentReport&)> report_;
   std::function<Status()> explain_;
+};
+
+// A command's communicator with every collective bounded: `comm` itself when it has a watchdog
+// already (a diagnosis inside `culprit train`), else `comm` with a watchdog of its own (collective:
+// bisect, replay and audit bound theirs as training does, so a stopped rank is named, not waited for).
+class Watched {
+ public:
+  Watched(const Comm& comm, double timeout_s) : comm_(comm) {
+    if (comm_.watchdog) return;
+    own_ = std::make_unique<Watchdog>(comm, timeout_s);
+    comm_.watchdog = own_.get();
+  }
+  const Comm& comm() const { return comm_; }
+
+ private:
+  std::unique_ptr<Watchdog> own_;
+  Comm comm_;
 };
 
 // Completes a nonblocking collective on comm: through its watchdog when it has one.

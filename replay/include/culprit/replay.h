@@ -22,6 +22,7 @@ struct Options {
   int micro_shard = -1;        // only this micro-shard (-1: all)
   trace::Level trace = trace::Level::kStep;  // layer: per-layer fingerprints (compared where the trace has them)
   bool json = false;           // rank 0 prints the report as JSON (docs/records.md) instead of text
+  double collective_timeout = 300;  // as train's: a stopped rank is named (exit 13), not waited for
 };
 
 // ---- what culprit replay found (its JSON: docs/records.md, "replay") ----
@@ -97,6 +98,7 @@ Status run(const Options& opt, const Comm& comm, ReplayReport* out = nullptr);
 struct AuditOptions {
   std::string run_dir;
   int share = 0, shares = 1;
+  double collective_timeout = 300;  // as train's: a stopped rank is named (exit 13), not waited for
 };
 Status audit(const AuditOptions& opt, const Comm& comm);
 // culprit audit --merge RUN (one process): every share's part present and covering the run's
