@@ -264,6 +264,17 @@ def _error(msg):
     return 2  # kExitUsage: bad command line, configuration or input
 
 
+def _call_build(build):
+    """build(), with the working directory it found put back: a build() that changes directory must
+    not move what the run's relative paths name (the run directory, data, checkpoints)."""
+    cwd = os.getcwd()
+    try:
+        return build()
+    finally:
+        if os.getcwd() != cwd:
+            os.chdir(cwd)
+
+
 def main(build, argv=None):
     """Runs culprit on the script's Setup: `train` (the default) or any other command
     (python3 train.py bisect --run-dir RUN). Returns the exit code (README.md)."""
@@ -279,7 +290,7 @@ def main(build, argv=None):
             script = _script_of(build)
             args += ["--model", "python:" + script, "--data", "python",
                      "--script-fingerprint", _culprit.script_fingerprint(script.rsplit(":", 1)[0])]
-            args += _optimizer_args(_checked_setup(build()))
+            args += _optimizer_args(_checked_setup(_call_build(build)))
     except SetupError as e:
         return _error(str(e))
     except Exception as e:  # the user's setup function or optimizer factory: one line, not a traceback

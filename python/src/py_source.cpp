@@ -49,7 +49,8 @@ void check_script(const harness::TrainConfig& cfg) {
 py::object build_setup(const Registered& r, const harness::TrainConfig& cfg) {
   check_script(cfg);
   torch::manual_seed(cfg.seed);
-  return setup_module().attr("_checked_setup")(r.build());
+  const py::object m = setup_module();
+  return m.attr("_checked_setup")(m.attr("_call_build")(r.build));
 }
 
 // The same seed, the same initial parameters: otherwise the script draws random numbers culprit

@@ -118,6 +118,8 @@ OPTIMIZERS = {
 
 
 def build():
+    if VARIANT == "chdir":  # a build() that changes directory: relative paths must keep their meaning
+        os.chdir(os.environ["CULPRIT_ELSEWHERE"])
     opt = OPTIMIZERS.get(VARIANT, lambda p: torch.optim.SGD(p, lr=0.1))
     loss = {"vector_loss": per_sample, "mean_loss": mean, "raises": raising,
             "raises_later": raising_later_on_rank1}.get(VARIANT, summed)

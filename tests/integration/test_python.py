@@ -98,6 +98,25 @@ class Python(TempDirTest):
         self.assertEqual(metrics(by_index), metrics(by_batch))
         self.assertEqual(len(metrics(by_batch)), 3)
 
+    def test_a_build_that_changes_directory_moves_nothing(self):
+        # A relative --run-dir, a build() that changes directory: the run stays where the command
+        # line said, for training and for bisect re-entering the script; nothing lands elsewhere.
+        elsewhere = self.path("elsewhere")
+        os.makedirs(elsewhere)
+        env = py_env(CULPRIT_VARIANT="chdir", CULPRIT_ELSEWHERE=elsewhere)
+        args = ["--run-dir", "rel-run", "--steps", "3"] + SIZE
+        codes, out, err = run_script(VARIANTS, args, 2, env, self.tmp)
+        self.assertEqual(codes, [0, 0], out + err)
+        self.assertEqual(len(metrics(self.path("rel-run"))), 3)
+        codes, out, err = run_script(VARIANTS, ["bisect", "--run-dir", "rel-run"], 2, env, self.tmp)
+        self.assertEqual(codes, [0, 0], out + err)
+        self.assertIn("verdict: none", out)
+        self.assertEqual(os.listdir(elsewhere), [])
+        # The negative control: the same script run from `elsewhere` puts the run there.
+        codes, out, err = run_script(VARIANTS, args, 1, env, elsewhere)
+        self.assertEqual(codes, [0], out + err)
+        self.assertEqual(len(metrics(os.path.join(elsewhere, "rel-run"))), 3)
+
     def test_optimizers_culprit_maps_train(self):
         for variant, kind in (("adamw_groups", "adamw"), ("sgd_nesterov_foreach", "sgd")):
             with self.subTest(variant=variant):
