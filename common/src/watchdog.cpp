@@ -19,15 +19,21 @@ constexpr int kTagAnswer = 7102;  // "here, waiting in ..."
 // What a rank says about itself: its step and the collective it waits in.
 struct Where {
   std::int64_t step = 0;
-  char what[56] = {0};
+  char what[55] = {0};
+  char in_script = 0;  // answered by InScript's thread: the main thread runs the user's code
 };
 
-Where where_of(std::int64_t step, const char* what) {
+Where where_of(std::int64_t step, const char* what, bool in_script = false) {
   Where w;
   w.step = step;
   std::strncpy(w.what, what, sizeof w.what - 1);
+  w.in_script = in_script ? 1 : 0;
   return w;
 }
+
+// The process's watchdog (InScript finds it there: the user's code is called far from any Comm).
+Watchdog* g_current = nullptr;
+Where g_script_answer;  // what InScript's thread answers; outlives its sends
 
 std::string join_ranks(const std::vector<int>& ranks) {
   std::string s;
@@ -51,10 +57,69 @@ Watchdog::Watchdog(const Comm& comm, double timeout_s) : rank_(comm.rank), size_
   std::strncpy(mine.data(), comm.host.c_str(), kLen - 1);
   CULPRIT_MPI_CHECK(MPI_Allgather(mine.data(), kLen, MPI_CHAR, all.data(), kLen, MPI_CHAR, comm.comm));
   for (int r = 0; r < size_; ++r) hosts_.emplace_back(all.data() + static_cast<std::size_t>(r) * kLen);
+  owner_ = std::this_thread::get_id();
+  outer_ = g_current;
+  g_current = this;
 }
 
 Watchdog::~Watchdog() {
+  if (answerer_.joinable()) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stopping_ = true;
+    }
+    cv_.notify_all();
+    answerer_.join();
+  }
+  if (g_current == this) g_current = outer_;
   if (side_ != MPI_COMM_NULL) MPI_Comm_free(&side_);
+}
+
+Watchdog::InScript::InScript(const char* what, bool in_script) {
+  Watchdog* w = g_current;
+  if (!w || w->timeout_ <= 0 || w->size_ == 1 || std::this_thread::get_id() != w->owner_) return;
+  w_ = w;
+  std::lock_guard<std::mutex> lock(w->mu_);
+  if (!w->answerer_.joinable()) w->answerer_ = std::thread([w] { w->answer_for_the_script(); });
+  was_in_ = w->in_script_;
+  was_what_ = w->script_what_;
+  w->script_what_ = what;
+  w->in_script_ = in_script;
+  w->cv_.notify_all();
+}
+
+Watchdog::InScript::~InScript() {
+  if (!w_) return;
+  // Under the lock: the answering thread is between two looks at side_ (and, leaving the
+  // outermost scope, looks no more: the main thread's own polls take over).
+  std::lock_guard<std::mutex> lock(w_->mu_);
+  w_->in_script_ = was_in_;
+  w_->script_what_ = was_what_;
+  w_->cv_.notify_all();
+}
+
+void Watchdog::answer_for_the_script() {
+  std::unique_lock<std::mutex> lock(mu_);
+  for (;;) {
+    cv_.wait(lock, [this] { return stopping_ || in_script_; });
+    if (stopping_) return;
+    int flag = 0;
+    MPI_Status st;
+    if (MPI_Iprobe(MPI_ANY_SOURCE, kTagQuery, side_, &flag, &st) == MPI_SUCCESS && flag) {
+      Where asked;
+      if (MPI_Recv(&asked, sizeof asked, MPI_BYTE, st.MPI_SOURCE, kTagQuery, side_, MPI_STATUS_IGNORE) == MPI_SUCCESS) {
+        g_script_answer = where_of(step_, script_what_, /*in_script=*/true);
+        MPI_Request req;
+        if (MPI_Isend(&g_script_answer, sizeof g_script_answer, MPI_BYTE, st.MPI_SOURCE, kTagAnswer, side_, &req) ==
+            MPI_SUCCESS)
+          MPI_Request_free(&req);
+      }
+      continue;
+    }
+    lock.unlock();
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    lock.lock();
+  }
 }
 
 bool Watchdog::poll(double started, const char*) {
@@ -132,19 +197,28 @@ void Watchdog::expire(const char* what) {
   SilentReport rep;
   rep.step = step_;
   rep.hosts = hosts_;
-  std::vector<int> alive;
+  std::vector<int> alive, waiting;  // waiting: alive and in culprit's own code (they can report)
   for (int r = 0; r < size_; ++r) (answered[r] ? alive : rep.silent).push_back(r);
+  for (int r : alive) (where[r].in_script ? rep.in_script : waiting).push_back(r);
   // Where the live ranks wait, grouped.
   std::map<std::pair<std::int64_t, std::string>, std::vector<int>> groups;
-  for (int r : alive) groups[{where[r].step, where[r].what}].push_back(r);
+  for (int r : waiting) groups[{where[r].step, where[r].what}].push_back(r);
   std::string waits;
   for (const auto& [key, ranks] : groups)
     waits += (waits.empty() ? "" : "; ") + std::string(ranks.size() > 1 ? "ranks " : "rank ") + join_ranks(ranks) +
              " waited in " + key.second + " of step " + std::to_string(key.first);
-  if (rep.silent.empty()) {
+  if (rep.silent.empty() && !rep.in_script.empty()) {
+    std::string who;
+    for (int r : rep.in_script) who += (who.empty() ? "" : ", ") + std::to_string(r) + " (host " + hosts_[r] + ")";
+    rep.message = std::string(rep.in_script.size() > 1 ? "ranks " : "rank ") + who + " answered but stayed in " +
+                  where[rep.in_script[0]].what + " past the collective timeout of " + seconds(timeout_) +
+                  ": the script hangs, or the device it drives does; nobody is named (" + waits + ")";
+    if (explain_) rep.cause = explain_(rep);
+    if (!rep.cause.ok()) rep.message = rep.cause.message() + " (" + rep.message + ")";
+  } else if (rep.silent.empty()) {
     rep.message = "every rank answered, but " + std::string(what) + " did not complete within the collective timeout of " +
                   seconds(timeout_) + " (" + waits + ")";
-    if (explain_) rep.cause = explain_();
+    if (explain_) rep.cause = explain_(rep);
     if (!rep.cause.ok()) rep.message = rep.cause.message() + " (" + rep.message + ")";
   } else {
     std::string who;
@@ -153,7 +227,7 @@ void Watchdog::expire(const char* what) {
                   " stopped responding: no answer within the collective timeout of " + seconds(timeout_) +
                   " and a grace of " + seconds(grace) + " (dead or stuck); " + waits;
   }
-  if (alive.front() == rank_) {
+  if (!waiting.empty() && waiting.front() == rank_) {
     std::fprintf(stderr, "culprit: error: %s\n", rep.message.c_str());
     std::fflush(stderr);
     if (report_) report_(rep);

@@ -22,7 +22,14 @@ namespace culprit::harness {
 void report_to_the_run(Watchdog* w, const TrainConfig& cfg) {
   // A writer stuck past the deadline on a full disk is an I/O failure, not a silent rank: MPI-IO
   // can hang in a collective once a write failed for lack of space (docs/checkpoint-format.md).
-  w->on_stuck([&cfg] {
+  w->on_stuck([&cfg](const SilentReport& rep) {
+    // A rank that answers from the script's code on the CPU: its device is the CPU that answers,
+    // so the script itself hangs; a bad input, never a node's fault. On a GPU the device may be
+    // what the script waits for: the report names nobody (exit 13, no host to exclude).
+    if (!rep.in_script.empty() && cfg.device == DeviceKind::kCpu)
+      return Status::BadInput("rank " + std::to_string(rep.in_script[0]) + "'s script did not return within the " +
+                              "collective timeout: the script hangs (its device is the CPU, which answers); fix the "
+                              "script, or raise --collective-timeout if it is only slow");
     std::uint64_t free = 0;
     if (!files::free_bytes(cfg.run_dir, &free).ok() || free >= (1u << 20)) return Status::OK();
     return Status::IoError("the filesystem of run directory '" + cfg.run_dir + "' is full (" + std::to_string(free) +

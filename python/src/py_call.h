@@ -8,6 +8,7 @@
 #include <string>
 
 #include "culprit/tensors.h"
+#include "culprit/watchdog.h"
 
 namespace culprit::python {
 
@@ -27,6 +28,9 @@ inline std::string exception_text(py::error_already_set& e) {
 
 template <class Fn>
 auto call_python(const std::string& what, Fn&& fn) {
+  // The main thread in the user's code answers roll calls through the watchdog's thread: a script
+  // that hangs is not a stopped rank (culprit/watchdog.h).
+  Watchdog::InScript in_script(what.c_str());
   py::gil_scoped_acquire gil;
   try {
     return fn();

@@ -49,6 +49,7 @@ void PyModel::hook_layers() {
     auto hook = py::cpp_function([this, name](py::object, py::object, py::object output) -> py::object {
       if (!observer_ || !THPVariable_Check(output.ptr())) return py::none();
       const at::Tensor t = output.cast<at::Tensor>();
+      Watchdog::InScript back_in_culprit("a layer hook", /*in_script=*/false);  // an injected hang is silent
       at::Tensor r = tap(name, t);
       if (r.is_same(t)) return py::none();
       return py::cast(r);

@@ -4,6 +4,7 @@ refusals: each must end with one clear line and exit 2 on every rank."""
 import os
 import random
 import sys
+import time
 
 import torch
 import torch.nn.functional as F
@@ -77,6 +78,13 @@ def raising_later_on_rank1(o, y):  # an exception in the middle of training, on 
     return summed(o, y)
 
 
+def hanging_on_rank1(o, y):  # the script itself hangs on one rank (a deadlock, a wait on nothing)
+    CALLS[0] += 1
+    if os.environ.get("OMPI_COMM_WORLD_RANK") == "1" and CALLS[0] > 6:
+        time.sleep(3600)
+    return summed(o, y)
+
+
 class InPlace(nn.Module):  # changes its own weights in the forward pass, outside the optimizer
     def __init__(self):
         super().__init__()
@@ -122,7 +130,7 @@ def build():
         os.chdir(os.environ["CULPRIT_ELSEWHERE"])
     opt = OPTIMIZERS.get(VARIANT, lambda p: torch.optim.SGD(p, lr=0.1))
     loss = {"vector_loss": per_sample, "mean_loss": mean, "raises": raising,
-            "raises_later": raising_later_on_rank1}.get(VARIANT, summed)
+            "raises_later": raising_later_on_rank1, "hangs": hanging_on_rank1}.get(VARIANT, summed)
     data = Data(noisy=VARIANT == "noisy_data")
     if VARIANT == "batches":  # the same samples as a function from indices to a batch
         data = culprit.IndexedBatches(len(data.x), lambda idx, d=data: (d.x[idx], d.y[idx]))

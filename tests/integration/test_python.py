@@ -117,6 +117,29 @@ class Python(TempDirTest):
         self.assertEqual(codes, [0], out + err)
         self.assertEqual(len(metrics(os.path.join(elsewhere, "rel-run"))), 3)
 
+    def test_a_script_that_hangs_is_not_a_stopped_rank(self):
+        # Rank 1's loss never returns: the rank answers the roll call from the script's code, so it
+        # is no stopped rank (exit 13 would exclude its healthy node): one line, exit 2, no incident
+        # naming a host. The negative control: a stuck device (kind=hang, in culprit's layer hook
+        # the script calls back) is silent and named, exit 13.
+        for variant, inject, code, said in (
+                ("hangs", [], testlib.EXIT_USAGE, "the script hangs"),
+                ("ok", ["--inject", "step=3,rank=1,layer=2,phase=forward,kind=hang"], testlib.EXIT_SILENT_RANK,
+                 "rank 1 (host")):
+            with self.subTest(variant=variant):
+                d = self.path("hang-" + variant)
+                t0 = time.time()
+                proc = subprocess.run(testlib.MPIRUN + ["-np", "2", PY, VARIANTS, "--run-dir", d, "--steps", "20",
+                                                        "--collective-timeout", "5"] + SIZE + inject,
+                                      env=py_env(CULPRIT_VARIANT=variant), capture_output=True, text=True, timeout=200)
+                self.assertEqual(proc.returncode, code, proc.stdout + proc.stderr)
+                self.assertLess(time.time() - t0, 60)
+                lines = testlib.error_lines(proc.stderr)
+                self.assertEqual(len(lines), 1, proc.stderr)
+                self.assertIn(said, lines[0])
+                named = [i["host"] for i in testlib.incidents(d) if i["detector"] == "collective-timeout" and i["host"]]
+                self.assertEqual(len(named), 0 if variant == "hangs" else 1, testlib.incidents(d))
+
     def test_optimizers_culprit_maps_train(self):
         for variant, kind in (("adamw_groups", "adamw"), ("sgd_nesterov_foreach", "sgd")):
             with self.subTest(variant=variant):

@@ -6,8 +6,11 @@
 #include <mpi.h>
 
 #include <cstdint>
+#include <condition_variable>
 #include <functional>
 #include <memory>
+#include <mutex>
+#include <thread>
 #include <string>
 #include <vector>
 
@@ -20,6 +23,9 @@ struct SilentReport {
   std::int64_t step = 0;
   std::vector<int> silent;  // ranks that did not answer (empty: all answered)
   std::vector<std::string> hosts;  // of every rank
+  // Ranks that answered from the user's code (Watchdog::InScript): alive, their main thread still in
+  // it. Not silent, not proven healthy: the script hangs, or the device it drives does.
+  std::vector<int> in_script;
   std::string message;      // one line naming them, their hosts and where the others waited
   Status cause;             // every rank answered and on_stuck() explained the wait (a full disk)
 };
@@ -39,10 +45,10 @@ class Watchdog {
 
   // Called on the one reporting rank before the job ends (log the incident there).
   void on_silence(std::function<void(const SilentReport&)> report) { report_ = std::move(report); }
-  // Asked when every rank answered but one waited past the deadline (a stuck writer): an error
-  // (a full disk) replaces the report's message and ends the job with its exit code, not
-  // kExitSilentRank, which job scripts read as hardware.
-  void on_stuck(std::function<Status()> explain) { explain_ = std::move(explain); }
+  // Asked when every rank answered but one waited past the deadline (a stuck writer, a rank in the
+  // user's code): an error (a full disk, a script that hangs) replaces the report's message and
+  // ends the job with its exit code, not kExitSilentRank, which job scripts read as hardware.
+  void on_stuck(std::function<Status(const SilentReport&)> explain) { explain_ = std::move(explain); }
   void set_step(std::int64_t step) { step_ = step; }
   // Completes a nonblocking collective; `what` names it in the report.
   void wait(MPI_Request* req, const char* what);
@@ -50,7 +56,27 @@ class Watchdog {
   void wait_until(const std::function<bool()>& done, const char* what);
   double timeout() const { return timeout_; }
 
+  // While one lives on the thread that made the process's watchdog, a thread of the watchdog's
+  // answers roll calls for this rank, saying it runs `what`: the main thread runs the user's code
+  // (a script's forward, loss or build()), which cannot answer, and a rank whose script hangs must
+  // not be named as stopped. Without a watchdog, or on another thread: nothing. Nested with
+  // in_script false (culprit's code called back from the script: a layer hook), the rank answers
+  // no more until it returns: a device that hangs there is silent, as in culprit's own code.
+  class InScript {
+   public:
+    explicit InScript(const char* what, bool in_script = true);
+    ~InScript();
+    InScript(const InScript&) = delete;
+    InScript& operator=(const InScript&) = delete;
+
+   private:
+    Watchdog* w_ = nullptr;
+    bool was_in_ = false;
+    const char* was_what_ = "";
+  };
+
  private:
+  void answer_for_the_script();  // the answering thread's loop
   bool poll(double started, const char* what);  // true: the deadline passed or a rank asked
   [[noreturn]] void expire(const char* what);
   void answer(const std::int64_t* query, int from, const char* what);
@@ -61,7 +87,15 @@ class Watchdog {
   std::int64_t step_ = 0;
   std::vector<std::string> hosts_;
   std::function<void(const SilentReport&)> report_;
-  std::function<Status()> explain_;
+  std::function<Status(const SilentReport&)> explain_;
+  // InScript's answering thread, started at the first InScript; mu_ guards its use of side_.
+  Watchdog* outer_ = nullptr;  // the process's watchdog before this one (nested commands)
+  std::thread::id owner_;
+  std::thread answerer_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool in_script_ = false, stopping_ = false;
+  const char* script_what_ = "";
 };
 
 // A command's communicator with every collective bounded: `comm` itself when it has a watchdog
