@@ -2,13 +2,17 @@
 
 #include <malloc.h>
 #include <mpi.h>
+#include <unistd.h>
 
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <exception>
 #include <thread>
 
+#include "culprit/exit_codes.h"
 #include "culprit/h5.h"
+#include "culprit/system.h"
 
 namespace culprit::cli {
 
@@ -17,7 +21,39 @@ void error_line(const std::string& msg) {
   std::fflush(stderr);
 }
 
+namespace {
+
+// An exception no code caught (an allocation that failed outside any guarded call, on one rank
+// while the others wait in a collective): one line naming the rank and the cause, and the job ends
+// with the cause's code (2 for memory, as the size checks say it; 1 otherwise), not std::terminate's
+// abort and core dump.
+[[noreturn]] void on_terminate() {
+  Status st = Status::Internal("an exception escaped culprit's code");
+  if (const std::exception_ptr e = std::current_exception()) {
+    try {
+      std::rethrow_exception(e);
+    } catch (const std::exception& x) {
+      const std::string w = x.what();
+      st = is_out_of_memory(x) ? out_of_memory("an allocation") : Status::Internal(w.substr(0, w.find('\n')));
+    } catch (...) {
+    }
+  }
+  int up = 0, down = 0, rank = -1;
+  MPI_Initialized(&up);
+  MPI_Finalized(&down);
+  if (up && !down) MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  char host[256] = {0};
+  gethostname(host, sizeof host - 1);
+  error_line("host " + std::string(host) + " rank " + std::to_string(rank) + ": " + st.message());
+  const int code = exit_code(st);
+  if (up && !down) MPI_Abort(MPI_COMM_WORLD, code);
+  std::_Exit(code);
+}
+
+}  // namespace
+
 Comm start_mpi() {
+  std::set_terminate(on_terminate);
   // Keep freed memory in the process: libtorch allocates and frees step-sized buffers every step,
   // and glibc would hand each large one back to the kernel and fault it in again. On virtual
   // machines a fresh page is expensive (docs/performance.md), and the page cache of checkpoint

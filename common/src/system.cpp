@@ -2,9 +2,11 @@
 #include "culprit/system.h"
 
 #include <sched.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include <cstdio>
+#include <new>
 #include <thread>
 
 namespace culprit {
@@ -51,12 +53,48 @@ std::string human_bytes(double bytes) {
   return buf;
 }
 
-Status check_fits_memory(const std::string& what, double bytes) {
+std::uint64_t usable_memory_bytes(std::string* why) {
   const std::uint64_t mem = system_memory_bytes();
+  if (why) *why = "memory the system reports (sysconf _SC_PHYS_PAGES)";
+  struct rlimit lim;
+  if (getrlimit(RLIMIT_AS, &lim) != 0 || lim.rlim_cur == RLIM_INFINITY) return mem;
+  // What the process maps already (its libraries, MPI's segments, its heap) counts against the limit.
+  std::uint64_t mapped = 0;
+  if (FILE* f = std::fopen("/proc/self/statm", "r")) {
+    unsigned long long pages = 0;
+    if (std::fscanf(f, "%llu", &pages) == 1) mapped = pages * static_cast<std::uint64_t>(sysconf(_SC_PAGE_SIZE));
+    std::fclose(f);
+  }
+  const std::uint64_t left = lim.rlim_cur > mapped ? lim.rlim_cur - mapped : 0;
+  if (mem != 0 && left >= mem) return mem;
+  if (why)
+    *why = "address space left under this process's limit (ulimit -v " + human_bytes(static_cast<double>(lim.rlim_cur)) +
+           ", " + human_bytes(static_cast<double>(mapped)) + " of it mapped already)";
+  return left;
+}
+
+Status check_fits_memory(const std::string& what, double bytes) {
+  std::string why;
+  const std::uint64_t mem = usable_memory_bytes(&why);
   // A double: products of option values may exceed every integer type long before they are refused.
   if (mem == 0 || !(bytes > static_cast<double>(mem))) return Status::OK();
-  return Status::BadInput(what + " needs about " + human_bytes(bytes) + " per rank, more than the " + human_bytes(static_cast<double>(mem)) +
-                          " of memory the system reports (sysconf _SC_PHYS_PAGES)");
+  return Status::BadInput(what + " needs about " + human_bytes(bytes) + " per rank, more than the " +
+                          human_bytes(static_cast<double>(mem)) + " of " + why);
+}
+
+bool is_out_of_memory(const std::exception& e) {
+  if (dynamic_cast<const std::bad_alloc*>(&e)) return true;
+  const std::string w = e.what();
+  // libtorch's CPU allocator ("DefaultCPUAllocator: can't allocate memory") and CUDA's.
+  return w.find("can't allocate memory") != std::string::npos || w.find("CUDA out of memory") != std::string::npos;
+}
+
+Status out_of_memory(const std::string& what) {
+  std::string why;
+  const std::uint64_t mem = usable_memory_bytes(&why);
+  return Status::BadInput(what + ": out of memory (" + (mem ? human_bytes(static_cast<double>(mem)) + " of " + why : why) +
+                          "): the run needs more than this rank may use; raise the limit, or shrink the model, "
+                          "--global-batch or --micro-shards per rank");
 }
 
 }  // namespace culprit

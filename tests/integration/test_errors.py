@@ -8,7 +8,8 @@ import h5py
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(__file__))
-from culprit_testlib import EXIT_USAGE, PY, TempDirTest, make_scripted_model, run  # noqa: E402
+from culprit_testlib import (CRASH_MARKERS, CULPRIT, EXIT_USAGE, MPIRUN, PY, TempDirTest, error_lines,  # noqa: E402
+                             make_scripted_model, run)
 
 
 class Errors(TempDirTest):
@@ -170,6 +171,34 @@ class Errors(TempDirTest):
             line = self.assert_refused(["train"] + self.rd() + args, EXIT_USAGE, option, "of memory the system reports")
             self.assertRegex(line, r"needs about [0-9.]+ [KMGTPE]iB per rank, more than the [0-9.]+ GiB")
         self.assertFalse(os.path.exists(self.path("run")))
+
+    def test_an_address_space_limit_is_one_line(self):
+        # Under `ulimit -v` (RLIMIT_AS): a run the estimate sees cannot fit is refused before it
+        # allocates, naming the limit; one whose allocation fails later (a batch the estimate does
+        # not count) ends with one line per failing rank, exit 2, never a crash or a hang. The
+        # negative control: a small run under the same limit trains.
+        limit = 1200000  # KiB: libtorch, MPI and culprit map about 720 MiB before the first step
+        for name, args, said in (
+                ("estimate", ["--model", "gpt", "--layers", "2", "--width", "1024", "--heads", "8", "--seq-len", "32",
+                              "--vocab", "8192"], "more than the"),
+                ("later", ["--model", "mlp", "--hidden", "2048", "--samples", "40000", "--global-batch", "16384"],
+                 "out of memory"),
+                ("fits", ["--model", "mlp"], None)):
+            with self.subTest(case=name):
+                cmd = " ".join(MPIRUN + ["-np", "2", CULPRIT, "train", "--quiet", "--steps", "2"] + self.rd(name) + args)
+                proc = subprocess.run(["bash", "-c", "ulimit -v %d; exec %s" % (limit, cmd)], capture_output=True,
+                                      text=True, timeout=self.REFUSAL_TIMEOUT)
+                if said is None:
+                    self.assertEqual(proc.returncode, 0, proc.stderr)
+                    continue
+                self.assertEqual(proc.returncode, EXIT_USAGE, proc.stderr)
+                lines = error_lines(proc.stderr)
+                self.assertTrue(1 <= len(lines) <= 2, proc.stderr)
+                for line in lines:
+                    self.assertIn(said, line)
+                    self.assertIn("ulimit -v", line)
+                for marker in CRASH_MARKERS:
+                    self.assertNotIn(marker, proc.stderr)
 
     def test_config_is_a_regular_file_of_bounded_size(self):
         os.mkfifo(self.path("fifo.ini"))

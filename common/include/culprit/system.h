@@ -3,6 +3,7 @@
 // messages can say what the system reported.
 #pragma once
 #include <cstdint>
+#include <exception>
 #include <string>
 
 #include "culprit/status.h"
@@ -22,8 +23,19 @@ std::uint64_t system_memory_bytes();
 // "1.5 GiB": bytes for people.
 std::string human_bytes(double bytes);
 
-// BadInput when `bytes` (an estimate of what `what` needs per rank) exceeds the machine's memory,
+// The memory this process may still take, and why: the machine's (sysconf) or, when lower, what
+// its address-space limit (RLIMIT_AS, `ulimit -v`) leaves beside what the process maps already.
+// 0: the system does not say.
+std::uint64_t usable_memory_bytes(std::string* why = nullptr);
+
+// BadInput when `bytes` (an estimate of what `what` needs per rank) exceeds usable_memory_bytes(),
 // with the estimate and the memory in the message; OK when it fits or the system does not say.
 Status check_fits_memory(const std::string& what, double bytes);
+
+// Whether an exception is an allocation that failed (std::bad_alloc, libtorch's allocator).
+bool is_out_of_memory(const std::exception& e);
+// The one line for an allocation that failed in `what`: BadInput (the run does not fit the memory
+// this rank may use), naming the limits and what to do.
+Status out_of_memory(const std::string& what);
 
 }  // namespace culprit

@@ -9,6 +9,7 @@
 
 #include "culprit/fingerprint.h"
 #include "culprit/status.h"
+#include "culprit/system.h"
 #include "culprit/error_line.h"
 #include "culprit/model.h"
 
@@ -27,11 +28,13 @@ int setup_determinism(int threads);
 
 // Runs f, turning any exception into an error Status of category `code` (what f does wrong when
 // it throws: the user's model or data that does not fit is bad input, anything else internal).
+// An allocation that failed is said as such, bad input whatever `code` (culprit/system.h).
 template <class Fn>
 Status guarded(StatusCode code, const std::string& what, Fn&& f) {
   try {
     return f();
   } catch (const std::exception& e) {
+    if (is_out_of_memory(e)) return out_of_memory(what);
     return Status::Error(code, what + ": " + error_line(e.what()));
   }
 }
@@ -54,6 +57,7 @@ Status guarded_step(StatusCode code, const std::string& what, Fn&& f) {
   } catch (const UserCodeError&) {
     throw;
   } catch (const std::exception& e) {
+    if (is_out_of_memory(e)) return out_of_memory(what);
     return Status::Error(code, what + ": " + error_line(e.what()));
   }
 }
