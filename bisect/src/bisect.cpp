@@ -200,7 +200,10 @@ bool names_a_step(Verdict v) {
 // evidence only: replaying those steps on a device now broken can make healthy records look odd).
 // Optional: an error in it is noted and the first finding stands.
 Status search_back(Context& ctx, Finding* f, Verdict* verdict) {
-  const bool recurs = *verdict == Verdict::kHardwarePersistent || *verdict == Verdict::kHardwareUnconfirmed;
+  // A device that loads wrongly (data, a rank blamed) may fire again as a compute fault does: its
+  // first firing may have been silent too.
+  const bool recurs = *verdict == Verdict::kHardwarePersistent || *verdict == Verdict::kHardwareUnconfirmed ||
+                      (*verdict == Verdict::kData && f->blamed >= 0);
   if (!recurs || f->blamed < 0 || ctx.segment != 0 || ctx.reached_oldest || ctx.opt.search_back == 0) return Status::OK();
   const std::int64_t back = ctx.opt.search_back > 0 ? ctx.opt.search_back
                                                     : 2 * std::max<std::int64_t>(1, ctx.run.cfg.checkpoint.every);
@@ -220,7 +223,7 @@ Status search_back(Context& ctx, Finding* f, Verdict* verdict) {
   if (!st.ok()) {
     ctx.note("the search before step " + std::to_string(ctx.start + 1) + " failed (" + st.message() + "); step " +
              std::to_string(f->step) + " stands");
-  } else if (is_hardware(v) && g.blamed == f->blamed && g.step < f->step) {
+  } else if ((is_hardware(v) || v == *verdict) && g.blamed == f->blamed && g.step < f->step) {
     ctx.note("an earlier firing of rank " + std::to_string(g.blamed) + "'s device: step " + std::to_string(g.step) +
              " (the one at step " + std::to_string(f->step) + " came after it)");
     *f = g;
