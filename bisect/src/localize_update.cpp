@@ -36,9 +36,11 @@ struct UpdateVote {
 };
 // --shard-optimizer: a rank computed only its slice of the update (trace::StepRow::shard) and holds
 // the rest as the gather gave it, so its record vouches for its slice and for its copy. Its opinion
-// is the replay's state when its slice is as some replay computed it and its copy is either the
-// replay's or every rank's (a wrong slice of another rank, spread by the gather); else a value of
-// its own. Every replaying rank's view of every record's slice is gathered: the same on every rank.
+// is the state of a replay that computed its slice as recorded, when only some replays did (where
+// every replay did, it says nothing they disagree on: its copy of the other slices is the gather's,
+// which spreads a wrong slice of another rank to every copy); a value of its own when no replay
+// computed its slice so, or its copy is neither a replay's nor every rank's. Every replaying rank's
+// view of every record's slice is gathered: the same on every rank.
 void sharded_records(const Context& ctx, std::int64_t s, const std::vector<std::vector<Fingerprint>>& replays,
                      UpdateVote* u) {
   std::vector<const trace::StepRow*> rows;
@@ -59,24 +61,36 @@ void sharded_records(const Context& ctx, std::int64_t s, const std::vector<std::
   for (std::size_t k = 0; k < rows.size(); ++k) {
     if (!rows[k]) continue;
     const int r = ctx.run.trace.ranks[k];
-    int agreeing = -1;  // a replaying rank that computed r's slice as r recorded it
-    for (int q = 0; q < ctx.W && agreeing < 0; ++q)
-      if (rows[k]->shard && *rows[k]->shard == trace::SliceRecord::of(&all[(q * rows.size() + k) * 4])) agreeing = q;
-    bool copy_ok = agreeing >= 0 && copy_of(replays[agreeing]) == rows[k]->param_fps;
-    if (!copy_ok && agreeing >= 0) {  // unlike the replay: fine if every other rank's copy is the same
+    // The replaying ranks that computed r's slice as r recorded it; the first of them whose copy
+    // is r's too goes first.
+    std::vector<int> matching;
+    for (int q = 0; q < ctx.W; ++q)
+      if (rows[k]->shard && *rows[k]->shard == trace::SliceRecord::of(&all[(q * rows.size() + k) * 4])) matching.push_back(q);
+    bool copy_seen = false;  // r's copy is some replay's, or every other rank's (spread by the gather)
+    int side = matching.empty() ? -1 : matching[0];
+    for (int q = 0; q < ctx.W; ++q)
+      if (copy_of(replays[q]) == rows[k]->param_fps) {
+        copy_seen = true;
+        if (std::find(matching.begin(), matching.end(), q) != matching.end()) side = q;
+        break;
+      }
+    if (!copy_seen) {
       int others = 0;
       bool same = true;
       for (std::size_t j = 0; j < rows.size(); ++j)
         if (j != k && rows[j]) ++others, same = same && rows[j]->param_fps == rows[k]->param_fps;
-      copy_ok = others > 0 && same;
+      copy_seen = others > 0 && same;
     }
-    if (agreeing >= 0 && copy_ok) {
-      u->o.records.push_back({r, u->id(replays[agreeing])});
-    } else {
+    if (matching.empty() || !copy_seen) {
+      // Its slice as no replay computed it, or a copy of its own: a value no other record shares.
       std::vector<Fingerprint> own = ctx.update_state(rows[k]->param_fps, rows[k]->opt_fps);
-      own.push_back(static_cast<Fingerprint>(r) + 1);  // a value no other record shares
+      own.push_back(static_cast<Fingerprint>(r) + 1);
       u->o.records.push_back({r, u->id(own)});
+    } else if (static_cast<int>(matching.size()) < ctx.W) {
+      u->o.records.push_back({r, u->id(replays[side])});
     }
+    // Else every replay computed r's slice as r recorded it: r's record says nothing the replays
+    // disagree on (its copy of the other slices is the gather's, no opinion of its own).
   }
 }
 

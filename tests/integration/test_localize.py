@@ -245,6 +245,23 @@ class Localize(TempDirTest):
         self.assertIn("step 4 does not reproduce: its update differs (reduced gradient in the slice of fc3.weight "
                       "in the record of rank 0; the update absorbed it)", got["evidence"])
 
+    def test_a_persistent_fault_at_rest_in_a_sharded_slice_spread_by_the_gather(self):
+        # --shard-optimizer on two ranks: rank 0's device flips an element of its own slice at rest,
+        # and the gather spreads it to rank 1's copy, so both records hold it. Rank 1's record
+        # vouches for its own slice only (which every replay computes alike), not for the copy the
+        # gather gave it: the two devices tie, and the exact referee names rank 0. Was inconclusive,
+        # listing the healthy rank 1 as the bisection's own replay fault.
+        spec = "step=5,rank=0,layer=fc1,index=2,phase=param,kind=bitflip,bit=22,mode=persistent"
+        args = ["--steps", "10", "--checkpoint-every", "2", "--shard-optimizer", "--on-detect", "warn"]
+        d = self.trained("shard-rest", 2, args + ["--inject", spec])
+        got = self.bisect(d, 2, "hardware-persistent")
+        self.assertEqual((got["step"], got["phase"], got["layer"], got["rank"], got["replay_faults"]),
+                         (5, "param", "fc1", 0, []), got)
+        self.assertTrue(any("the exact referee" in e for e in got["evidence"]), got["evidence"])
+        # The clean twin: none.
+        clean = self.trained("shard-rest-clean", 2, args)
+        self.assertEqual(self.bisect(clean, 2, "none")["rank"], -1)
+
     def test_a_low_bit_optimizer_fault_on_one_rank_is_found_at_its_step(self):
         # One training rank: no replica to compare with, nothing fires; the flipped low bit of a
         # momentum shows in the parameters only later. The trace's optimizer fingerprints find it

@@ -94,7 +94,8 @@ class Engine {
   virtual Status update_f64(std::vector<float>* now, std::vector<double>* wide) = 0;
   // The same update re-executed element by element in float32, in libtorch's own operation order
   // (optim/exact_update.h: bit for bit libtorch's, where its test passes): *exact, laid out as *now.
-  // *why non-empty: no exact re-execution here (--shard-optimizer), and why.
+  // *why non-empty: no exact re-execution here, and why (a replay holds the whole state, also of a
+  // --shard-optimizer run, so the bisection always has one).
   virtual Status update_exact(std::vector<float>* now, std::vector<float>* exact, std::string* why) = 0;
   // Collective: the layout of the following run_steps (see open's `rotate`). With rotate 0 every rank
   // sends the reduction's messages the original run's rank of that number sent (same world size): a
