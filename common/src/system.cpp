@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <cstdio>
+#include <filesystem>
 #include <new>
 #include <thread>
 
@@ -80,6 +81,22 @@ Status check_fits_memory(const std::string& what, double bytes) {
   if (mem == 0 || !(bytes > static_cast<double>(mem))) return Status::OK();
   return Status::BadInput(what + " needs about " + human_bytes(bytes) + " per rank, more than the " +
                           human_bytes(static_cast<double>(mem)) + " of " + why);
+}
+
+bool out_of_file_descriptors(std::string* detail) {
+  struct rlimit lim;
+  if (getrlimit(RLIMIT_NOFILE, &lim) != 0 || lim.rlim_cur == RLIM_INFINITY) return false;
+  std::error_code ec;
+  std::uint64_t open = 0;
+  for (auto it = std::filesystem::directory_iterator("/proc/self/fd", ec);
+       !ec && it != std::filesystem::directory_iterator(); it.increment(ec))
+    ++open;
+  // 4: the directory's own descriptor, and those a failed call closed on its way out (a library
+  // that could not open its third file closes its first two).
+  if (ec || open + 4 < lim.rlim_cur) return false;
+  if (detail)
+    *detail = std::to_string(open) + " of " + std::to_string(lim.rlim_cur) + " open (ulimit -n)";
+  return true;
 }
 
 bool is_out_of_memory(const std::exception& e) {

@@ -8,6 +8,7 @@
 #include <thread>
 
 #include "culprit/exit_codes.h"
+#include "culprit/system.h"
 
 namespace culprit {
 
@@ -19,8 +20,10 @@ constexpr int kTagAnswer = 7102;  // "here, waiting in ..."
 // What a rank says about itself: its step and the collective it waits in.
 struct Where {
   std::int64_t step = 0;
-  char what[55] = {0};
+  char what[54] = {0};
   char in_script = 0;  // answered by InScript's thread: the main thread runs the user's code
+  char out_of_fds = 0;  // the rank holds (nearly) every file descriptor its limit allows
+  char fds[32] = {0};   // "19 of 21 open (ulimit -n)"
 };
 
 Where where_of(std::int64_t step, const char* what, bool in_script = false) {
@@ -28,6 +31,11 @@ Where where_of(std::int64_t step, const char* what, bool in_script = false) {
   w.step = step;
   std::strncpy(w.what, what, sizeof w.what - 1);
   w.in_script = in_script ? 1 : 0;
+  std::string fds;
+  if (out_of_file_descriptors(&fds)) {
+    w.out_of_fds = 1;
+    std::strncpy(w.fds, fds.c_str(), sizeof w.fds - 1);
+  }
   return w;
 }
 
@@ -200,6 +208,11 @@ void Watchdog::expire(const char* what) {
   std::vector<int> alive, waiting;  // waiting: alive and in culprit's own code (they can report)
   for (int r = 0; r < size_; ++r) (answered[r] ? alive : rep.silent).push_back(r);
   for (int r : alive) (where[r].in_script ? rep.in_script : waiting).push_back(r);
+  for (int r : alive)
+    if (where[r].out_of_fds) {
+      if (rep.out_of_fds.empty()) rep.fds_detail = where[r].fds;
+      rep.out_of_fds.push_back(r);
+    }
   // Where the live ranks wait, grouped.
   std::map<std::pair<std::int64_t, std::string>, std::vector<int>> groups;
   for (int r : waiting) groups[{where[r].step, where[r].what}].push_back(r);

@@ -30,6 +30,11 @@ void report_to_the_run(Watchdog* w, const TrainConfig& cfg) {
       return Status::BadInput("rank " + std::to_string(rep.in_script[0]) + "'s script did not return within the " +
                               "collective timeout: the script hangs (its device is the CPU, which answers); fix the "
                               "script, or raise --collective-timeout if it is only slow");
+    // Out of file descriptors (ulimit -n): MPI-IO's components open files of their own at a
+    // collective open, and one that cannot leaves the collective hanging on every rank.
+    if (!rep.out_of_fds.empty())
+      return Status::IoError("rank " + std::to_string(rep.out_of_fds[0]) + " ran out of file descriptors (" +
+                             rep.fds_detail + "): raise the limit and --resume");
     std::uint64_t free = 0;
     if (!files::free_bytes(cfg.run_dir, &free).ok() || free >= (1u << 20)) return Status::OK();
     return Status::IoError("the filesystem of run directory '" + cfg.run_dir + "' is full (" + std::to_string(free) +

@@ -200,6 +200,31 @@ class Errors(TempDirTest):
                 for marker in CRASH_MARKERS:
                     self.assertNotIn(marker, proc.stderr)
 
+    def test_running_out_of_file_descriptors_is_an_io_failure(self):
+        # Each rank under `ulimit -n N` (mpirun itself needs more; below 19 Open MPI's own start-up
+        # and libtorch's seeding fail before culprit runs anything): whichever open fails first —
+        # the run's own files, libtorch's, MPI-IO's own at a checkpoint's collective open, which
+        # hangs the collective — the job ends with exit 6 and one line, never as a silent rank (13),
+        # an internal error or a crash. Enough descriptors: it trains (the negative control).
+        codes = {}
+        for n in range(19, 25):
+            with self.subTest(limit=n):
+                proc = subprocess.run(MPIRUN + ["-np", "2", "sh", "-c", "ulimit -n %d; exec \"$0\" \"$@\"" % n, CULPRIT,
+                                                "train", "--quiet", "--steps", "20", "--checkpoint-every", "5",
+                                                "--collective-timeout", "5"] + self.rd("fd%d" % n),
+                                      capture_output=True, text=True, timeout=self.REFUSAL_TIMEOUT)
+                codes[n] = proc.returncode
+                if proc.returncode == 0:
+                    continue
+                self.assertEqual(proc.returncode, 6, proc.stderr)
+                lines = error_lines(proc.stderr)
+                self.assertEqual(len(lines), 1, proc.stderr)
+                self.assertRegex(lines[0], r"Too many open files|out of file descriptors")
+                for marker in CRASH_MARKERS:
+                    self.assertNotIn(marker, proc.stderr)
+        self.assertIn(6, codes.values(), codes)
+        self.assertEqual(codes[24], 0, codes)
+
     def test_config_is_a_regular_file_of_bounded_size(self):
         os.mkfifo(self.path("fifo.ini"))
         with open(self.path("big.ini"), "w") as f:

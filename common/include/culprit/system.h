@@ -32,6 +32,10 @@ std::uint64_t usable_memory_bytes(std::string* why = nullptr);
 // with the estimate and the memory in the message; OK when it fits or the system does not say.
 Status check_fits_memory(const std::string& what, double bytes);
 
+// Whether this process holds (nearly) all the file descriptors RLIMIT_NOFILE allows it (`ulimit
+// -n`); *detail: "19 of 21 open (ulimit -n)".
+bool out_of_file_descriptors(std::string* detail = nullptr);
+
 // Whether an exception is an allocation that failed (std::bad_alloc, libtorch's allocator).
 bool is_out_of_memory(const std::exception& e);
 // The one line for an allocation that failed in `what`: BadInput (the run does not fit the memory

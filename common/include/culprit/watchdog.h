@@ -26,6 +26,10 @@ struct SilentReport {
   // Ranks that answered from the user's code (Watchdog::InScript): alive, their main thread still in
   // it. Not silent, not proven healthy: the script hangs, or the device it drives does.
   std::vector<int> in_script;
+  // Ranks that answered holding (nearly) every file descriptor their limit allows, and the first
+  // one's count: a collective MPI-IO open that could not open a file of its own hangs so.
+  std::vector<int> out_of_fds;
+  std::string fds_detail;
   std::string message;      // one line naming them, their hosts and where the others waited
   Status cause;             // every rank answered and on_stuck() explained the wait (a full disk)
 };

@@ -28,13 +28,16 @@ int setup_determinism(int threads);
 
 // Runs f, turning any exception into an error Status of category `code` (what f does wrong when
 // it throws: the user's model or data that does not fit is bad input, anything else internal).
-// An allocation that failed is said as such, bad input whatever `code` (culprit/system.h).
+// An allocation that failed is said as such, bad input whatever `code`; a process out of file
+// descriptors too, an I/O failure (culprit/system.h).
 template <class Fn>
 Status guarded(StatusCode code, const std::string& what, Fn&& f) {
   try {
     return f();
   } catch (const std::exception& e) {
     if (is_out_of_memory(e)) return out_of_memory(what);
+    if (std::string fds; out_of_file_descriptors(&fds))  // libtorch says "Unable to open /dev/urandom"
+      return Status::IoError(what + ": out of file descriptors (" + fds + "): raise the limit");
     return Status::Error(code, what + ": " + error_line(e.what()));
   }
 }
@@ -58,6 +61,8 @@ Status guarded_step(StatusCode code, const std::string& what, Fn&& f) {
     throw;
   } catch (const std::exception& e) {
     if (is_out_of_memory(e)) return out_of_memory(what);
+    if (std::string fds; out_of_file_descriptors(&fds))  // libtorch says "Unable to open /dev/urandom"
+      return Status::IoError(what + ": out of file descriptors (" + fds + "): raise the limit");
     return Status::Error(code, what + ": " + error_line(e.what()));
   }
 }
