@@ -153,15 +153,19 @@ void Watchdog::expire(const char* what) {
                   " stopped responding: no answer within the collective timeout of " + seconds(timeout_) +
                   " and a grace of " + seconds(grace) + " (dead or stuck); " + waits;
   }
+  const int code = exit_code(rep.cause.ok() ? StatusCode::kSilentRank : rep.cause.code());
   if (alive.front() == rank_) {
     std::fprintf(stderr, "culprit: error: %s\n", rep.message.c_str());
     std::fflush(stderr);
     if (report_) report_(rep);
+    // What the code means, before Open MPI's own words on MPI_Abort (which read as a crash).
+    const std::string note = exit_note(code, "");
+    if (!note.empty()) std::fprintf(stderr, "%s\n", note.c_str());
+    std::fflush(stderr);
   } else {
     // The lowest live rank reports and ends the job; should it fail to, this rank does.
     listen(MPI_Wtime() + grace, false);
   }
-  const int code = exit_code(rep.cause.ok() ? StatusCode::kSilentRank : rep.cause.code());
   MPI_Abort(MPI_COMM_WORLD, code);
   std::_Exit(code);
 }

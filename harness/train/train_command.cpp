@@ -25,6 +25,8 @@ int run_train(const std::vector<std::string>& args, const AfterHalt& after_halt)
   const bool detected = st.code() == StatusCode::kHardware || st.code() == StatusCode::kNumerical ||
                         st.code() == StatusCode::kInvariant;
   if (detected && cfg.detect.on_detect == OnDetect::kDiagnose && after_halt) code = after_halt(comm, cfg.run_dir, code);
+  // A halt or the diagnosis's verdict: the last line says what the code means.
+  if (comm.rank == 0) cli::exit_line(code, cfg.run_dir);
   return cli::finish_mpi(code);
 }
 

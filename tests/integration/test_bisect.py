@@ -12,8 +12,8 @@ import unittest
 from html.parser import HTMLParser
 
 sys.path.insert(0, os.path.dirname(__file__))
-from culprit_testlib import (EXIT_DAMAGED, EXIT_USAGE, VERDICTS, TempDirTest, diagnosis, run,  # noqa: E402
-                             run_each_rank_code)
+from culprit_testlib import (EXIT_DAMAGED, EXIT_USAGE, VERDICTS, TempDirTest, diagnosis, last_culprit_line,  # noqa: E402
+                             run, run_each_rank_code, verdict_line)
 
 SIZE = {"mlp": ["--global-batch", "24", "--micro-shards", "4", "--samples", "96"],
         "cnn": ["--global-batch", "16", "--micro-shards", "4", "--samples", "64"],
@@ -233,6 +233,7 @@ class Bisect(TempDirTest):
         self.assertEqual(codes, [VERDICTS["hardware-transient"]] * 3, err)
         self.assertIn("halted at step 3 by the nonfinite detector", err)
         self.assertRegex(err, r"culprit: exclude host \S+ \(rank 1, device cpu\) before requeueing: hardware-transient")
+        self.assertEqual(last_culprit_line(err), verdict_line("hardware-transient", d), err)
         got = diagnosis(d)
         self.assertEqual((got["verdict"], got["step"], got["phase"], got["layer"], got["rank"]),
                          ("hardware-transient", 3, "forward", "fc2", 1), got)
