@@ -5,7 +5,9 @@ faults no detector caught; a clean run gives none, noise on every rank software-
 learning rate that blows up numerical-instability with no rank blamed."""
 import json
 import os
+import re
 import shutil
+import struct
 import subprocess
 import sys
 import unittest
@@ -118,6 +120,38 @@ def check_report(test, html, step, origin=None):
     differ = [a for t, a in p.found if t == "rect" and a.get("class") == "differ"]
     test.assertTrue(differ and all(a["data-step"] == str(step) for a in differ), differ)
     test.assertTrue([a for t, a in p.found if t == "polyline" and a.get("class") == "rank"])
+    # The x axis labels integer steps, several of them, in order.
+    ticks = [int(a["data-step"]) for t, a in p.found if t == "g" and a.get("class") == "x-tick"]
+    test.assertGreaterEqual(len(ticks), 5, ticks)
+    test.assertEqual(ticks, sorted(set(ticks)))
+    # The layer map's label column is wider than its longest row name set in its monospace font
+    # (0.6 em at 11 px: 6.6 px a character), and every cell lies right of it.
+    names = [a["data-row"] for t, a in p.found if t == "rect" and "data-row" in a]
+    cells_x = [float(a["x"]) for t, a in p.found if t == "rect" and "data-row" in a]
+    label_w = float(ids["layer-map"][1]["data-label-width"])
+    test.assertGreater(label_w, 4 + 6.6 * max(len(n) for n in names))
+    test.assertGreaterEqual(min(cells_x), label_w)
+    for t, a in p.found:
+        if t == "text" and a.get("class") == "row-label":
+            test.assertEqual(a.get("font-family"), "monospace")
+    # Each replay fault once.
+    faults = re.search(r'<ul id="replay-faults">(.*?)</ul>', html, re.S)
+    if faults:
+        items = re.findall(r"<li>(.*?)</li>", faults.group(1))
+        test.assertEqual(len(items), len(set(items)), items)
+
+
+def check_losses(test, html, run_dir):
+    """The loss plot's points are the step losses culprit printed (metrics.jsonl), step for step."""
+    p = Elements()
+    p.feed(html)
+    plotted = {int(a["data-step"]): float(a["data-loss"]) for t, a in p.found
+               if t == "circle" and a.get("class") == "step-loss"}
+    with open(os.path.join(run_dir, "metrics.jsonl")) as f:
+        printed = {m["step"]: m["loss"] for m in map(json.loads, f) if m["loss"] is not None}
+    test.assertEqual(sorted(plotted), sorted(printed))
+    for step, loss in printed.items():
+        test.assertEqual(struct.pack("f", plotted[step]), struct.pack("f", loss), step)
 
 
 class Bisect(TempDirTest):
@@ -154,7 +188,9 @@ class Bisect(TempDirTest):
         got = self.bisect(d, 2, "hardware-transient")
         page = os.path.join(d, "diagnosis.html")
         with open(page) as f:
-            check_report(self, f.read(), got["step"], origin="forward fc2")
+            html = f.read()
+        check_report(self, html, got["step"], origin="forward fc2")
+        check_losses(self, html, d)
         # Headless Chromium (Debian's chromium, installed by scripts/setup.sh) loads it; the DOM it
         # builds holds the same elements.
         browser = shutil.which("chromium")
@@ -163,6 +199,7 @@ class Bisect(TempDirTest):
                              capture_output=True, text=True, timeout=120)
         self.assertEqual(res.returncode, 0, res.stderr)
         check_report(self, res.stdout, got["step"], origin="forward fc2")
+        check_losses(self, res.stdout, d)
         # And it renders: a screenshot of the page as Chromium lays it out.
         shot = os.path.join(d, "diagnosis.png")
         res = subprocess.run([browser, "--headless", "--no-sandbox", "--disable-gpu", "--window-size=1200,1400",
