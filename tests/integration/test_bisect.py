@@ -183,14 +183,21 @@ class Bisect(TempDirTest):
                     self.assertEqual((got["reruns"], got["reproduced"]), (8, 0), got)
 
     def test_report_opens_in_a_browser(self):
+        # A persistent fault fires again in every replay of its step: diagnosis.json records each
+        # firing, the page lists each distinct one once, with its count.
         d = self.trained("report", "mlp", 3, ["--inject", "step=5,rank=1,layer=fc2,index=3,phase=forward,kind=bitflip,"
-                                                          "bit=22"])
-        got = self.bisect(d, 2, "hardware-transient")
+                                                          "bit=22,mode=persistent"])
+        got = self.bisect(d, 2, "hardware-persistent")
         page = os.path.join(d, "diagnosis.html")
         with open(page) as f:
             html = f.read()
         check_report(self, html, got["step"], origin="forward fc2")
         check_losses(self, html, d)
+        distinct = {(f["step"], f["rank"], f["host"], f["what"]) for f in got["replay_faults"]}
+        self.assertGreater(len(got["replay_faults"]), len(distinct), got["replay_faults"])
+        items = re.findall(r"<li>(.*?)</li>", re.search(r'<ul id="replay-faults">(.*?)</ul>', html, re.S).group(1))
+        self.assertEqual(len(items), len(distinct), items)
+        self.assertIn("(%d times)" % len(got["replay_faults"]), items[0])
         # Headless Chromium (Debian's chromium, installed by scripts/setup.sh) loads it; the DOM it
         # builds holds the same elements.
         browser = shutil.which("chromium")
