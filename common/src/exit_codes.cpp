@@ -32,6 +32,7 @@ const CodeRow& row(StatusCode code) {
 }  // namespace
 
 int exit_code(StatusCode code) { return row(code).exit; }
+const char* status_code_name(StatusCode code) { return row(code).name; }
 
 namespace {
 // The codes that report a finding and what each says (README.md's table). The verdicts' names are
@@ -68,6 +69,5 @@ std::string exit_note(int code, const std::string& run_dir) {
     return "culprit: exit 5 (differs): what was compared differs, as said above; this is a finding, not a failure";
   return "";
 }
-const char* status_code_name(StatusCode code) { return row(code).name; }
 
 }  // namespace culprit

@@ -155,13 +155,12 @@ void Watchdog::expire(const char* what) {
   }
   const int code = exit_code(rep.cause.ok() ? StatusCode::kSilentRank : rep.cause.code());
   if (alive.front() == rank_) {
-    std::fprintf(stderr, "culprit: error: %s\n", rep.message.c_str());
+    // With what the code means, before Open MPI's own words on MPI_Abort (which read as a crash).
+    // Both at once: output written just before MPI_Abort can be lost on the way to mpirun.
+    const std::string note = exit_note(code, "");
+    std::fprintf(stderr, "culprit: error: %s\n%s", rep.message.c_str(), note.empty() ? "" : (note + "\n").c_str());
     std::fflush(stderr);
     if (report_) report_(rep);
-    // What the code means, before Open MPI's own words on MPI_Abort (which read as a crash).
-    const std::string note = exit_note(code, "");
-    if (!note.empty()) std::fprintf(stderr, "%s\n", note.c_str());
-    std::fflush(stderr);
   } else {
     // The lowest live rank reports and ends the job; should it fail to, this rank does.
     listen(MPI_Wtime() + grace, false);
