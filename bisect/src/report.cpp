@@ -147,12 +147,14 @@ void loss_plot(std::ostringstream& h, const Diagnosis& d, const trace::RunTrace&
   for (const auto& it : items) {
     std::string pts, marks;
     if (it.total) {
+      // A dot per step while they stay apart; past that the points keep their data, undrawn.
+      const char* radius = printed.size() <= 100 ? "2.5" : "0";
       for (const auto& [st, v] : printed) {
         if (!std::isfinite(v)) continue;
         const std::string px = num(X(static_cast<double>(st))), py = num(Y(v));
         pts += px + "," + py + " ";
         marks += "<circle class=\"step-loss\" data-step=\"" + std::to_string(st) + "\" data-loss=\"" + float_text(v) +
-                 "\" cx=\"" + px + "\" cy=\"" + py + "\" r=\"2.5\" fill=\"#000\"><title>step " + std::to_string(st) +
+                 "\" cx=\"" + px + "\" cy=\"" + py + "\" r=\"" + radius + "\" fill=\"#000\"><title>step " + std::to_string(st) +
                  ": loss " + float_text(v) + "</title></circle>";
       }
       h << "<polyline id=\"step-loss\" fill=\"none\" stroke=\"#000\" stroke-width=\"2\" points=\"" << pts
