@@ -59,45 +59,116 @@ void summary_table(std::ostringstream& h, const Diagnosis& d) {
   h << "</table>\n";
 }
 
-// Loss per rank: the mean loss of the micro-shards each rank recorded, per step. The legend sits
-// in its own band under the axis labels, so it overlaps nothing however many ranks there are.
+// Text width at font-size 11: monospace advances are 0.6 em (DejaVu Sans Mono 0.602: 6.62 px), so
+// a label column sized from its longest name holds it exactly; proportional text is estimated wider.
+constexpr double kMonoChar = 6.7, kSansChar = 6.5;
+
+// "1", "2", "5" x 10^k: the smallest such step that gives at most `most` intervals over `span`.
+std::int64_t tick_step(std::int64_t span, int most) {
+  for (std::int64_t p = 1;; p *= 10)
+    for (std::int64_t m : {1, 2, 5})
+      if (span <= m * p * most) return m * p;
+}
+
+std::string float_text(double v) {
+  char buf[40];
+  std::snprintf(buf, sizeof buf, "%.9g", v);  // a float32 value, exactly
+  return buf;
+}
+
+// The loss per step: the step's loss as culprit printed it (metrics.jsonl and the per-step line:
+// the lowest rank's trace row, the sum over every micro-shard of its loss, each micro-shard's loss
+// its share of the batch mean), and each rank's share of it (the sum of its own micro-shards'
+// losses): the shares add up to the step's loss, and a rank whose share alone jumps stands out. Each
+// printed value is a point with its step and value (data-step, data-loss). The legend flows in its
+// own band under the axis, so it overlaps nothing however many ranks there are.
 void loss_plot(std::ostringstream& h, const Diagnosis& d, const trace::RunTrace& rec) {
-  std::map<int, std::map<std::int64_t, std::pair<double, int>>> per_rank;
+  std::map<std::int64_t, double> printed;
+  for (const auto& [key, row] : rec.steps)
+    if (!printed.count(key.second))
+      if (const trace::StepRow* r = rec.step(key.second)) printed[key.second] = r->loss;
+  std::map<int, std::map<std::int64_t, std::pair<double, int>>> share;
   for (const auto& [key, row] : rec.shards) {
-    auto& acc = per_rank[row.rank][row.step];
+    auto& acc = share[row.rank][row.step];
     if (std::isfinite(row.loss)) acc.first += row.loss, acc.second += 1;
   }
   double lo = 1e300, hi = -1e300;
-  const std::int64_t s0 = 1, s1 = std::max<std::int64_t>(2, rec.last_step);
-  for (const auto& [r, series] : per_rank)
+  for (const auto& [st, v] : printed)
+    if (std::isfinite(v)) lo = std::min(lo, v), hi = std::max(hi, v);
+  for (const auto& [r, series] : share)
     for (const auto& [st, acc] : series)
-      if (acc.second) lo = std::min(lo, acc.first / acc.second), hi = std::max(hi, acc.first / acc.second);
-  if (!(hi > lo)) lo = 0, hi = std::max(1.0, hi);
-  const int per_row = 8, legend_rows = static_cast<int>((per_rank.size() + per_row - 1) / per_row);
-  const double Wd = 720, Hp = 240, L = 50, R = 20, T = 20, B = 30, Ht = Hp + 16.0 * legend_rows + 6;
+      if (acc.second) lo = std::min(lo, acc.first), hi = std::max(hi, acc.first);
+  if (!(hi > lo)) {  // one value (or none): a unit band around it
+    const double mid = hi > -1e300 ? hi : 0.5;
+    lo = mid - 0.5;
+    hi = mid + 0.5;
+  }
+  const std::int64_t s0 = 1, s1 = std::max<std::int64_t>(2, rec.last_step);
+  static const char* colors[] = {"#1f77b4", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22", "#17becf"};
+  const double Wd = 760, Hp = 260, L = 64, R = 20, T = 20, B = 44;
+  // The legend: "step loss" first, then each rank's share, placed left to right and wrapped.
+  struct Item { std::string label, color; bool total; int rank; double x, y; };
+  std::vector<Item> items = {{"step loss (as printed)", "#000", true, -1, 0, 0}};
+  int ci = 0;
+  for (const auto& [r, series] : share) items.push_back({"rank " + std::to_string(r) + "'s share", colors[ci++ % 8], false, r, 0, 0});
+  double lx = L, ly = Hp + 4;
+  for (auto& it : items) {
+    const double w = 14 + kSansChar * it.label.size() + 16;
+    if (lx > L && lx + w > Wd - R) lx = L, ly += 16;
+    it.x = lx, it.y = ly;
+    lx += w;
+  }
+  const double Ht = ly + 16 + 6;
   auto X = [&](double st) { return L + (st - s0) / static_cast<double>(s1 - s0) * (Wd - L - R); };
   auto Y = [&](double v) { return T + (hi - v) / (hi - lo) * (Hp - T - B); };
-  static const char* colors[] = {"#1f77b4", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22", "#17becf"};
-  h << "<h2>Loss per rank</h2>\n<svg id=\"loss-plot\" xmlns=\"http://www.w3.org/2000/svg\" width=\"" << Wd
-    << "\" height=\"" << Ht << "\" role=\"img\" aria-label=\"loss per rank\">";
+  h << "<h2>Loss per step</h2>\n<svg id=\"loss-plot\" xmlns=\"http://www.w3.org/2000/svg\" width=\"" << Wd
+    << "\" height=\"" << Ht << "\" role=\"img\" aria-label=\"loss per step\">";
   h << "<line x1=\"" << L << "\" y1=\"" << Hp - B << "\" x2=\"" << Wd - R << "\" y2=\"" << Hp - B << "\" stroke=\"#000\"/>";
   h << "<line x1=\"" << L << "\" y1=\"" << T << "\" x2=\"" << L << "\" y2=\"" << Hp - B << "\" stroke=\"#000\"/>";
-  h << "<text x=\"" << L << "\" y=\"" << Hp - 12 << "\" font-size=\"11\">step " << s0 << "</text><text x=\"" << Wd - R
-    << "\" y=\"" << Hp - 12 << "\" font-size=\"11\" text-anchor=\"end\">step " << s1 << "</text>";
-  h << "<text x=\"" << L - 4 << "\" y=\"" << T + 4 << "\" font-size=\"11\" text-anchor=\"end\">" << num(hi)
-    << "</text><text x=\"" << L - 4 << "\" y=\"" << Hp - B << "\" font-size=\"11\" text-anchor=\"end\">" << num(lo)
-    << "</text>";
-  int ci = 0;
-  for (const auto& [r, series] : per_rank) {
-    std::string pts;
-    for (const auto& [st, acc] : series)
-      if (acc.second) pts += num(X(static_cast<double>(st))) + "," + num(Y(acc.first / acc.second)) + " ";
-    const char* c = colors[ci % 8];
-    const double lx = L + 80.0 * (ci % per_row), ly = Hp + 16.0 * (ci / per_row) + 4;
-    h << "<polyline class=\"rank\" data-rank=\"" << r << "\" fill=\"none\" stroke=\"" << c << "\" points=\"" << pts
-      << "\"/><g class=\"legend\"><rect x=\"" << lx << "\" y=\"" << ly << "\" width=\"10\" height=\"10\" fill=\"" << c
-      << "\"/><text x=\"" << lx + 14 << "\" y=\"" << ly + 9 << "\" font-size=\"11\">rank " << r << "</text></g>";
-    ++ci;
+  // x: integer steps, 1-2-5 spaced, at most 10 intervals, the first and last step always labelled.
+  const std::int64_t every = tick_step(s1 - s0, 10), gap = std::max<std::int64_t>(1, every / 2);
+  std::vector<std::int64_t> ticks = {s0};
+  for (std::int64_t t = (s0 / every + 1) * every; t < s1; t += every)
+    if (t - ticks.back() >= gap) ticks.push_back(t);
+  if (s1 - ticks.back() < gap && ticks.size() > 1) ticks.pop_back();
+  ticks.push_back(s1);
+  for (std::int64_t t : ticks)
+    h << "<g class=\"x-tick\" data-step=\"" << t << "\"><line x1=\"" << num(X(t)) << "\" y1=\"" << Hp - B << "\" x2=\""
+      << num(X(t)) << "\" y2=\"" << Hp - B + 4 << "\" stroke=\"#000\"/><text x=\"" << num(X(t)) << "\" y=\"" << Hp - B + 16
+      << "\" font-size=\"11\" text-anchor=\"middle\">" << t << "</text></g>";
+  h << "<text x=\"" << (L + Wd - R) / 2 << "\" y=\"" << Hp - B + 32 << "\" font-size=\"11\" text-anchor=\"middle\">step</text>";
+  // y: five values, with faint grid lines.
+  for (int i = 0; i <= 4; ++i) {
+    const double v = lo + (hi - lo) * i / 4.0, y = Y(v);
+    h << "<line x1=\"" << L << "\" y1=\"" << num(y) << "\" x2=\"" << Wd - R << "\" y2=\"" << num(y)
+      << "\" stroke=\"#eee\"/><text x=\"" << L - 4 << "\" y=\"" << num(y + 4) << "\" font-size=\"11\" text-anchor=\"end\">"
+      << num(v) << "</text>";
+  }
+  for (const auto& it : items) {
+    std::string pts, marks;
+    if (it.total) {
+      // A dot per step while they stay apart; past that the points keep their data, undrawn.
+      const char* radius = printed.size() <= 100 ? "2.5" : "0";
+      for (const auto& [st, v] : printed) {
+        if (!std::isfinite(v)) continue;
+        const std::string px = num(X(static_cast<double>(st))), py = num(Y(v));
+        pts += px + "," + py + " ";
+        marks += "<circle class=\"step-loss\" data-step=\"" + std::to_string(st) + "\" data-loss=\"" + float_text(v) +
+                 "\" cx=\"" + px + "\" cy=\"" + py + "\" r=\"" + radius + "\" fill=\"#000\"><title>step " + std::to_string(st) +
+                 ": loss " + float_text(v) + "</title></circle>";
+      }
+      h << "<polyline id=\"step-loss\" fill=\"none\" stroke=\"#000\" stroke-width=\"2\" points=\"" << pts
+        << "\"><title>the step's loss as culprit printed it</title></polyline>" << marks;
+    } else {
+      for (const auto& [st, acc] : share.at(it.rank))
+        if (acc.second) pts += num(X(static_cast<double>(st))) + "," + num(Y(acc.first)) + " ";
+      h << "<polyline class=\"rank\" data-rank=\"" << it.rank << "\" fill=\"none\" stroke=\"" << it.color
+        << "\" stroke-dasharray=\"5 2\" points=\"" << pts << "\"><title>rank " << it.rank
+        << "'s share (sum of its micro-shards' losses)</title></polyline>";
+    }
+    h << "<g class=\"legend\"><rect x=\"" << num(it.x) << "\" y=\"" << num(it.y) << "\" width=\"10\" height=\"10\" fill=\""
+      << it.color << "\"/><text x=\"" << num(it.x + 14) << "\" y=\"" << num(it.y + 9) << "\" font-size=\"11\">"
+      << esc(it.label) << "</text></g>";
   }
   if (d.step > 0) {
     const double x = X(static_cast<double>(d.step));
@@ -107,35 +178,66 @@ void loss_plot(std::ostringstream& h, const Diagnosis& d, const trace::RunTrace&
       << num(right ? x - 3 : x + 3) << "\" y=\"" << T + 10 << "\" font-size=\"11\" fill=\"#d62728\" text-anchor=\""
       << (right ? "end" : "start") << "\">faulty step " << d.step << "</text>";
   }
-  h << "</svg>\n";
+  h << "</svg>\n<p>Black: each step's loss as culprit printed it (the per-step line, metrics.jsonl): the sum of every "
+       "micro-shard's loss, each micro-shard's loss being its share of the batch mean. Dashed: each rank's share of "
+       "it, the sum of the losses of the micro-shards that rank computed; the shares add up to the step's loss.</p>\n";
 }
 
-// The replay's step x layer map, rows in execution order.
+// The replay's step x layer map, rows in execution order. The label column is as wide as the longest
+// row name (monospace: exact); step labels that would not fit a column's width stand upright.
 void layer_map(std::ostringstream& h, const Diagnosis& d, const LayerMap& map) {
   const auto& rows = map.rows;
   const auto& steps = map.steps;
   const auto& cells = map.cells;
-  const double cw = 26, rh = 16, lw = 200;
-  const double mw = lw + cw * std::max<std::size_t>(1, steps.size()) + 10, mh = 24 + rh * rows.size() + 10;
+  std::size_t longest = 0, widest_step = 1;
+  for (const auto& r : rows) longest = std::max(longest, r.size());
+  for (auto s : steps) widest_step = std::max(widest_step, std::to_string(s).size());
+  const double cw = 26, rh = 16, lw = 4 + kMonoChar * static_cast<double>(longest) + 12;
+  const bool upright = kMonoChar * static_cast<double>(widest_step) > cw - 4;
+  const double top = upright ? 10 + kMonoChar * static_cast<double>(widest_step) : 24;
+  const double mw = lw + cw * std::max<std::size_t>(1, steps.size()) + 10, mh = top + rh * rows.size() + 10;
   h << "<h2>Replay: step &times; layer</h2>\n<svg id=\"layer-map\" xmlns=\"http://www.w3.org/2000/svg\" width=\"" << mw
-    << "\" height=\"" << mh << "\" role=\"img\" aria-label=\"step by layer map\">";
+    << "\" height=\"" << mh << "\" data-label-width=\"" << lw << "\" role=\"img\" aria-label=\"step by layer map\">";
   for (std::size_t j = 0; j < rows.size(); ++j)
-    h << "<text x=\"4\" y=\"" << 24 + rh * j + 12 << "\" font-size=\"11\">" << esc(rows[j]) << "</text>";
+    h << "<text class=\"row-label\" x=\"4\" y=\"" << top + rh * j + 12 << "\" font-size=\"11\" font-family=\"monospace\">"
+      << esc(rows[j]) << "</text>";
   for (std::size_t i = 0; i < steps.size(); ++i) {
     const double x = lw + cw * i;
-    h << "<text x=\"" << x + 2 << "\" y=\"14\" font-size=\"10\">" << steps[i] << "</text>";
+    if (upright)
+      h << "<text class=\"step-label\" x=\"" << x + cw / 2 + 4 << "\" y=\"" << top - 6 << "\" font-size=\"11\" "
+        << "font-family=\"monospace\" transform=\"rotate(-90 " << x + cw / 2 + 4 << " " << top - 6 << ")\">" << steps[i]
+        << "</text>";
+    else
+      h << "<text class=\"step-label\" x=\"" << x + cw / 2 << "\" y=\"14\" font-size=\"11\" font-family=\"monospace\" "
+        << "text-anchor=\"middle\">" << steps[i] << "</text>";
     if (steps[i] == d.step)
-      h << "<rect id=\"faulty-step-column\" data-step=\"" << d.step << "\" x=\"" << x - 1 << "\" y=\"18\" width=\"" << cw
-        << "\" height=\"" << rh * rows.size() + 8 << "\" fill=\"none\" stroke=\"#000\" stroke-width=\"2\"/>";
+      h << "<rect id=\"faulty-step-column\" data-step=\"" << d.step << "\" x=\"" << x - 1 << "\" y=\"" << top - 6
+        << "\" width=\"" << cw << "\" height=\"" << rh * rows.size() + 8 << "\" fill=\"none\" stroke=\"#000\" stroke-width=\"2\"/>";
     for (std::size_t j = 0; j < rows.size() && j < cells[i].size(); ++j)
       h << "<rect class=\"" << (cells[i][j] ? "differ" : "match") << "\" data-step=\"" << steps[i] << "\" data-row=\""
-        << esc(rows[j]) << "\" x=\"" << x + 2 << "\" y=\"" << 24 + rh * j << "\" width=\"" << cw - 4 << "\" height=\"" << rh - 3
+        << esc(rows[j]) << "\" x=\"" << x + 2 << "\" y=\"" << top + rh * j << "\" width=\"" << cw - 4 << "\" height=\"" << rh - 3
         << "\"/>";
   }
   h << "</svg>\n<p>Green: the replay matches the record; red: it differs. Rows top to bottom as executed: the "
        "micro-shards' input, each layer's forward output, each layer's backward gradient (last layer first), the "
        "gradient leaf and loss, the step's update; the first red cell of a column is where the fault entered.</p>\n";
 }
+
+// The replay's faults, each once: a fault that fired on every replay of its step is one line, with
+// how often it was seen.
+std::vector<std::pair<const records::ReplayFault*, int>> distinct_faults(const Diagnosis& d) {
+  std::vector<std::pair<const records::ReplayFault*, int>> out;
+  for (const auto& f : d.replay_faults) {
+    auto same = std::find_if(out.begin(), out.end(), [&](const auto& o) {
+      return o.first->step == f.step && o.first->rank == f.rank && o.first->host == f.host && o.first->what == f.what;
+    });
+    if (same != out.end()) ++same->second;
+    else out.push_back({&f, 1});
+  }
+  return out;
+}
+
+std::string times(int n) { return n > 1 ? " (" + std::to_string(n) + " times)" : ""; }
 
 // What was examined and what not (the verdict speaks for the former only), replay faults, evidence.
 void coverage_and_evidence(std::ostringstream& h, const Diagnosis& d) {
@@ -148,8 +250,9 @@ void coverage_and_evidence(std::ostringstream& h, const Diagnosis& d) {
   h << "</table>\n";
   if (!d.replay_faults.empty()) {
     h << "<h2>Faults during the bisection's own replay</h2>\n<ul id=\"replay-faults\">";
-    for (const auto& f : d.replay_faults)
-      h << "<li>step " << f.step << ", rank " << f.rank << " (host " << esc(f.host) << "): " << esc(f.what) << "</li>";
+    for (const auto& [f, n] : distinct_faults(d))
+      h << "<li>step " << f->step << ", rank " << f->rank << " (host " << esc(f->host) << "): " << esc(f->what) << times(n)
+        << "</li>";
     h << "</ul>\n";
   }
   h << "<h2>Evidence</h2>\n<ol id=\"evidence\">";
@@ -158,7 +261,7 @@ void coverage_and_evidence(std::ostringstream& h, const Diagnosis& d) {
 }
 
 // RUN/diagnosis.html: one self-contained page (inline SVG, no scripts, no external files): the
-// verdict, the loss each rank recorded per step with the faulty step marked, the step x layer map
+// verdict, the loss per step as printed and each rank's share of it with the faulty step marked, the step x layer map
 // of the replay (match / differ), the coverage and the evidence.
 Status write_page(const std::string& run_dir, const Diagnosis& d, const trace::RunTrace& rec, const LayerMap& map) {
   std::ostringstream h;
@@ -268,9 +371,9 @@ void print_summary(const Diagnosis& d, const std::string& run_dir) {
     std::printf("one of:  ranks %s (nobody is excluded)\n", c.c_str());
   }
   if (d.reruns) std::printf("reruns:  %d, %d differ from the healthy result\n", d.reruns, d.reproduced);
-  for (const auto& f : d.replay_faults)
-    std::printf("replay fault: rank %d (host %s) at step %lld: %s\n", f.rank, f.host.c_str(),
-                static_cast<long long>(f.step), f.what.c_str());
+  for (const auto& [f, n] : distinct_faults(d))
+    std::printf("replay fault: rank %d (host %s) at step %lld: %s%s\n", f->rank, f->host.c_str(),
+                static_cast<long long>(f->step), f->what.c_str(), times(n).c_str());
   for (const auto& r : d.coverage.examined)
     std::printf("examined:     steps %lld..%lld\n", static_cast<long long>(r.from), static_cast<long long>(r.to));
   for (const auto& r : d.coverage.not_examined)

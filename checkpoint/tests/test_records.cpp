@@ -9,6 +9,7 @@
 #include <filesystem>
 #include <fstream>
 
+#include "culprit/exit_codes.h"
 #include "culprit/records.h"
 
 namespace r = culprit::records;
@@ -78,6 +79,25 @@ TEST(Vocabularies, EveryNameParsesBackToItsValue) {
   EXPECT_FALSE(culprit::is_hardware(Verdict::kDamagedRecord));
   EXPECT_TRUE(culprit::is_hardware(Verdict::kHardwareUnconfirmed));
   EXPECT_EQ(culprit::status_code_for(IncidentClass::kHardware), culprit::StatusCode::kHardware);
+}
+
+// The last line of a verdict exit names the verdict of its code, as records.h names it; codes that
+// report no finding get no line.
+TEST_F(Records, EveryVerdictExitSaysItsVerdict) {
+  for (const auto& row : culprit::kVerdictNames) {
+    const int code = culprit::verdict_exit_code(row.value);
+    const std::string note = culprit::exit_note(code, "RUN");
+    if (row.value == Verdict::kNone || row.value == Verdict::kDamagedRecord) {
+      EXPECT_EQ(note.find("verdict"), std::string::npos) << row.name;
+      continue;
+    }
+    EXPECT_EQ(note, "culprit: verdict " + std::string(row.name) + " (exit " + std::to_string(code) +
+                        "): this is a diagnosis, not a failure; see RUN/diagnosis.json");
+  }
+  EXPECT_EQ(culprit::exit_note(0, "RUN"), "");
+  EXPECT_EQ(culprit::exit_note(2, "RUN"), "");
+  EXPECT_NE(culprit::exit_note(11, "RUN").find("(numerical: NaN or Inf)"), std::string::npos);
+  EXPECT_NE(culprit::exit_note(5, "").find("a finding, not a failure"), std::string::npos);
 }
 
 TEST_F(Records, IncidentsRoundTripWithEveryField) {

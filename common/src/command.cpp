@@ -21,6 +21,22 @@ void error_line(const std::string& msg) {
   std::fflush(stderr);
 }
 
+void result_line(const Status& st) {
+  if (st.code() != StatusCode::kDiffers) return error_line(st.message());
+  // A replay or audit that differs from the trace did its job: the difference is the answer.
+  std::fprintf(stderr, "culprit: %s\n", printable(st.message()).c_str());
+  std::fflush(stderr);
+}
+
+void exit_line(int code, const std::string& run_dir) {
+  const std::string note = exit_note(code, run_dir);
+  if (note.empty()) return;
+  // stdout first: what the command printed there comes before its last line.
+  std::fflush(stdout);
+  std::fprintf(stderr, "%s\n", printable(note).c_str());
+  std::fflush(stderr);
+}
+
 namespace {
 
 // An exception no code caught (an allocation that failed outside any guarded call, on one rank

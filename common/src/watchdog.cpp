@@ -240,15 +240,18 @@ void Watchdog::expire(const char* what) {
                   " stopped responding: no answer within the collective timeout of " + seconds(timeout_) +
                   " and a grace of " + seconds(grace) + " (dead or stuck); " + waits;
   }
+  const int code = exit_code(rep.cause.ok() ? StatusCode::kSilentRank : rep.cause.code());
   if (!waiting.empty() && waiting.front() == rank_) {
-    std::fprintf(stderr, "culprit: error: %s\n", rep.message.c_str());
+    // With what the code means, before Open MPI's own words on MPI_Abort (which read as a crash).
+    // Both at once: output written just before MPI_Abort can be lost on the way to mpirun.
+    const std::string note = exit_note(code, "");
+    std::fprintf(stderr, "culprit: error: %s\n%s", rep.message.c_str(), note.empty() ? "" : (note + "\n").c_str());
     std::fflush(stderr);
     if (report_) report_(rep);
   } else {
     // The lowest live rank reports and ends the job; should it fail to, this rank does.
     listen(MPI_Wtime() + grace, false);
   }
-  const int code = exit_code(rep.cause.ok() ? StatusCode::kSilentRank : rep.cause.code());
   MPI_Abort(MPI_COMM_WORLD, code);
   std::_Exit(code);
 }

@@ -317,6 +317,25 @@ Status parse_train_options(const std::vector<std::string>& args, TrainConfig* cf
   return Status::OK();
 }
 
+std::string to_ini(const TrainConfig& cfg) {
+  const ModelKind m = cfg.model.kind;
+  if (m == ModelKind::kMlp || m == ModelKind::kCnn || m == ModelKind::kGpt) return train_options().to_ini(cfg);
+  // A model culprit does not build: the options of the built-in models, and those of data it does
+  // not read, would only say what the run did not use (validate_model_options refuses them given).
+  // Left out, each reads back as its default, as the checkpoints' configuration does: resuming and
+  // the edited-run.json check compare the same values.
+  const DataKind d = cfg.data.kind;
+  return train_options().to_ini(cfg, [d](const std::string& name) {
+    static const char* const kBuiltIn[] = {"hidden", "layers", "width", "heads", "tie-head", "init"};
+    for (const char* n : kBuiltIn)
+      if (name == n) return false;
+    if (name == "samples" || name == "sample-shape") return d == DataKind::kSynthetic;
+    if (name == "seq-len" || name == "vocab" || name == "token-dtype") return d == DataKind::kTokens;
+    if (name == "classes") return d != DataKind::kTokens;
+    return true;
+  });
+}
+
 Status parse_recorded_config(const std::string& ini, TrainConfig* cfg) {
   *cfg = TrainConfig();
   CULPRIT_RETURN_IF_ERROR(train_options().parse_ini(ini, cfg, /*allow_unknown=*/true));

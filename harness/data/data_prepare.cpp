@@ -155,7 +155,7 @@ Status changed_samples(const TrainConfig& cfg, const std::vector<std::int64_t>& 
   std::map<std::uint64_t, bool> changed;  // each block read once, however many samples share it
   for (std::int64_t s : samples) {
     if (s < 0 || s >= d.n) continue;
-    const SampleLocation loc = d.reader->locate(s);
+    const SampleLocation loc = d.reader->locate(s, SamplePart::kX);
     std::uint64_t bad = UINT64_MAX;
     for (std::uint64_t b = loc.offset / r.block_bytes; b * r.block_bytes < std::min(bytes, loc.offset + loc.bytes); ++b) {
       if (!changed.count(b))
@@ -282,7 +282,7 @@ std::string sample_ranges(const std::vector<std::pair<std::int64_t, std::int64_t
 std::string block_holds(const DataArgs& a, Dataset& d, bool windows, std::uint64_t lo, std::uint64_t hi) {
   if (a.data.kind != DataKind::kTokens) return sample_ranges(d.reader->samples_in(lo, hi));
   const std::int64_t t = d.x_shape.at(0);
-  const std::uint64_t each = d.reader->locate(0).bytes / static_cast<std::uint64_t>(t + 1);
+  const std::uint64_t each = d.reader->locate(0, SamplePart::kX).bytes / static_cast<std::uint64_t>(t + 1);
   const std::string tokens = "tokens " + std::to_string(lo / each) + ".." + std::to_string((hi - 1) / each);
   if (!windows) return tokens;
   const auto runs = d.reader->samples_in(lo, hi);

@@ -36,10 +36,11 @@ std::string SampleLocation::text() const {
 
 namespace {
 
-// " (file 'F' offset N ...)" for a sample of a file, nothing for synthetic data.
-std::string stored_at(const SampleChecks& k, std::int64_t sample) {
+// " (file 'F' offset N ...)" for the part of a sample that holds the bad value (an HDF5 file's x or
+// y dataset), nothing for synthetic data.
+std::string stored_at(const SampleChecks& k, std::int64_t sample, SamplePart part) {
   if (!k.source) return "";
-  const SampleLocation loc = k.source->locate(sample);
+  const SampleLocation loc = k.source->locate(sample, part);
   return loc.file.empty() ? "" : " (" + loc.text() + ")";
 }
 
@@ -50,16 +51,18 @@ std::string where_in(std::int64_t sample, std::int64_t element, std::int64_t per
 
 // A NaN or Inf in the data would reach every replica the same way and look like the model's own
 // instability; it is the data's, and said so, with the sample that holds it.
-Status check_finite(const SampleChecks& k, const char* name, const float* v, std::int64_t per_sample,
+Status check_finite(const SampleChecks& k, SamplePart part, const float* v, std::int64_t per_sample,
                     std::int64_t sample_of_row0, const std::int64_t* idx, std::size_t rows) {
   if (all_finite(v, rows * static_cast<std::size_t>(per_sample))) return Status::OK();
   std::size_t i = 0;
   while (std::isfinite(v[i])) ++i;
   const std::size_t row = i / static_cast<std::size_t>(per_sample);
   const std::int64_t sample = idx ? idx[row] : sample_of_row0 + static_cast<std::int64_t>(row);
+  const char* name = part == SamplePart::kY ? "y" : "x";
   return Status::BadInput(k.data + ": " + name + " holds a non-finite value (" + std::to_string(v[i]) + ") in sample " +
                           std::to_string(sample) + " (element " +
-                          std::to_string(static_cast<std::int64_t>(i) % per_sample) + ")" + stored_at(k, sample));
+                          std::to_string(static_cast<std::int64_t>(i) % per_sample) + ")" +
+                          stored_at(k, sample, part));
 }
 
 // Integer labels are class indices: each must be in [0, classes), where classes is --classes, or
@@ -83,13 +86,13 @@ Status check_labels(const SampleChecks& k, const std::int64_t* lab, std::int64_t
     const std::string valid = "valid class labels are [0, " + std::to_string(limit) + ")";
     if (lab[i] < 0)
       return Status::BadInput(k.data + ": y holds a negative class label (" + std::to_string(lab[i]) + ")" + where + "; " + valid +
-                              stored_at(k, sample));
+                              stored_at(k, sample, SamplePart::kY));
     return Status::BadInput(k.data + ": y holds class label " + std::to_string(lab[i]) + where + "; " + valid +
                             (k.classes > 0 && !k.classes_given ? std::string(" (the width the data had when the run started)")
                              : k.classes > 0 ? " with --" + std::string(k.class_option) + " " + std::to_string(k.classes)
                                            : " (give --" + std::string(k.class_option) + " C if the data has C classes; at most " +
                                                  std::to_string(kMaxClasses) + ")") +
-                            stored_at(k, sample));
+                            stored_at(k, sample, SamplePart::kY));
   }
   return Status::OK();
 }
@@ -107,7 +110,7 @@ Status check_tokens(const SampleChecks& k, const std::int64_t* tok, std::int64_t
                             std::to_string(sample) + " (position " + std::to_string(i % per_sample) +
                             "); valid token ids are [0, " + std::to_string(k.token_limit) + ")" +
                             (k.token_option_given ? " with --" + std::string(k.token_option) + " " + std::to_string(k.token_limit) : "") +
-                            stored_at(k, sample));
+                            stored_at(k, sample, SamplePart::kX));
   }
   return Status::OK();
 }
@@ -124,7 +127,7 @@ Status check_windows(const SampleChecks& k, std::int64_t t, std::int64_t sample_
       const std::int64_t sample = idx ? idx[r] : sample_of_row0 + static_cast<std::int64_t>(r);
       std::string where;
       if (k.source) {
-        const SampleLocation loc = k.source->locate(sample);
+        const SampleLocation loc = k.source->locate(sample, SamplePart::kX);
         if (!loc.file.empty())
           where = " (file '" + loc.file + "' offset " +
                   std::to_string(loc.offset + static_cast<std::uint64_t>(p) * (loc.bytes / static_cast<std::uint64_t>(t + 1))) +
@@ -145,9 +148,9 @@ Status check_all(const Dataset& d, const SampleChecks& k, const std::int64_t* id
                  std::size_t count, const unsigned char* x, const unsigned char* y, Dataset* stats) {
   const std::int64_t xn = std::max<std::int64_t>(1, d.x_numel()), yn = std::max<std::int64_t>(1, d.y_numel());
   if (d.x_dtype == DType::kFloat32)
-    CULPRIT_RETURN_IF_ERROR(check_finite(k, "x", reinterpret_cast<const float*>(x), xn, first, idx, count));
+    CULPRIT_RETURN_IF_ERROR(check_finite(k, SamplePart::kX, reinterpret_cast<const float*>(x), xn, first, idx, count));
   if (!d.classification())
-    CULPRIT_RETURN_IF_ERROR(check_finite(k, "y", reinterpret_cast<const float*>(y), yn, first, idx, count));
+    CULPRIT_RETURN_IF_ERROR(check_finite(k, SamplePart::kY, reinterpret_cast<const float*>(y), yn, first, idx, count));
   else
     CULPRIT_RETURN_IF_ERROR(check_labels(k, reinterpret_cast<const std::int64_t*>(y), yn, first, idx, count, stats));
   if (d.x_dtype == DType::kInt64 && k.token_limit > 0)

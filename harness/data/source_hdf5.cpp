@@ -96,36 +96,39 @@ class Hdf5Source : public DataSource {
   }
 
   // Contiguous storage: the row's own bytes; chunked: the chunk that holds it (with its filters, a
-  // changed byte anywhere in it changes the row).
-  SampleLocation locate(std::int64_t i) override {
+  // changed byte anywhere in it changes the row). x and y are datasets of their own: the part named
+  // is the one whose bytes hold the value in question (a bad label is in y).
+  SampleLocation locate(std::int64_t i, SamplePart part) override {
+    const Column& c = part == SamplePart::kY ? y_ : x_;
+    const std::string row = std::string("dataset ") + (part == SamplePart::kY ? "y" : "x") + " row " + std::to_string(i);
     SampleLocation loc;
     loc.file = path_;
-    loc.bytes = x_.file_row_bytes;
-    const haddr_t base = H5Dget_offset(x_.ds.id());
+    loc.bytes = c.file_row_bytes;
+    const haddr_t base = H5Dget_offset(c.ds.id());
     if (base != HADDR_UNDEF) {
-      loc.offset = base + static_cast<std::uint64_t>(i) * x_.file_row_bytes;
-      loc.detail = "dataset x row " + std::to_string(i);
+      loc.offset = base + static_cast<std::uint64_t>(i) * c.file_row_bytes;
+      loc.detail = row;
       return loc;
     }
     H5Eclear2(H5E_DEFAULT);
-    std::vector<hsize_t> coord(x_.shape.size(), 0);
+    std::vector<hsize_t> coord(c.shape.size(), 0);
     coord[0] = static_cast<hsize_t>(i);
     unsigned mask = 0;
     haddr_t addr = HADDR_UNDEF;
     hsize_t size = 0;
-    if (H5Dget_chunk_info_by_coord(x_.ds.id(), coord.data(), &mask, &addr, &size) >= 0 && addr != HADDR_UNDEF) {
+    if (H5Dget_chunk_info_by_coord(c.ds.id(), coord.data(), &mask, &addr, &size) >= 0 && addr != HADDR_UNDEF) {
       loc.offset = addr;
       loc.bytes = size;
       // A set bit of the mask is a filter the chunk skipped: filtered when one of the dataset's
       // filters was applied (it was "(filtered)" for a skipped one and nothing for gzip).
-      h5::Handle plist(H5Dget_create_plist(x_.ds.id()), H5Pclose);
+      h5::Handle plist(H5Dget_create_plist(c.ds.id()), H5Pclose);
       const int filters = plist.valid() ? H5Pget_nfilters(plist.id()) : 0;
       const bool filtered = filters > 0 && (mask & ((1u << std::min(filters, 31)) - 1u)) != ((1u << std::min(filters, 31)) - 1u);
-      loc.detail = "dataset x row " + std::to_string(i) + ", in the " + std::to_string(size) + "-byte chunk stored there" +
+      loc.detail = row + ", in the " + std::to_string(size) + "-byte chunk stored there" +
                    (filtered ? " (filtered: any changed byte of the chunk changes the row)" : "");
     } else {
       H5Eclear2(H5E_DEFAULT);
-      loc.detail = "dataset x row " + std::to_string(i) + " (storage not located)";
+      loc.detail = row + " (storage not located)";
     }
     return loc;
   }

@@ -34,7 +34,7 @@ class SyntheticSource : public DataSource {
     return Status::OK();
   }
 
-  SampleLocation locate(std::int64_t) override { return {}; }
+  SampleLocation locate(std::int64_t, SamplePart) override { return {}; }
   std::vector<std::pair<std::int64_t, std::int64_t>> samples_in(std::uint64_t, std::uint64_t) override { return {}; }
 
  private:

@@ -117,7 +117,7 @@ class TokenSource : public DataSource {
     return m;
   }
 
-  SampleLocation locate(std::int64_t i) override {
+  SampleLocation locate(std::int64_t i, SamplePart) override {
     SampleLocation loc;
     loc.file = path_;
     loc.offset = static_cast<std::uint64_t>(i) * static_cast<std::uint64_t>(t_) * each_;

@@ -225,7 +225,7 @@ class EngineImpl : public Engine {
   }
   std::string sample_location(std::int64_t i, std::string* file, std::int64_t* offset) override {
     if (i < 0 || i >= data_.n) return "";
-    const SampleLocation loc = data_.reader->locate(i);
+    const SampleLocation loc = data_.reader->locate(i, SamplePart::kX);
     if (file) *file = loc.file;
     if (offset) *offset = loc.file.empty() ? -1 : static_cast<std::int64_t>(loc.offset);
     return loc.file.empty() ? "" : loc.text();

@@ -43,6 +43,8 @@ int run_train(const std::vector<std::string>& args, const AfterHalt& after_halt)
     watched.watchdog = &watchdog;
     code = after_halt(watched, cfg.run_dir, code);
   }
+  // A halt or the diagnosis's verdict: the last line says what the code means.
+  if (comm.rank == 0) cli::exit_line(code, cfg.run_dir);
   return cli::finish_mpi(code);
 }
 

@@ -46,7 +46,7 @@ Status PyDataSource::read(const std::int64_t* idx, std::size_t count, unsigned c
   return Status::OK();
 }
 
-harness::SampleLocation PyDataSource::locate(std::int64_t i) {
+harness::SampleLocation PyDataSource::locate(std::int64_t i, harness::SamplePart) {
   harness::SampleLocation at;
   at.detail = "sample " + std::to_string(i) + " of the script's data set";
   return at;

@@ -15,7 +15,7 @@ class PyDataSource : public harness::DataSource {
   explicit PyDataSource(py::object source) : source_(std::move(source)) {}
   ~PyDataSource() override;
   Status read(const std::int64_t* idx, std::size_t count, unsigned char* x, unsigned char* y) override;
-  harness::SampleLocation locate(std::int64_t i) override;
+  harness::SampleLocation locate(std::int64_t i, harness::SamplePart part) override;
   // A Python data set has no file whose bytes culprit could map to samples (prepare-data's blocks).
   std::vector<std::pair<std::int64_t, std::int64_t>> samples_in(std::uint64_t, std::uint64_t) override { return {}; }
 

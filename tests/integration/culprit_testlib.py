@@ -119,6 +119,18 @@ def run_each_rank_code(args, world, workdir, timeout=TIMEOUT, cwd=None, env=None
     return codes, proc.stdout, proc.stderr
 
 
+def last_culprit_line(err):
+    """The last line culprit itself wrote to stderr (Open MPI's banners that may follow are not)."""
+    lines = [l for l in err.splitlines() if l.startswith("culprit:")]
+    return lines[-1] if lines else ""
+
+
+def verdict_line(verdict, run_dir):
+    """The line a verdict's exit ends with (README.md, "Exit codes")."""
+    return "culprit: verdict %s (exit %d): this is a diagnosis, not a failure; see %s/diagnosis.json" % (
+        verdict, VERDICTS[verdict], run_dir)
+
+
 def error_lines(err):
     """stderr's `culprit: error:` lines."""
     return [l for l in err.splitlines() if l.startswith("culprit: error:")]
@@ -302,6 +314,12 @@ class TempDirTest(unittest.TestCase):
         res = run(["bisect", "--run-dir", run_dir], world=world, use_mpirun=True, env=env)
         self.assertEqual(res.code, VERDICTS[verdict], res.out + res.err)
         self.assertIn("verdict: " + verdict, res.out)
+        # culprit's own last line says what the exit code means (a diagnosis, not a crash) before
+        # Open MPI's "non-zero exit code" banner; "none" exits 0 and needs none.
+        if verdict == "none":
+            self.assertNotIn("culprit: verdict", res.err)
+        elif verdict != "damaged-record":
+            self.assertEqual(last_culprit_line(res.err), verdict_line(verdict, run_dir), res.err)
         return diagnosis(run_dir)
 
     def assert_refused(self, args, code, *wants, world=2, watch=(), env=None, program=None):

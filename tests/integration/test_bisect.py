@@ -5,15 +5,17 @@ faults no detector caught; a clean run gives none, noise on every rank software-
 learning rate that blows up numerical-instability with no rank blamed."""
 import json
 import os
+import re
 import shutil
+import struct
 import subprocess
 import sys
 import unittest
 from html.parser import HTMLParser
 
 sys.path.insert(0, os.path.dirname(__file__))
-from culprit_testlib import (EXIT_DAMAGED, EXIT_USAGE, VERDICTS, TempDirTest, diagnosis, run,  # noqa: E402
-                             run_each_rank_code)
+from culprit_testlib import (EXIT_DAMAGED, EXIT_USAGE, VERDICTS, TempDirTest, diagnosis, last_culprit_line,  # noqa: E402
+                             run, run_each_rank_code, verdict_line)
 
 SIZE = {"mlp": ["--global-batch", "24", "--micro-shards", "4", "--samples", "96"],
         "cnn": ["--global-batch", "16", "--micro-shards", "4", "--samples", "64"],
@@ -118,6 +120,38 @@ def check_report(test, html, step, origin=None):
     differ = [a for t, a in p.found if t == "rect" and a.get("class") == "differ"]
     test.assertTrue(differ and all(a["data-step"] == str(step) for a in differ), differ)
     test.assertTrue([a for t, a in p.found if t == "polyline" and a.get("class") == "rank"])
+    # The x axis labels integer steps, several of them, in order.
+    ticks = [int(a["data-step"]) for t, a in p.found if t == "g" and a.get("class") == "x-tick"]
+    test.assertGreaterEqual(len(ticks), 5, ticks)
+    test.assertEqual(ticks, sorted(set(ticks)))
+    # The layer map's label column is wider than its longest row name set in its monospace font
+    # (0.6 em at 11 px: 6.6 px a character), and every cell lies right of it.
+    names = [a["data-row"] for t, a in p.found if t == "rect" and "data-row" in a]
+    cells_x = [float(a["x"]) for t, a in p.found if t == "rect" and "data-row" in a]
+    label_w = float(ids["layer-map"][1]["data-label-width"])
+    test.assertGreater(label_w, 4 + 6.6 * max(len(n) for n in names))
+    test.assertGreaterEqual(min(cells_x), label_w)
+    for t, a in p.found:
+        if t == "text" and a.get("class") == "row-label":
+            test.assertEqual(a.get("font-family"), "monospace")
+    # Each replay fault once.
+    faults = re.search(r'<ul id="replay-faults">(.*?)</ul>', html, re.S)
+    if faults:
+        items = re.findall(r"<li>(.*?)</li>", faults.group(1))
+        test.assertEqual(len(items), len(set(items)), items)
+
+
+def check_losses(test, html, run_dir):
+    """The loss plot's points are the step losses culprit printed (metrics.jsonl), step for step."""
+    p = Elements()
+    p.feed(html)
+    plotted = {int(a["data-step"]): float(a["data-loss"]) for t, a in p.found
+               if t == "circle" and a.get("class") == "step-loss"}
+    with open(os.path.join(run_dir, "metrics.jsonl")) as f:
+        printed = {m["step"]: m["loss"] for m in map(json.loads, f) if m["loss"] is not None}
+    test.assertEqual(sorted(plotted), sorted(printed))
+    for step, loss in printed.items():
+        test.assertEqual(struct.pack("f", plotted[step]), struct.pack("f", loss), step)
 
 
 class Bisect(TempDirTest):
@@ -149,12 +183,21 @@ class Bisect(TempDirTest):
                     self.assertEqual((got["reruns"], got["reproduced"]), (8, 0), got)
 
     def test_report_opens_in_a_browser(self):
+        # A persistent fault fires again in every replay of its step: diagnosis.json records each
+        # firing, the page lists each distinct one once, with its count.
         d = self.trained("report", "mlp", 3, ["--inject", "step=5,rank=1,layer=fc2,index=3,phase=forward,kind=bitflip,"
-                                                          "bit=22"])
-        got = self.bisect(d, 2, "hardware-transient")
+                                                          "bit=22,mode=persistent"])
+        got = self.bisect(d, 2, "hardware-persistent")
         page = os.path.join(d, "diagnosis.html")
         with open(page) as f:
-            check_report(self, f.read(), got["step"], origin="forward fc2")
+            html = f.read()
+        check_report(self, html, got["step"], origin="forward fc2")
+        check_losses(self, html, d)
+        distinct = {(f["step"], f["rank"], f["host"], f["what"]) for f in got["replay_faults"]}
+        self.assertGreater(len(got["replay_faults"]), len(distinct), got["replay_faults"])
+        items = re.findall(r"<li>(.*?)</li>", re.search(r'<ul id="replay-faults">(.*?)</ul>', html, re.S).group(1))
+        self.assertEqual(len(items), len(distinct), items)
+        self.assertIn("(%d times)" % len(got["replay_faults"]), items[0])
         # Headless Chromium (Debian's chromium, installed by scripts/setup.sh) loads it; the DOM it
         # builds holds the same elements.
         browser = shutil.which("chromium")
@@ -163,6 +206,7 @@ class Bisect(TempDirTest):
                              capture_output=True, text=True, timeout=120)
         self.assertEqual(res.returncode, 0, res.stderr)
         check_report(self, res.stdout, got["step"], origin="forward fc2")
+        check_losses(self, res.stdout, d)
         # And it renders: a screenshot of the page as Chromium lays it out.
         shot = os.path.join(d, "diagnosis.png")
         res = subprocess.run([browser, "--headless", "--no-sandbox", "--disable-gpu", "--window-size=1200,1400",
@@ -233,6 +277,7 @@ class Bisect(TempDirTest):
         self.assertEqual(codes, [VERDICTS["hardware-transient"]] * 3, err)
         self.assertIn("halted at step 3 by the nonfinite detector", err)
         self.assertRegex(err, r"culprit: exclude host \S+ \(rank 1, device cpu\) before requeueing: hardware-transient")
+        self.assertEqual(last_culprit_line(err), verdict_line("hardware-transient", d), err)
         got = diagnosis(d)
         self.assertEqual((got["verdict"], got["step"], got["phase"], got["layer"], got["rank"]),
                          ("hardware-transient", 3, "forward", "fc2", 1), got)

@@ -393,6 +393,32 @@ class Hdf5Streaming(DataTest):
                                      "hdf5:" + path, "--global-batch", "16", "--micro-shards", "2"], EXIT_USAGE,
                                     "x holds a non-finite value (nan) in sample 21 (element 3)", where)
 
+    def test_a_bad_label_is_named_in_y(self):
+        # A label out of range in row 5 of y: the place named is y's row — the dataset that holds the
+        # bad value — at y's own offset, never x's row 5 (x is clean).
+        rng = np.random.default_rng(14)
+        x = rng.standard_normal((64, 7)).astype(np.float32)
+        y = rng.integers(0, 3, 64)
+        y[5] = 9
+        for name, kw in (("contiguous", {}), ("chunked", {"chunks": (8,)})):
+            path = self.path("label-%s.h5" % name)
+            with h5py.File(path, "w") as f:
+                f["x"] = x
+                f.create_dataset("y", data=y, **kw)
+            with h5py.File(path, "r") as f:
+                d = f["y"]
+                if d.chunks is None:
+                    where = "offset %d (dataset y row 5)" % (d.id.get_offset() + 5 * 8)
+                else:
+                    info = d.id.get_chunk_info_by_coord((0,))
+                    where = "offset %d (dataset y row 5, in the %d-byte chunk stored there)" % (info.byte_offset, info.size)
+            with self.subTest(layout=name):
+                line = self.assert_refused(["train", "--quiet", "--run-dir", self.path("run-label-" + name), "--data",
+                                            "hdf5:" + path, "--classes", "3", "--global-batch", "16",
+                                            "--micro-shards", "2"], EXIT_USAGE,
+                                           "y holds class label 9 at sample 5; valid class labels are [0, 3)", where)
+                self.assertNotIn("dataset x", line)
+
     def test_unwritten_chunks_are_refused(self):
         path = self.path("partial.h5")
         with h5py.File(path, "w") as f:

@@ -2,12 +2,13 @@
 meant for it, the incident names the rank, and --on-detect halt exits with the class's code on every
 rank. A clean run raises nothing."""
 import os
+import re
 import sys
 import unittest
 
 sys.path.insert(0, os.path.dirname(__file__))
 from culprit_testlib import (EXIT_HARDWARE, EXIT_INVARIANT, EXIT_NUMERICAL, EXIT_USAGE, TempDirTest,  # noqa: E402
-                             incidents, run, run_each_rank_code)
+                             incidents, last_culprit_line, run, run_each_rank_code)
 
 PY = "/usr/bin/python3"
 
@@ -60,6 +61,10 @@ class Detection(TempDirTest):
         self.assertTrue(inc, err)
         self.assertEqual((inc[0]["step"], inc[0]["detector"]), (3, detector), inc[0])
         self.assertIn("halted at step 3 by the %s detector" % detector, err)
+        # The last line says the code is a finding (Open MPI's banner after it reads as a crash).
+        self.assertRegex(last_culprit_line(err), r"^culprit: exit %d \(.+\): this is a finding, not a crash; the line "
+                                                 r"above says what was found; see %s/incidents.jsonl$"
+                         % (code, re.escape(self.path(name))))
         # The checkpoint of step 2, from before the fault, is there; none of step 3 or later.
         ck = sorted(os.listdir(self.path(name, "checkpoints")))
         self.assertIn("step-00000002.h5", ck)

@@ -207,6 +207,41 @@ class Python(TempDirTest):
         self.assertEqual(res.code, EXIT_USAGE, res.out + res.err)
         self.assertIn("changed since the run was trained", res.err)
 
+    def test_run_json_records_only_the_options_that_apply(self):
+        # A Python run uses neither the built-in models' options nor synthetic or tokens data's:
+        # run.json does not list them. A built-in mlp run still lists everything (unchanged).
+        unused = ("hidden", "samples", "sample-shape", "layers", "width", "heads", "tie-head", "init", "seq-len",
+                  "vocab", "token-dtype")
+
+        def keys(run_dir):
+            with open(os.path.join(run_dir, "run.json")) as f:
+                return [line.split(" = ", 1)[0] for line in json.load(f)["config"].splitlines()]
+
+        d = self.train_script("py", 2, steps=4)
+        got = keys(d)
+        self.assertIn("lr", got)
+        self.assertIn("classes", got)  # labels of the script's data are checked against it
+        for k in unused:
+            self.assertNotIn(k, got)
+        mlp = run(["train", "--model", "mlp", "--steps", "1", "--global-batch", "8", "--micro-shards", "2",
+                   "--samples", "32", "--quiet"], world=1, run_dir=self.path("mlp"))
+        self.assertEqual(mlp.code, 0, mlp.err)
+        for k in unused:
+            self.assertIn(k, keys(self.path("mlp")))
+        # The run resumes (the checkpoints record the same), and an edited run.json is still refused.
+        res = run(["train", "--resume", "--steps", "6", "--run-dir", d, "--quiet"], world=2, env=py_env())
+        self.assertEqual(res.code, 0, res.out + res.err)
+        path = os.path.join(d, "run.json")
+        with open(path) as f:
+            j = json.load(f)
+        lr = next(l for l in j["config"].splitlines() if l.startswith("lr = "))
+        j["config"] = j["config"].replace(lr, "lr = 0.5")
+        with open(path, "w") as f:
+            json.dump(j, f)
+        res = run(["replay", "--step", "3", "--run-dir", d], world=2, env=py_env())
+        self.assertEqual(res.code, testlib.EXIT_DAMAGED, res.out + res.err)
+        self.assertIn("says --lr 0.5 but checkpoint", res.err)
+
 
 if __name__ == "__main__":
     unittest.main()

@@ -7,7 +7,7 @@ import sys
 import unittest
 
 sys.path.insert(0, os.path.dirname(__file__))
-from culprit_testlib import EXIT_DIFFERS, EXIT_USAGE, TempDirTest, run  # noqa: E402
+from culprit_testlib import EXIT_DIFFERS, EXIT_USAGE, TempDirTest, last_culprit_line, run  # noqa: E402
 
 W = 3
 ARGS = ["--model", "mlp", "--steps", "8", "--global-batch", "24", "--micro-shards", "4", "--samples", "96", "--quiet",
@@ -47,7 +47,10 @@ class Replay(TempDirTest):
             self.assertIn("step 5 micro-shard %d on rank 0 (" % k, res.out)
             self.assertNotRegex(res.out, r"micro-shard %d on rank \d \(\S+\): MISMATCH" % k)
         self.assertIn("step 5 update: MISMATCH the reduced gradient differs", res.out)
-        self.assertIn("replay of step 5: 3 mismatch(es) with the trace", res.err)
+        self.assertIn("culprit: replay of step 5: 3 mismatch(es) with the trace", res.err)
+        self.assertNotIn("culprit: error:", res.err)  # a difference is the answer, not an error
+        self.assertEqual(last_culprit_line(res.err), "culprit: exit 5 (differs): what was compared differs, as said "
+                                                     "above; this is a finding, not a failure")
         # Before the fault, everything reproduces (the negative control of the same run).
         res = self.replay(d, 2, "--step", "4")
         self.assertEqual(res.code, 0, res.out + res.err)

@@ -75,6 +75,10 @@ class SilentRank(TempDirTest):
         self.assertLess(elapsed, TIMEOUT + 1.25 + 30, "the job took %.1f s to end" % elapsed)
         self.assertRegex(res.err, r"culprit: error: rank 1 \(host \S+\) stopped responding: no answer within the "
                                   r"collective timeout of 5 s .*ranks 0,2 waited in .* of step 7")
+        # The line after it says what exit 13 means, before Open MPI's words on MPI_Abort.
+        note = "culprit: exit 13 (a rank stopped responding): this is a finding, not a crash"
+        self.assertIn(note, res.err)
+        self.assertLess(res.err.index("culprit: error: rank 1"), res.err.index(note))
         inc = incidents(d)
         self.assertEqual(len(inc), 1, inc)
         self.assertEqual((inc[0]["step"], inc[0]["detector"], inc[0]["rank"], inc[0]["class"], inc[0]["ranks"]),

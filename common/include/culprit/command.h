@@ -6,6 +6,8 @@
 #include <cstdio>
 #include <functional>
 #include <string>
+#include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "culprit/exit_codes.h"
@@ -24,6 +26,24 @@ struct Command {
 
 // "culprit: error: MESSAGE" on stderr, printable (culprit/status.h).
 void error_line(const std::string& msg);
+
+// How a command that failed or found something says so, on stderr: a difference (replay, audit:
+// exit 5) is a finding, "culprit: MESSAGE"; anything else its error line.
+void result_line(const Status& st);
+// The last line of a command whose exit code reports a finding (exit_note: a verdict, a halt, a
+// difference), on stderr; nothing for other codes. Printed by rank 0 only.
+void exit_line(int code, const std::string& run_dir);
+
+// The run directory of a command's options, where they have one (a finding's line points into it).
+template <class C, class = void>
+struct HasRunDir : std::false_type {};
+template <class C>
+struct HasRunDir<C, std::void_t<decltype(std::declval<const C&>().run_dir)>> : std::true_type {};
+template <class C>
+std::string run_dir_of(const C& cfg) {
+  if constexpr (HasRunDir<C>::value) return cfg.run_dir;
+  return "";
+}
 
 // Start-up of the MPI commands: memory settings, MPI with thread support for the I/O thread,
 // HDF5's error handling; the world communicator. finish_mpi() ends MPI and returns `code`.
@@ -48,9 +68,10 @@ int run_mpi(const std::vector<std::string>& args, const opts::Table<C>& table, c
   } else {
     if (st.ok()) st = body(cfg, comm, &code);
     if (!st.ok()) {
-      if (comm.rank == 0) error_line(st.message());
+      if (comm.rank == 0) result_line(st);
       code = exit_code(st);
     }
+    if (comm.rank == 0) exit_line(code, run_dir_of(cfg));
   }
   return finish_mpi(code);
 }
@@ -70,9 +91,10 @@ int run_local(const std::vector<std::string>& args, const opts::Table<C>& table,
   int code = kExitOk;
   if (st.ok()) st = body(cfg, &code);
   if (!st.ok()) {
-    error_line(st.message());
-    return exit_code(st);
+    result_line(st);
+    code = exit_code(st);
   }
+  exit_line(code, run_dir_of(cfg));
   return code;
 }
 

@@ -2,6 +2,8 @@
 // a Status's category to its exit code.
 #pragma once
 
+#include <string>
+
 #include "culprit/status.h"
 
 namespace culprit {
@@ -29,6 +31,13 @@ enum ExitCode : int {
   kExitHardwareUnconfirmed = 26,  // a rank computed wrongly; its device was not rerun
   // bisect's damaged-record verdict exits kExitDamaged (4).
 };
+
+// What an exit code that reports a finding means (5, 10-13, 20-26), as the last line culprit prints:
+// "culprit: verdict hardware-transient (exit 20): this is a diagnosis, not a failure; see
+// RUN/diagnosis.json". Under mpirun that line comes before Open MPI's own "process returned a
+// non-zero exit code" banner, which reads as a crash (README.md, "Exit codes"). "" for any other code
+// (0, and the errors, which end with their own `culprit: error:` line). `run_dir` may be "".
+std::string exit_note(int code, const std::string& run_dir);
 
 // The exit code of a Status's category (kExitOk for OK).
 int exit_code(StatusCode code);

@@ -300,11 +300,12 @@ class Table {
     for (const auto& o : options_) CULPRIT_RETURN_IF_ERROR(o.check(cfg));
     return Status::OK();
   }
-  // "key = value" per line for every recorded option (repeatable ones once per value).
-  std::string to_ini(const C& cfg) const {
+  // "key = value" per line for every recorded option (repeatable ones once per value); `keep`, when
+  // given, leaves out the options it says do not apply to cfg (their defaults are read back).
+  std::string to_ini(const C& cfg, const std::function<bool(const std::string&)>& keep = nullptr) const {
     std::string out;
     for (const auto& o : options_) {
-      if (o.flags & kNotRecorded) continue;
+      if ((o.flags & kNotRecorded) || (keep && !keep(o.name))) continue;
       for (const auto& v : o.get(cfg)) out += o.name + " = " + v + "\n";
     }
     return out;

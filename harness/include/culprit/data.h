@@ -23,9 +23,13 @@ struct SampleLocation {
   std::string file;          // empty: the sample is not stored (synthetic data)
   std::uint64_t offset = 0;  // of the sample's first byte (an HDF5 chunk: the chunk's)
   std::uint64_t bytes = 0;   // its length in the file
-  std::string detail;        // "token window", "dataset x row 12", "dataset x chunk at ... (compressed)"
+  std::string detail;        // "token window", "dataset y row 12", "dataset x row 12, in the ...-byte chunk"
   std::string text() const;  // "file 'F' offset 123 (dataset x row 12)"
 };
+
+// Which part of a sample: its input (x) or its target (y). An HDF5 file stores them in two
+// datasets, so a bad label lies in y's bytes, not x's; other sources store both in one place.
+enum class SamplePart { kX, kY };
 
 class DataSource {
  public:
@@ -33,8 +37,8 @@ class DataSource {
   // Reads samples idx[0..count) into x and y, each row-major in idx's order (x: count x x_bytes,
   // y: count x y_bytes), checking each sample as it arrives (labels, token ids, finite values).
   virtual Status read(const std::int64_t* idx, std::size_t count, unsigned char* x, unsigned char* y) = 0;
-  // Where sample i is stored.
-  virtual SampleLocation locate(std::int64_t i) = 0;
+  // Where sample i's `part` is stored.
+  virtual SampleLocation locate(std::int64_t i, SamplePart part) = 0;
   // The samples [first, last] whose stored bytes meet the file's bytes [lo, hi) (several runs for
   // an HDF5 file: x's and y's). None: the bytes hold no sample (HDF5's own metadata, say).
   virtual std::vector<std::pair<std::int64_t, std::int64_t>> samples_in(std::uint64_t lo, std::uint64_t hi) = 0;

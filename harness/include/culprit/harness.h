@@ -239,8 +239,10 @@ std::string first_critical_difference(const TrainConfig& a, const TrainConfig& b
                                       std::string* b_value);
 // RUN/run.json's "run_id" ("" for a run from before run identities).
 Status stored_run_id(const std::string& run_dir, std::string* id);
-// The fully resolved configuration as INI text (key = value per line), loadable with --config.
-inline std::string to_ini(const TrainConfig& cfg) { return train_options().to_ini(cfg); }
+// The fully resolved configuration as INI text (key = value per line), loadable with --config: what
+// run.json and every checkpoint record. A model culprit does not build (torchscript, python) records
+// only the options that apply to it and to its data; built-in models record every option.
+std::string to_ini(const TrainConfig& cfg);
 // Checks the configuration (every option's own checks, then how they combine, and the world size);
 // no I/O.
 Status validate(const TrainConfig& cfg, int world_size);
