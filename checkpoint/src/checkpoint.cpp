@@ -1,6 +1,7 @@
 #include "culprit/checkpoint.h"
 
 #include <fcntl.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -209,6 +210,13 @@ Status prepare_file(const std::string& tmp, const Checkpoint& c) {
   if (st.ok() && free < need)
     st = Status::IoError("cannot write checkpoint '" + tmp + "': " + std::strerror(ENOSPC) + " (" +
                          std::to_string(free) + " bytes free, the checkpoint needs about " + std::to_string(need) + ")");
+  // The file size limit (ulimit -f) likewise: a write past it fails with EFBIG (SIGXFSZ is ignored,
+  // cli::start_mpi) on one writer, and the collective close could hang the way it does for space.
+  struct rlimit fsize{};
+  if (st.ok() && ::getrlimit(RLIMIT_FSIZE, &fsize) == 0 && fsize.rlim_cur != RLIM_INFINITY && fsize.rlim_cur < need)
+    st = Status::IoError("cannot write checkpoint '" + tmp + "': " + std::strerror(EFBIG) + " (the file size limit, " +
+                         "ulimit -f, is " + std::to_string(fsize.rlim_cur) + " bytes; the checkpoint needs about " +
+                         std::to_string(need) + ")");
   if (!st.ok()) files::remove(tmp);
   return st;
 }

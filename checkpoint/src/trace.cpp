@@ -3,6 +3,8 @@
 // and the header both share: trace_columns.h. Format: docs/checkpoint-format.md.
 #include "culprit/trace.h"
 
+#include <sys/resource.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -203,9 +205,35 @@ Status Writer::create(const std::string& path, const Header& h, const std::strin
 Status Writer::append(const StepRow& s, const std::vector<ShardRow>& rows) {
   if (!failed_.ok()) return failed_;
   if (!file_.valid()) return failed_ = Status::Internal("trace '" + path_ + "' is not open");
-  const Status st = append_rows(s, rows);
+  hsize_t before = 0, after = 0;
+  Status st = room_for_rows();
+  if (st.ok() && H5Fget_filesize(file_.id(), &before) < 0) H5Eclear2(H5E_DEFAULT);
+  if (st.ok()) st = append_rows(s, rows);
+  if (st.ok() && H5Fget_filesize(file_.id(), &after) >= 0 && after > before)
+    growth_ = std::max<std::uint64_t>(growth_, after - before);
+  H5Eclear2(H5E_DEFAULT);
   if (!st.ok()) failed_ = st.prefixed("trace '" + path_ + "'");
   return failed_;
+}
+
+// A write past the file size limit is cut short at the limit (then EFBIG): HDF5 would have written
+// the superblock's new end of file but not the data up to it, and the file could never be opened
+// again ("truncated file"). So the append that may pass the limit is not started: the job ends with
+// exit 6 like a full disk, every committed row intact. A step grows the file by at most a new chunk
+// of every column (and its index), the most seen so far; twice that and 64 KiB of metadata is kept.
+Status Writer::room_for_rows() const {
+  struct rlimit limit{};
+  if (::getrlimit(RLIMIT_FSIZE, &limit) != 0 || limit.rlim_cur == RLIM_INFINITY) return Status::OK();
+  hsize_t size = 0;
+  if (H5Fget_filesize(file_.id(), &size) < 0) {
+    H5Eclear2(H5E_DEFAULT);
+    return Status::OK();
+  }
+  const std::uint64_t need = 2 * growth_ + 65536;
+  if (static_cast<std::uint64_t>(size) + need <= limit.rlim_cur) return Status::OK();
+  return Status::IoError("cannot append to it: " + std::string(std::strerror(EFBIG)) + " (the file size limit, ulimit -f, is " +
+                         std::to_string(limit.rlim_cur) + " bytes; the trace holds " + std::to_string(size) +
+                         " and a step may add " + std::to_string(need) + ")");
 }
 
 Status Writer::append_rows(const StepRow& s, const std::vector<ShardRow>& rows) {
