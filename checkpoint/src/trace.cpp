@@ -100,18 +100,49 @@ Status compatible(const std::string& path, const Header& old, const Header& h) {
   return Status::OK();
 }
 
+const char* kind_of(mode_t m) {
+  return S_ISDIR(m) ? "a directory" : S_ISFIFO(m) ? "a fifo" : S_ISSOCK(m) ? "a socket"
+         : S_ISCHR(m) || S_ISBLK(m) ? "a device" : "not a file";
+}
+
 // Before anything is changed (a refused resume changes nothing): the rank's newest file, when it
-// can be read (one that cannot is open()'s to move aside), must be compatible.
+// can be read (one that cannot is open()'s to move aside), must be compatible; and every file of
+// the rank that HDF5 can open must hold only rows that pass their checksums. A crash leaves at most
+// a torn tail beyond the committed counts (readers skip it) or a file HDF5 cannot open at all
+// (moved aside by open()); a committed row failing its checksum, or a directory or fifo under a
+// trace's name, is something else changing the record. Appending to it and cutting it back would
+// hide that, so the resume stops: Damaged, naming the file and the row.
 Status check_newest(const std::string& run_dir, const Header& h) {
   const auto all = list_rank(run_dir, h.rank);
   if (all.empty()) return Status::OK();
-  h5::Handle f;
-  Header old;
-  if (!h5::open_read(all.back(), &f).ok() || !read_header(f.id(), &old).ok()) {
-    H5Eclear2(H5E_DEFAULT);
-    return Status::OK();
+  const char* stop = ": --resume stops rather than continue the run over a damaged record (restore the file from "
+                     "a copy; culprit bisect names it as damaged-record)";
+  for (const auto& p : all) {
+    struct stat s{};
+    if (::lstat(p.c_str(), &s) == 0 && !S_ISREG(s.st_mode) && !S_ISLNK(s.st_mode))
+      return Status::Damaged("trace '" + p + "' is " + kind_of(s.st_mode) +
+                             ", not a trace file (a crash never leaves one): rank " + std::to_string(h.rank) +
+                             "'s record of its steps is not there" + stop);
   }
-  return compatible(all.back(), old, h);
+  {
+    h5::Handle f;
+    Header old;
+    if (h5::open_read(all.back(), &f).ok() && read_header(f.id(), &old).ok())
+      CULPRIT_RETURN_IF_ERROR(compatible(all.back(), old, h));
+    H5Eclear2(H5E_DEFAULT);
+  }
+  for (const auto& p : all) {
+    h5::Handle f;
+    Header old;
+    if (!h5::open_read(p, &f).ok() || !read_header(f.id(), &old).ok()) {
+      H5Eclear2(H5E_DEFAULT);
+      continue;  // what a crash can leave: open()'s to move aside (a sealed one: rewind says it)
+    }
+    TraceFile tf;
+    const Status st = read_open(f, p, &tf);
+    if (!st.ok()) return Status::Damaged(st.message() + stop);
+  }
+  return Status::OK();
 }
 
 }  // namespace
