@@ -440,7 +440,7 @@ Status belongs(const std::string& path, const Checkpoint& c, const std::string& 
   const auto id = c.meta.find(kMetaRunId);
   CULPRIT_RETURN_IF_ERROR(files::same_run(path, id == c.meta.end() ? "" : id->second, run_id));
   if (named_step >= 0 && c.step != named_step)
-    return Status::BadInput("'" + path + "' holds step " + std::to_string(c.step) + ", not the step its name says (" +
+    return Status::Damaged("'" + path + "' holds step " + std::to_string(c.step) + ", not the step its name says (" +
                             std::to_string(named_step) + "): a renamed checkpoint is never used");
   return Status::OK();
 }

@@ -352,7 +352,9 @@ Status free_bytes(const std::string& path, std::uint64_t* out) {
 
 Status same_run(const std::string& file, const std::string& theirs, const std::string& ours) {
   if (theirs.empty() || ours.empty() || theirs == ours) return Status::OK();
-  return Status::BadInput("'" + file + "' belongs to another run (run_id " + printable(theirs) + "; this run is " +
+  // Found in a run directory, another run's file is damage to this run (exit 4 from every command,
+  // as verify says); one the user names (--resume-from) is bad input, which that caller says.
+  return Status::Damaged("'" + file + "' belongs to another run (run_id " + printable(theirs) + "; this run is " +
                           ours + "): a foreign file in a run directory is never used");
 }
 

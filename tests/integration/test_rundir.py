@@ -228,7 +228,9 @@ class Links(TempDirTest):
 class Identity(TempDirTest):
     """Every checkpoint and trace carries the run's identity (run.json "run_id"); a foreign one is
     refused by name. Two runs of the same configuration: only the identity tells them apart (the
-    reported case: a checkpoint of another run renamed in as a later step was "reproduced")."""
+    reported case: a checkpoint of another run renamed in as a later step was "reproduced"). Found
+    in the run directory, a foreign or renamed file is damage to the run: exit 4 from every command
+    (verify, train --resume, replay, audit, bisect alike); named by --resume-from it is bad input (2)."""
 
     def two_runs(self):
         self.train("a", ["--steps", "4", "--checkpoint-every", "2"] + ARGS[:-1], world=2)
@@ -245,9 +247,12 @@ class Identity(TempDirTest):
         self.assertEqual(v.code, 0, v.out)  # negative control: the run itself verifies
         foreign = os.path.join(a, "checkpoints", "step-00000008.h5")
         shutil.copy(os.path.join(b, "checkpoints", "step-00000008.h5"), foreign)
-        self.assert_refused(["train", "--resume", "--steps", "10", "--run-dir", a] + ARGS, EXIT_USAGE,
+        self.assert_refused(["train", "--resume", "--steps", "10", "--run-dir", a] + ARGS, EXIT_DAMAGED,
                             FOREIGN % foreign)
-        self.assert_refused(["audit", "--run-dir", a], EXIT_USAGE, FOREIGN % foreign)
+        self.assert_refused(["audit", "--run-dir", a], EXIT_DAMAGED, FOREIGN % foreign)
+        # Named by the user, the same file is an input of the wrong run: a bad option.
+        self.assert_refused(["train", "--resume-from", foreign, "--steps", "10", "--run-dir", a] + ARGS, EXIT_USAGE,
+                            FOREIGN % foreign)
         v = run(["verify", a])
         self.assertEqual(v.code, EXIT_DAMAGED, v.out + v.err)
         self.assertIn(FOREIGN % foreign, v.out + v.err)
@@ -255,7 +260,7 @@ class Identity(TempDirTest):
         # The replay of step 3 starts from step 2's checkpoint: b's, in place of a's own.
         swapped = os.path.join(a, "checkpoints", "step-00000002.h5")
         shutil.copy(os.path.join(b, "checkpoints", "step-00000002.h5"), swapped)
-        self.assert_refused(["replay", "--step", "3", "--run-dir", a], EXIT_USAGE, FOREIGN % swapped)
+        self.assert_refused(["replay", "--step", "3", "--run-dir", a], EXIT_DAMAGED, FOREIGN % swapped)
         os.remove(swapped)
         shutil.copy(os.path.join(b, "checkpoints", "step-00000008.h5"), foreign)
         # Renamed: step 8's file under step 6's name.
@@ -268,12 +273,18 @@ class Identity(TempDirTest):
         a, b = self.two_runs()
         foreign = os.path.join(a, "trace", "rank-00001.h5")
         shutil.copy(os.path.join(b, "trace", "rank-00001.h5"), foreign)
-        for args in (["train", "--resume", "--steps", "6"] + ARGS, ["bisect"], ["replay", "--step", "3"]):
+        for args in (["train", "--resume", "--steps", "6"] + ARGS, ["bisect"], ["replay", "--step", "3"],
+                     ["audit"]):
             with self.subTest(args=args[0]):
-                self.assert_refused(args + ["--run-dir", a], EXIT_USAGE, FOREIGN % foreign)
+                self.assert_refused(args + ["--run-dir", a], EXIT_DAMAGED, FOREIGN % foreign)
         v = run(["verify", a])
         self.assertEqual(v.code, EXIT_DAMAGED, v.out + v.err)
         self.assertIn(FOREIGN % foreign, v.out + v.err)
+        # bisect's verdict says the same: a damaged record, no host blamed.
+        with open(os.path.join(a, "diagnosis.json")) as f:
+            diag = json.load(f)
+        self.assertEqual((diag["verdict"], diag["rank"], diag["host"]), ("damaged-record", -1, ""))
+        self.assertIn(FOREIGN % foreign, diag["evidence"][-1])
         with open(os.path.join(b, "trace", "rank-00001.h5"), "rb") as f, open(foreign, "rb") as g:
             self.assertEqual(f.read(), g.read())  # refused, not moved aside or rewritten
 
