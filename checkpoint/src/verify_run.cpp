@@ -110,8 +110,9 @@ void check_trace_rows(const std::string& run_dir, const RunFacts& facts, const s
     if (rank >= facts.world_size || tf.steps.empty()) continue;
     const std::int64_t from = tf.steps.front().step, to = tf.steps.back().step;
     const std::string who = "the trace of rank " + std::to_string(rank) + " ('" + trace::path_for(run_dir, rank) + "')";
-    // Every rank syncs its trace before a checkpoint commits.
-    if (to < newest_checkpoint)
+    // Every rank syncs its trace before a checkpoint commits (rows of a torn tail count: they are
+    // there, only their counts were not raised).
+    if (to + tf.torn_steps < newest_checkpoint)
       fail(os, clean, who + " ends at step " + std::to_string(to) + ", before the newest checkpoint (step " +
                           std::to_string(newest_checkpoint) + "): rows of committed steps are missing");
     // A rank's rows start after another rank's only where it joined the run: at a resume from a
