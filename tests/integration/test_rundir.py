@@ -473,6 +473,10 @@ class DamagedTraces(TempDirTest):
         v = run(["verify", d])
         self.assertEqual(v.code, EXIT_DAMAGED, v.out + v.err)
         self.assertIn("'%s' is a directory" % live, v.out)
+        b = run(["bisect", "--run-dir", d], world=2)  # damage to bisect too: no host blamed
+        self.assertEqual(b.code, EXIT_DAMAGED, b.out + b.err)
+        self.assertIn("verdict: damaged-record", b.out)
+        self.assertIn("'%s' is a directory" % live, b.err)
 
     def test_a_trace_moved_aside_by_a_resume_fails_verify(self):
         d = small_run(self)
