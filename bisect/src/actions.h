@@ -47,6 +47,9 @@ struct Context {
   std::int64_t start = 0;         // the step the first part started from
   std::int64_t oldest = -1;       // the oldest start of a part searched (-1: none yet)
   bool reached_oldest = false;    // a part started from the run's oldest valid checkpoint
+  // Rank 0, once the search is over: the checkpoints before `oldest`, each damaged (every one was
+  // tried before it), with why: the reason steps before `oldest` could not be replayed.
+  std::vector<std::string> damaged_before;
   std::vector<records::StepRange> examined;  // steps replayed, in order
   std::int64_t stopped_at = -1;   // a step the search gave up on (its replays kept disagreeing)
   std::map<std::int64_t, int> redone;  // steps redone after a fault in the bisection's own replay

@@ -263,6 +263,23 @@ static Status lock_run(const std::string& run_dir, const char* command) {
       .prefixed("removing the previous diagnosis before bisecting");
 }
 
+// The checkpoints of steps before `oldest` (the oldest one the search could start from): each one
+// failed to verify when the search looked for the oldest valid one, so each is named with its
+// damage in the coverage's reason (read again here, on rank 0, only when there are such files).
+static std::vector<std::string> damaged_before(const std::string& run_dir, std::int64_t oldest) {
+  std::vector<std::string> out;
+  for (const auto& [step, path] : ckpt::list(run_dir)) {
+    if (step >= oldest) break;
+    ckpt::Checkpoint c;
+    const Status st = ckpt::read(path, &c, /*verify=*/true);
+    std::string why = st.message();
+    const std::string named = "checkpoint '" + path + "' ";  // the reader names the file: said once
+    if (why.rfind(named, 0) == 0) why = why.substr(named.size());
+    out.push_back(st.ok() ? "checkpoint '" + path + "' was not usable" : "checkpoint '" + path + "' is damaged (" + why + ")");
+  }
+  return out;
+}
+
 Status run(const Options& opt, const Comm& given, records::Diagnosis* d) {
   const auto t0 = std::chrono::steady_clock::now();
   const Watched watched(given, opt.collective_timeout);
@@ -283,6 +300,7 @@ Status run(const Options& opt, const Comm& given, records::Diagnosis* d) {
   Verdict verdict = Verdict::kNone;
   CULPRIT_RETURN_IF_ERROR(search(ctx, &f, &verdict));
   CULPRIT_RETURN_IF_ERROR(search_back(ctx, &f, &verdict));
+  if (comm.rank == 0 && ctx.reached_oldest && ctx.oldest > 0) ctx.damaged_before = damaged_before(ctx.opt.run_dir, ctx.oldest);
   conclude(ctx, f, verdict, d);
   d->seconds = since(t0);
   Status st;

@@ -281,6 +281,17 @@ Status write_page(const std::string& run_dir, const Diagnosis& d, const trace::R
 
 }  // namespace
 
+namespace {
+
+// The older checkpoints that were there but damaged: ": checkpoint ... is damaged (why)" for each.
+std::string damage_of_older(const Context& ctx) {
+  std::string out;
+  for (const auto& why : ctx.damaged_before) out += (out.empty() ? ": " : "; ") + why;
+  return out;
+}
+
+}  // namespace
+
 records::Coverage coverage(const Context& ctx, std::int64_t found) {
   records::Coverage c;
   // The run's steps, from its first: a trace whose older rows were retired covers only its tail.
@@ -302,7 +313,8 @@ records::Coverage coverage(const Context& ctx, std::int64_t found) {
     if (found >= 0 && from > found) return "after the faulty step " + std::to_string(found) + ": the search stops at the first";
     if (ctx.stopped_at >= 0 && from >= ctx.stopped_at) return "the bisection's own replays of step " + std::to_string(ctx.stopped_at) + " kept disagreeing";
     if (ctx.oldest >= 0 && from <= ctx.oldest)
-      return ctx.reached_oldest ? "no valid checkpoint before step " + std::to_string(ctx.oldest + 1) + " to replay from"
+      return ctx.reached_oldest ? "no valid checkpoint before step " + std::to_string(ctx.oldest + 1) + " to replay from" +
+                                      damage_of_older(ctx)
                                 : "before the checkpoint the search started from (step " + std::to_string(ctx.oldest) +
                                       "): not searched, the fault was found after it";
     return "not replayed";

@@ -1,6 +1,7 @@
 #include "culprit/checkpoint.h"
 
 #include <fcntl.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -209,6 +210,13 @@ Status prepare_file(const std::string& tmp, const Checkpoint& c) {
   if (st.ok() && free < need)
     st = Status::IoError("cannot write checkpoint '" + tmp + "': " + std::strerror(ENOSPC) + " (" +
                          std::to_string(free) + " bytes free, the checkpoint needs about " + std::to_string(need) + ")");
+  // The file size limit (ulimit -f) likewise: a write past it fails with EFBIG (SIGXFSZ is ignored,
+  // cli::start_mpi) on one writer, and the collective close could hang the way it does for space.
+  struct rlimit fsize{};
+  if (st.ok() && ::getrlimit(RLIMIT_FSIZE, &fsize) == 0 && fsize.rlim_cur != RLIM_INFINITY && fsize.rlim_cur < need)
+    st = Status::IoError("cannot write checkpoint '" + tmp + "': " + std::strerror(EFBIG) + " (the file size limit, " +
+                         "ulimit -f, is " + std::to_string(fsize.rlim_cur) + " bytes; the checkpoint needs about " +
+                         std::to_string(need) + ")");
   if (!st.ok()) files::remove(tmp);
   return st;
 }
@@ -432,7 +440,7 @@ Status belongs(const std::string& path, const Checkpoint& c, const std::string& 
   const auto id = c.meta.find(kMetaRunId);
   CULPRIT_RETURN_IF_ERROR(files::same_run(path, id == c.meta.end() ? "" : id->second, run_id));
   if (named_step >= 0 && c.step != named_step)
-    return Status::BadInput("'" + path + "' holds step " + std::to_string(c.step) + ", not the step its name says (" +
+    return Status::Damaged("'" + path + "' holds step " + std::to_string(c.step) + ", not the step its name says (" +
                             std::to_string(named_step) + "): a renamed checkpoint is never used");
   return Status::OK();
 }

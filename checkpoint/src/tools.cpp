@@ -170,6 +170,7 @@ Status verify(const std::string& path, std::string* report, bool* clean, bool* u
   RunFacts facts;
   std::map<std::string, std::string> checkpoint_run_ids;  // and trace files'
   std::map<int, trace::TraceFile> trace_files;
+  std::map<std::int64_t, int> checkpoint_worlds;  // step: the world that wrote it
   // What cannot even be looked at (a directory on the way without search permission) is an I/O
   // failure, not a missing run.
   struct stat st_path{};
@@ -201,6 +202,8 @@ Status verify(const std::string& path, std::string* report, bool* clean, bool* u
     if (st.ok()) {
       const auto id = c.meta.find(format::kMetaRunId);
       checkpoint_run_ids[p] = id == c.meta.end() ? "" : id->second;
+      const auto world = c.meta_int.find("world_size");
+      if (world != c.meta_int.end()) checkpoint_worlds[c.step] = static_cast<int>(world->second);
       os << "ok    " << p << " (step " << c.step << ", state " << fingerprint_hex(c.state_fingerprint) << ")\n";
     } else {
       failed(st);
@@ -244,7 +247,7 @@ Status verify(const std::string& path, std::string* report, bool* clean, bool* u
     }
   }
   const bool files_clean = *clean;
-  if (facts.has_run_json) verify_run_whole(path, facts, checkpoint_run_ids, trace_files, os, clean);
+  if (facts.has_run_json) verify_run_whole(path, facts, checkpoint_run_ids, checkpoint_worlds, trace_files, os, clean);
   if (files_clean && !*clean) damage = true;
   if (unreadable) *unreadable = io && !damage;
   *report = os.str();

@@ -3,6 +3,8 @@
 // and the header both share: trace_columns.h. Format: docs/checkpoint-format.md.
 #include "culprit/trace.h"
 
+#include <sys/resource.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -98,18 +100,49 @@ Status compatible(const std::string& path, const Header& old, const Header& h) {
   return Status::OK();
 }
 
+const char* kind_of(mode_t m) {
+  return S_ISDIR(m) ? "a directory" : S_ISFIFO(m) ? "a fifo" : S_ISSOCK(m) ? "a socket"
+         : S_ISCHR(m) || S_ISBLK(m) ? "a device" : "not a file";
+}
+
 // Before anything is changed (a refused resume changes nothing): the rank's newest file, when it
-// can be read (one that cannot is open()'s to move aside), must be compatible.
+// can be read (one that cannot is open()'s to move aside), must be compatible; and every file of
+// the rank that HDF5 can open must hold only rows that pass their checksums. A crash leaves at most
+// a torn tail beyond the committed counts (readers skip it) or a file HDF5 cannot open at all
+// (moved aside by open()); a committed row failing its checksum, or a directory or fifo under a
+// trace's name, is something else changing the record. Appending to it and cutting it back would
+// hide that, so the resume stops: Damaged, naming the file and the row.
 Status check_newest(const std::string& run_dir, const Header& h) {
   const auto all = list_rank(run_dir, h.rank);
   if (all.empty()) return Status::OK();
-  h5::Handle f;
-  Header old;
-  if (!h5::open_read(all.back(), &f).ok() || !read_header(f.id(), &old).ok()) {
-    H5Eclear2(H5E_DEFAULT);
-    return Status::OK();
+  const char* stop = ": --resume stops rather than continue the run over a damaged record (restore the file from "
+                     "a copy; culprit bisect names it as damaged-record)";
+  for (const auto& p : all) {
+    struct stat s{};
+    if (::lstat(p.c_str(), &s) == 0 && !S_ISREG(s.st_mode) && !S_ISLNK(s.st_mode))
+      return Status::Damaged("trace '" + p + "' is " + kind_of(s.st_mode) +
+                             ", not a trace file (a crash never leaves one): rank " + std::to_string(h.rank) +
+                             "'s record of its steps is not there" + stop);
   }
-  return compatible(all.back(), old, h);
+  {
+    h5::Handle f;
+    Header old;
+    if (h5::open_read(all.back(), &f).ok() && read_header(f.id(), &old).ok())
+      CULPRIT_RETURN_IF_ERROR(compatible(all.back(), old, h));
+    H5Eclear2(H5E_DEFAULT);
+  }
+  for (const auto& p : all) {
+    h5::Handle f;
+    Header old;
+    if (!h5::open_read(p, &f).ok() || !read_header(f.id(), &old).ok()) {
+      H5Eclear2(H5E_DEFAULT);
+      continue;  // what a crash can leave: open()'s to move aside (a sealed one: rewind says it)
+    }
+    TraceFile tf;
+    const Status st = read_open(f, p, &tf);
+    if (!st.ok()) return Status::Damaged(st.message() + stop);
+  }
+  return Status::OK();
 }
 
 }  // namespace
@@ -203,9 +236,35 @@ Status Writer::create(const std::string& path, const Header& h, const std::strin
 Status Writer::append(const StepRow& s, const std::vector<ShardRow>& rows) {
   if (!failed_.ok()) return failed_;
   if (!file_.valid()) return failed_ = Status::Internal("trace '" + path_ + "' is not open");
-  const Status st = append_rows(s, rows);
+  hsize_t before = 0, after = 0;
+  Status st = room_for_rows();
+  if (st.ok() && H5Fget_filesize(file_.id(), &before) < 0) H5Eclear2(H5E_DEFAULT);
+  if (st.ok()) st = append_rows(s, rows);
+  if (st.ok() && H5Fget_filesize(file_.id(), &after) >= 0 && after > before)
+    growth_ = std::max<std::uint64_t>(growth_, after - before);
+  H5Eclear2(H5E_DEFAULT);
   if (!st.ok()) failed_ = st.prefixed("trace '" + path_ + "'");
   return failed_;
+}
+
+// A write past the file size limit is cut short at the limit (then EFBIG): HDF5 would have written
+// the superblock's new end of file but not the data up to it, and the file could never be opened
+// again ("truncated file"). So the append that may pass the limit is not started: the job ends with
+// exit 6 like a full disk, every committed row intact. A step grows the file by at most a new chunk
+// of every column (and its index), the most seen so far; twice that and 64 KiB of metadata is kept.
+Status Writer::room_for_rows() const {
+  struct rlimit limit{};
+  if (::getrlimit(RLIMIT_FSIZE, &limit) != 0 || limit.rlim_cur == RLIM_INFINITY) return Status::OK();
+  hsize_t size = 0;
+  if (H5Fget_filesize(file_.id(), &size) < 0) {
+    H5Eclear2(H5E_DEFAULT);
+    return Status::OK();
+  }
+  const std::uint64_t need = 2 * growth_ + 65536;
+  if (static_cast<std::uint64_t>(size) + need <= limit.rlim_cur) return Status::OK();
+  return Status::IoError("cannot append to it: " + std::string(std::strerror(EFBIG)) + " (the file size limit, ulimit -f, is " +
+                         std::to_string(limit.rlim_cur) + " bytes; the trace holds " + std::to_string(size) +
+                         " and a step may add " + std::to_string(need) + ")");
 }
 
 Status Writer::append_rows(const StepRow& s, const std::vector<ShardRow>& rows) {

@@ -55,7 +55,11 @@ Status read_run(const std::string& run_dir, RunTrace* out, const std::string& ru
     return Status::BadInput("no trace in '" + run_dir + "/" + kTraceDir + "' (was the run trained with --trace off?)");
   for (std::size_t i = 0; i < paths.size(); ++i) {
     TraceFile tf;
-    CULPRIT_RETURN_IF_ERROR(read(paths[i], &tf));
+    const Status st = read(paths[i], &tf);
+    // A file of the run under a trace's name that is no trace (a directory there) is damage to the
+    // run, as verify says, not a bad input of the user's.
+    if (st.code() == StatusCode::kBadInput) return Status::Damaged(st.message());
+    CULPRIT_RETURN_IF_ERROR(st);
     CULPRIT_RETURN_IF_ERROR(files::same_run(paths[i], tf.header.run_id, run_id));
     // The lowest rank's header, from its newest file; the faults of every file of that rank.
     const bool lowest = out->ranks.empty() || out->ranks.front() == tf.header.rank;

@@ -2,11 +2,15 @@
 // row checksums) are tools.cpp's verify(); these are the checks between files.
 #include "verify_run.h"
 
+#include <algorithm>
+#include <climits>
 #include <cmath>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
 
+#include "culprit/checkpoint_format.h"
 #include "culprit/run_files.h"
 
 namespace culprit::ckpt {
@@ -29,6 +33,7 @@ Status read_run_facts(const std::string& run_dir, RunFacts* out) {
     std::istringstream ini(j["config"].get<std::string>());
     for (std::string line; std::getline(ini, line);)
       if (line == "trace = off") out->traced = false;
+      else if (line.rfind("trace-keep = ", 0) == 0) out->trace_keep = std::atoll(line.c_str() + 13);
   }
   return Status::OK();
 }
@@ -84,10 +89,51 @@ void check_metrics(const std::string& run_dir, const std::map<int, trace::TraceF
                         std::to_string(newest_checkpoint) + ")");
 }
 
+// Every rank's rows are there: a resume that found a rank's trace unopenable moved it aside
+// (rank-RRRRR.h5.damaged-N) and started the rank's record over, so its rows before the resume are
+// not in the run's record; a file deleted or replaced by hand loses them the same way.
+void check_trace_rows(const std::string& run_dir, const RunFacts& facts, const std::map<std::int64_t, int>& worlds,
+                      const std::map<int, trace::TraceFile>& traces, std::int64_t newest_checkpoint,
+                      std::ostringstream& os, bool* clean) {
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(fs::path(run_dir) / format::kTraceDir, ec)) {
+    const std::string name = e.path().filename().string();
+    if (name.rfind(format::kTracePrefix, 0) == 0 && name.find(".damaged-") != std::string::npos)
+      fail(os, clean, "'" + e.path().string() + "' is a trace a resume found damaged and moved aside: the rows it " +
+                          "held are not in the run's record (bisect cannot examine those steps of that rank)");
+  }
+  if (!facts.traced || traces.empty()) return;
+  std::int64_t first = INT64_MAX;  // the earliest row of any rank
+  for (const auto& [rank, tf] : traces)
+    if (!tf.steps.empty()) first = std::min(first, tf.steps.front().step);
+  for (const auto& [rank, tf] : traces) {
+    if (rank >= facts.world_size || tf.steps.empty()) continue;
+    const std::int64_t from = tf.steps.front().step, to = tf.steps.back().step;
+    const std::string who = "the trace of rank " + std::to_string(rank) + " ('" + trace::path_for(run_dir, rank) + "')";
+    // Every rank syncs its trace before a checkpoint commits (rows of a torn tail count: they are
+    // there, only their counts were not raised).
+    if (to + tf.torn_steps < newest_checkpoint)
+      fail(os, clean, who + " ends at step " + std::to_string(to) + ", before the newest checkpoint (step " +
+                          std::to_string(newest_checkpoint) + "): rows of committed steps are missing");
+    // A rank's rows start after another rank's only where it joined the run: at a resume from a
+    // checkpoint that a smaller world wrote. With --trace-keep the files roll and retire per rank,
+    // so their starts can differ by a roll.
+    if (facts.trace_keep > 0 || from <= first) continue;
+    const auto w = worlds.find(from - 1);
+    if (w != worlds.end() && w->second > rank)
+      fail(os, clean, who + " starts at step " + std::to_string(from) + ", though rank " + std::to_string(rank) +
+                          " was part of the run before (checkpoint step " + std::to_string(from - 1) + " was written by " +
+                          std::to_string(w->second) + " ranks) and the earliest rank's trace starts at step " +
+                          std::to_string(first) + ": its rows of steps " + std::to_string(first) + ".." +
+                          std::to_string(from - 1) + " are missing");
+  }
+}
+
 }  // namespace
 
 void verify_run_whole(const std::string& run_dir, const RunFacts& facts,
                       const std::map<std::string, std::string>& file_run_ids,
+                      const std::map<std::int64_t, int>& checkpoint_worlds,
                       const std::map<int, trace::TraceFile>& traces, std::ostringstream& os, bool* clean) {
   for (const auto& [path, id] : file_run_ids) {
     const Status st = files::same_run(path, id, facts.run_id);
@@ -101,6 +147,7 @@ void verify_run_whole(const std::string& run_dir, const RunFacts& facts,
       if (trace::list_rank(run_dir, r).empty())  // a crash while a file rolled can leave only sealed ones
         fail(os, clean, "the trace of rank " + std::to_string(r) + " is missing ('" + trace::path_for(run_dir, r) +
                             "'; run.json: world size " + std::to_string(facts.world_size) + ")");
+  check_trace_rows(run_dir, facts, checkpoint_worlds, traces, ckpts.empty() ? 0 : ckpts.back().first, os, clean);
   check_metrics(run_dir, traces, ckpts.empty() ? 0 : ckpts.back().first, os, clean);
 }
 

@@ -2,6 +2,7 @@
 
 #include <malloc.h>
 #include <mpi.h>
+#include <signal.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -76,6 +77,17 @@ Comm start_mpi() {
   // writes then competes for fresh pages too.
   mallopt(M_MMAP_THRESHOLD, 1 << 30);
   mallopt(M_TRIM_THRESHOLD, -1);
+  // A write past the file size limit (ulimit -f, RLIMIT_FSIZE) raises SIGXFSZ, whose default action
+  // kills the rank without a word. Ignored, the write fails with EFBIG instead, and the I/O error
+  // path says which file (exit 6) on every rank, as for a full disk.
+  ::signal(SIGXFSZ, SIG_IGN);
+  // Open MPI 4.1's ompio builds the name of sharedfp/lockedfile's lock file (the checkpoint's path
+  // and a suffix) in a fixed buffer: a run directory over ~212 characters overflowed it and aborted
+  // the first checkpoint. culprit never uses shared file pointers; without lockedfile, ompio takes
+  // sm on one node or individual (its files named by malloc'd strings) across nodes. The MCA
+  // system reads OMPI_MCA_* from the environment in MPI_Init; a user's own choice (mpirun --mca
+  // sharedfp, or the variable set) stands.
+  ::setenv("OMPI_MCA_sharedfp", "^lockedfile", /*overwrite=*/0);
   int provided = 0;
   MPI_Init_thread(nullptr, nullptr, MPI_THREAD_MULTIPLE, &provided);
   h5::init();

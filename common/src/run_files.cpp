@@ -352,7 +352,9 @@ Status free_bytes(const std::string& path, std::uint64_t* out) {
 
 Status same_run(const std::string& file, const std::string& theirs, const std::string& ours) {
   if (theirs.empty() || ours.empty() || theirs == ours) return Status::OK();
-  return Status::BadInput("'" + file + "' belongs to another run (run_id " + printable(theirs) + "; this run is " +
+  // Found in a run directory, another run's file is damage to this run (exit 4 from every command,
+  // as verify says); one the user names (--resume-from) is bad input, which that caller says.
+  return Status::Damaged("'" + file + "' belongs to another run (run_id " + printable(theirs) + "; this run is " +
                           ours + "): a foreign file in a run directory is never used");
 }
 
@@ -476,7 +478,16 @@ Status lock_run_dir(const std::string& run_dir, const std::string& command, Lock
   const std::string path = (fs::path(run_dir) / ".lock").string();
   int fd = -1;
   // Owner-only: whoever can open the file can flock it, and so keep the run's owner out of it.
-  CULPRIT_RETURN_IF_ERROR(open_nofollow(path, O_RDWR | O_CREAT, &fd, 0600));
+  const Status opened = open_nofollow(path, O_RDWR | O_CREAT, &fd, 0600);
+  const int open_err = errno;
+  if (!opened.ok() && (open_err == EROFS || open_err == EACCES || open_err == EPERM))
+    // A read-only run (an archive, a read-only mount, another user's run): the commands that take
+    // the lock write into the run (train its records, bisect its diagnosis, audit its report), so
+    // there is nothing to do here but say where they can run.
+    return Status::IoError(opened.message() + ": culprit " + command + " writes into the run directory (its lock and "
+                           "its records), which is read-only here; copy the run to a writable place (cp -a '" +
+                           run_dir + "' COPY) and run it on the copy");
+  CULPRIT_RETURN_IF_ERROR(opened);
   // A .lock made before (0644) is narrowed too; one of another owner is left as it is.
   struct stat ls{};
   if (::fstat(fd, &ls) == 0 && ls.st_uid == ::geteuid() && (ls.st_mode & 077) != 0) ::fchmod(fd, 0600);

@@ -86,6 +86,12 @@ Status train(const TrainConfig& given, const Comm& world, Env* env) {
   if (resuming(cfg)) {
     ckpt::Checkpoint c;
     CULPRIT_RETURN_IF_ERROR(find_checkpoint(cfg, comm, &c, &from));
+    // A checkpoint the user names is an input, not part of the run: another run's (or one renamed)
+    // is a bad option (exit 2); found in the run directory it is damage (4, check_compatible).
+    if (!cfg.resume_from.empty()) {
+      const Status mine = ckpt::belongs(from, c, cfg.run_id);
+      CULPRIT_RETURN_IF_ERROR(agree(comm, mine.ok() ? mine : Status::BadInput(mine.message())));
+    }
     CULPRIT_RETURN_IF_ERROR(agree(comm, check_compatible(cfg, data, c, from)));
     CULPRIT_RETURN_IF_ERROR(agree(comm, guarded(StatusCode::kInternal, "restoring " + from, [&] { return trainer.restore(c); })));
     start = c.step;

@@ -287,6 +287,27 @@ class Bisect(TempDirTest):
         self.assertEqual(res.code, EXIT_USAGE, res.err)
         self.assertIn("--on-detect diagnose' needs the trace", res.err)
 
+    def test_a_damaged_oldest_checkpoint_is_named_in_the_coverage(self):
+        # A silent fault at step 1 of a run whose step-0 checkpoint is damaged: nothing before the
+        # next checkpoint can be replayed, and the coverage says which checkpoint and why.
+        import h5py
+        import numpy as np
+        d = self.trained("oldest", "mlp", 2, [])
+        oldest = os.path.join(d, "checkpoints", "step-00000000.h5")
+        with h5py.File(oldest, "r+") as f:
+            w = f["model/fc1.weight"]
+            w[0, 0] = w[0, 0] * np.float32(2)  # a value changed at rest: its fingerprint fails
+        got = self.bisect(d, 2, "inconclusive")
+        gaps = [g for g in got["coverage"]["not_examined"] if g["from"] == 1]
+        self.assertEqual(len(gaps), 1, got["coverage"])
+        self.assertEqual(gaps[0]["to"], 2, got["coverage"])
+        reason = gaps[0]["reason"]
+        self.assertIn("no valid checkpoint before step 3 to replay from: checkpoint '%s' is damaged (" % oldest, reason)
+        self.assertIn("is damaged (dataset '/model/fc1.weight': fingerprint mismatch", reason)  # why
+        # Negative control: intact, the same run's steps are all examined.
+        clean = self.bisect(self.trained("oldest-clean", "mlp", 2, []), 2, "none")
+        self.assertEqual(clean["coverage"]["not_examined"], [], clean["coverage"])
+
     def test_bad_input(self):
         res = run(["train", "--model", "mlp", "--steps", "3", "--trace", "off", "--quiet"] + SIZE["mlp"], world=1,
                   run_dir=self.path("notrace"))

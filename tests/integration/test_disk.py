@@ -11,8 +11,8 @@ import time
 import unittest
 
 sys.path.insert(0, os.path.dirname(__file__))
-from culprit_testlib import (EXIT_IO, SMALL_MLP as ARGS, TempDirTest, metric_steps, metric_steps_until_torn,  # noqa: E402
-                             run, run_each_rank_code, tree_digest)
+from culprit_testlib import (CULPRIT, EXIT_IO, MPIRUN, SMALL_MLP as ARGS, TempDirTest, metric_steps,  # noqa: E402
+                             metric_steps_until_torn, run, run_each_rank_code, tree_digest)
 
 
 def can_mount():
@@ -157,6 +157,88 @@ class FullDisk(TempDirTest):
                 self.assertIn("Read-only file system", r.err)
         self.mount("rw")
         self.assertEqual(tree_digest(d), before)
+
+
+@unittest.skipUnless(can_mount(), "a read-only bind mount needs root (CI runs as root)")
+class ReadOnlyArchive(TempDirTest):
+    """A run archived read-only (here: a read-only bind mount of it; root ignores permission bits).
+    The commands that only read a run work on it; bisect and audit, which write their report and
+    lock into the run, refuse with one line saying to copy the run to a writable place (exit 6)."""
+
+    def setUp(self):
+        super().setUp()
+        self.train("run", ["--steps", "4", "--checkpoint-every", "2"] + ARGS[:-1], world=2)
+        self.archive = self.path("archive")
+        os.makedirs(self.archive)
+        subprocess.run(["mount", "--bind", self.path("run"), self.archive], check=True)
+        subprocess.run(["mount", "-o", "remount,ro,bind", self.archive], check=True)
+
+    def tearDown(self):
+        subprocess.run(["umount", self.archive], check=False)
+        super().tearDown()
+
+    def test_readers_work_and_writers_say_what_to_do(self):
+        before = tree_digest(self.path("run"))
+        v = run(["verify", self.archive])
+        self.assertEqual(v.code, 0, v.out + v.err)
+        r = run(["replay", "--step", "3", "--run-dir", self.archive], world=2)
+        self.assertEqual(r.code, 0, r.out + r.err)
+        for args in (["bisect"], ["audit"]):
+            with self.subTest(args=args[0]):
+                line = self.assert_refused(args + ["--run-dir", self.archive], EXIT_IO, "Read-only file system",
+                                           "culprit %s writes into the run directory" % args[0],
+                                           "copy the run to a writable place (cp -a '%s' COPY)" % self.archive)
+                self.assertIn(os.path.join(self.archive, ".lock"), line)
+        self.assertEqual(tree_digest(self.path("run")), before)
+        # What the line says works: the copy bisects.
+        shutil.copytree(self.archive, self.path("copy"), symlinks=True)
+        b = run(["bisect", "--run-dir", self.path("copy")], world=2)
+        self.assertEqual(b.code, 0, b.out + b.err)
+
+
+class FileSizeLimit(TempDirTest):
+    """`ulimit -f` (RLIMIT_FSIZE): a write past it raised SIGXFSZ and killed ranks without a word.
+    culprit ignores the signal, so the write fails (EFBIG) and the job ends like a full disk: exit 6
+    on every rank, one line naming the file."""
+
+    def test_a_file_size_limit_ends_the_job_with_exit_6(self):
+        d = self.path("run")
+        limit = ["bash", "-c", 'ulimit -f 200 && exec "$@"', "limit", CULPRIT]  # 200 KiB, on every rank
+        args = ["train", "--steps", "20000", "--checkpoint-every", "50", "--collective-timeout", "60",
+                "--run-dir", d] + ARGS
+        line = self.assert_refused(args, EXIT_IO, d, "File too large", program=limit)
+        self.assertNotIn("File size limit exceeded", line)
+        self.assertLess(len(metric_steps_until_torn(d)), 20000)
+        # Nothing already written is damaged: the run verifies up to its newest checkpoint (the trace
+        # stops before an append that could pass the limit: cut short, HDF5 could not open it again).
+        v = run(["verify", d])
+        self.assertEqual(v.code, 0, v.out + v.err)
+
+    def test_the_whole_job_under_a_file_size_limit(self):
+        # `ulimit -f 200; mpirun ...`: Open MPI's launcher is limited too, and its PMIx shared-memory
+        # store (larger than that) fails before any rank starts unless PMIx keeps it in a hash
+        # (docs/architecture.md, "I/O failures"); then culprit ends the job with exit 6 and one line.
+        d = self.path("run")
+        env = dict(os.environ, PMIX_MCA_gds="hash")
+        cmd = (["bash", "-c", 'ulimit -f 200 && exec "$@"', "limit"] + MPIRUN +
+               ["-np", "2", CULPRIT, "train", "--steps", "20000", "--checkpoint-every", "50", "--run-dir", d] + ARGS)
+        r = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
+        self.assertEqual(r.returncode, EXIT_IO, r.stdout + r.stderr)
+        lines = [l for l in r.stderr.splitlines() if l.startswith("culprit: error:")]
+        self.assertEqual(len(lines), 1, r.stderr)
+        self.assertIn(d, lines[0])
+        self.assertIn("File too large", lines[0])
+        self.assertNotIn("signal 25", r.stderr)
+        self.assertEqual(run(["verify", d]).code, 0)
+
+    def test_a_checkpoint_over_the_limit_is_refused_before_its_first_byte(self):
+        d = self.path("run")
+        # Room for the records of the first steps, not for the initial checkpoint (~1.1 MB).
+        limit = ["bash", "-c", 'ulimit -f 400 && exec "$@"', "limit", CULPRIT]
+        args = ["train", "--steps", "4", "--checkpoint-every", "2", "--hidden", "512", "--run-dir", d] + ARGS
+        self.assert_refused(args, EXIT_IO, "cannot write checkpoint", "the file size limit, ulimit -f, is 409600 bytes",
+                            program=limit)
+        self.assertEqual([n for n in os.listdir(os.path.join(d, "checkpoints")) if n.endswith(".tmp")], [])
 
 
 if __name__ == "__main__":

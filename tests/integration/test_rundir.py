@@ -228,7 +228,9 @@ class Links(TempDirTest):
 class Identity(TempDirTest):
     """Every checkpoint and trace carries the run's identity (run.json "run_id"); a foreign one is
     refused by name. Two runs of the same configuration: only the identity tells them apart (the
-    reported case: a checkpoint of another run renamed in as a later step was "reproduced")."""
+    reported case: a checkpoint of another run renamed in as a later step was "reproduced"). Found
+    in the run directory, a foreign or renamed file is damage to the run: exit 4 from every command
+    (verify, train --resume, replay, audit, bisect alike); named by --resume-from it is bad input (2)."""
 
     def two_runs(self):
         self.train("a", ["--steps", "4", "--checkpoint-every", "2"] + ARGS[:-1], world=2)
@@ -245,9 +247,12 @@ class Identity(TempDirTest):
         self.assertEqual(v.code, 0, v.out)  # negative control: the run itself verifies
         foreign = os.path.join(a, "checkpoints", "step-00000008.h5")
         shutil.copy(os.path.join(b, "checkpoints", "step-00000008.h5"), foreign)
-        self.assert_refused(["train", "--resume", "--steps", "10", "--run-dir", a] + ARGS, EXIT_USAGE,
+        self.assert_refused(["train", "--resume", "--steps", "10", "--run-dir", a] + ARGS, EXIT_DAMAGED,
                             FOREIGN % foreign)
-        self.assert_refused(["audit", "--run-dir", a], EXIT_USAGE, FOREIGN % foreign)
+        self.assert_refused(["audit", "--run-dir", a], EXIT_DAMAGED, FOREIGN % foreign)
+        # Named by the user, the same file is an input of the wrong run: a bad option.
+        self.assert_refused(["train", "--resume-from", foreign, "--steps", "10", "--run-dir", a] + ARGS, EXIT_USAGE,
+                            FOREIGN % foreign)
         v = run(["verify", a])
         self.assertEqual(v.code, EXIT_DAMAGED, v.out + v.err)
         self.assertIn(FOREIGN % foreign, v.out + v.err)
@@ -255,7 +260,7 @@ class Identity(TempDirTest):
         # The replay of step 3 starts from step 2's checkpoint: b's, in place of a's own.
         swapped = os.path.join(a, "checkpoints", "step-00000002.h5")
         shutil.copy(os.path.join(b, "checkpoints", "step-00000002.h5"), swapped)
-        self.assert_refused(["replay", "--step", "3", "--run-dir", a], EXIT_USAGE, FOREIGN % swapped)
+        self.assert_refused(["replay", "--step", "3", "--run-dir", a], EXIT_DAMAGED, FOREIGN % swapped)
         os.remove(swapped)
         shutil.copy(os.path.join(b, "checkpoints", "step-00000008.h5"), foreign)
         # Renamed: step 8's file under step 6's name.
@@ -268,12 +273,18 @@ class Identity(TempDirTest):
         a, b = self.two_runs()
         foreign = os.path.join(a, "trace", "rank-00001.h5")
         shutil.copy(os.path.join(b, "trace", "rank-00001.h5"), foreign)
-        for args in (["train", "--resume", "--steps", "6"] + ARGS, ["bisect"], ["replay", "--step", "3"]):
+        for args in (["train", "--resume", "--steps", "6"] + ARGS, ["bisect"], ["replay", "--step", "3"],
+                     ["audit"]):
             with self.subTest(args=args[0]):
-                self.assert_refused(args + ["--run-dir", a], EXIT_USAGE, FOREIGN % foreign)
+                self.assert_refused(args + ["--run-dir", a], EXIT_DAMAGED, FOREIGN % foreign)
         v = run(["verify", a])
         self.assertEqual(v.code, EXIT_DAMAGED, v.out + v.err)
         self.assertIn(FOREIGN % foreign, v.out + v.err)
+        # bisect's verdict says the same: a damaged record, no host blamed.
+        with open(os.path.join(a, "diagnosis.json")) as f:
+            diag = json.load(f)
+        self.assertEqual((diag["verdict"], diag["rank"], diag["host"]), ("damaged-record", -1, ""))
+        self.assertIn(FOREIGN % foreign, diag["evidence"][-1])
         with open(os.path.join(b, "trace", "rank-00001.h5"), "rb") as f, open(foreign, "rb") as g:
             self.assertEqual(f.read(), g.read())  # refused, not moved aside or rewritten
 
@@ -410,6 +421,116 @@ class EditedRunJson(TempDirTest):
             f.write(original)
         r = run(["train", "--resume", "--steps", "6"] + ARGS, world=2, run_dir=d)
         self.assertEqual(r.code, 0, r.err)
+
+
+class DamagedTraces(TempDirTest):
+    """A trace is appended to on --resume: a committed row failing its checksum, or a directory under
+    a trace's name, is damage (exit 4 naming it; nothing moved, cut or appended). A file a crash left
+    unopenable is moved aside, said, and `verify` then fails the run, whose rank lost those rows."""
+
+    def resume(self, d):
+        return ["train", "--resume", "--steps", "6", "--run-dir", d] + ARGS
+
+    def without_lock(self, d):
+        return {k: v for k, v in tree_digest(d).items() if k != ".lock"}
+
+    def test_a_row_failing_its_checksum_stops_the_resume(self):
+        import h5py
+        import numpy as np
+        d = small_run(self)
+        live = os.path.join(d, "trace", "rank-00001.h5")
+        with h5py.File(live, "r+") as f:  # a row in the middle, before the checkpoint resumed from
+            fp = f["steps/grad_fp"]
+            fp[1] = fp[1] ^ np.uint64(1 << 9)
+        before = self.without_lock(d)
+        self.assert_refused(self.resume(d), EXIT_DAMAGED, "trace '%s' /steps row 1 (step 2) fails its checksum" % live,
+                            "--resume stops")
+        self.assertEqual(self.without_lock(d), before)  # nothing cut, appended or moved
+        self.assertEqual(metric_steps(d), [1, 2, 3, 4])
+        # A row after the checkpoint resumed from (one the resume would cut back) is damage too.
+        d2 = small_run(self, "run2")
+        os.remove(os.path.join(d2, "checkpoints", "step-00000004.h5"))  # the resume starts at step 2
+        live2 = os.path.join(d2, "trace", "rank-00000.h5")
+        with h5py.File(live2, "r+") as f:
+            fp = f["steps/grad_fp"]
+            fp[3] = fp[3] ^ np.uint64(1)
+        self.assert_refused(self.resume(d2), EXIT_DAMAGED, "trace '%s' /steps row 3 (step 4) fails its checksum" % live2)
+        self.assertEqual(metric_steps(d2), [1, 2, 3, 4])
+        # Negative control: an intact run resumes.
+        r = run(["train", "--resume", "--steps", "6"] + ARGS, world=2, run_dir=small_run(self, "run3"))
+        self.assertEqual(r.code, 0, r.err)
+
+    def test_a_trace_replaced_by_a_directory_is_damage_not_moved_aside(self):
+        d = small_run(self)
+        live = os.path.join(d, "trace", "rank-00001.h5")
+        os.remove(live)
+        os.makedirs(os.path.join(live, "inside"))
+        before = self.without_lock(d)
+        self.assert_refused(self.resume(d), EXIT_DAMAGED, "trace '%s' is a directory, not a trace file" % live)
+        self.assertTrue(os.path.isdir(os.path.join(live, "inside")))
+        self.assertEqual(sorted(os.listdir(os.path.join(d, "trace"))), ["rank-00000.h5", "rank-00001.h5"])
+        self.assertEqual(self.without_lock(d), before)
+        v = run(["verify", d])
+        self.assertEqual(v.code, EXIT_DAMAGED, v.out + v.err)
+        self.assertIn("'%s' is a directory" % live, v.out)
+        b = run(["bisect", "--run-dir", d], world=2)  # damage to bisect too: no host blamed
+        self.assertEqual(b.code, EXIT_DAMAGED, b.out + b.err)
+        self.assertIn("verdict: damaged-record", b.out)
+        self.assertIn("'%s' is a directory" % live, b.err)
+
+    def test_a_trace_moved_aside_by_a_resume_fails_verify(self):
+        d = small_run(self)
+        live = os.path.join(d, "trace", "rank-00001.h5")
+        with open(live, "wb") as f:  # what a crash inside an HDF5 flush can leave: not openable
+            f.write(b"\0" * 4096)
+        r = run(["train", "--resume", "--steps", "6"] + ARGS, world=2, run_dir=d)
+        self.assertEqual(r.code, 0, r.err)
+        self.assertIn("moved to '%s.damaged-1', a new trace starts" % live, r.err)  # said, on the job's stderr
+        v = run(["verify", d])
+        self.assertEqual(v.code, EXIT_DAMAGED, v.out + v.err)
+        self.assertIn("'%s.damaged-1' is a trace a resume found damaged and moved aside" % live, v.out)
+        self.assertIn("the trace of rank 1 ('%s') starts at step 5" % live, v.out)
+        self.assertIn("its rows of steps 1..4 are missing", v.out)
+
+    def test_a_deleted_trace_is_missing_rows_to_verify(self):
+        d = small_run(self)
+        os.remove(os.path.join(d, "trace", "rank-00000.h5"))
+        r = run(["train", "--resume", "--steps", "6"] + ARGS, world=2, run_dir=d)
+        self.assertEqual(r.code, 0, r.err)
+        v = run(["verify", d])
+        self.assertEqual(v.code, EXIT_DAMAGED, v.out + v.err)
+        self.assertIn("the trace of rank 0", v.out)
+        # Negative control: a rank that joined at a resume (a larger world) starts late by right.
+        e = small_run(self, "grown")
+        r = run(["train", "--resume", "--steps", "6"] + ARGS, world=3, run_dir=e)
+        self.assertEqual(r.code, 0, r.err)
+        v = run(["verify", e])
+        self.assertEqual(v.code, 0, v.out + v.err)
+
+
+class LongPaths(TempDirTest):
+    """Open MPI 4.1's sharedfp/lockedfile built its lock file's name in a fixed buffer: a run
+    directory over ~212 characters aborted the first checkpoint written through MPI-IO. culprit
+    leaves that component out (it uses no shared file pointers); a path of any length a file system
+    takes trains, checkpoints, resumes and verifies."""
+
+    def test_a_run_directory_with_a_long_path(self):
+        d = self.tmp
+        while len(d) < 600:
+            d = os.path.join(d, "a-run-directory-nested-deep-" + "x" * 40)
+        os.makedirs(d)
+        d = os.path.join(d, "run")
+        self.assertGreater(len(os.path.join(d, "checkpoints", "step-00000002.h5.tmp")), 600)
+        r = run(["train", "--steps", "4", "--checkpoint-every", "2"] + ARGS, world=2, run_dir=d)
+        self.assertEqual(r.code, 0, r.err)
+        self.assertNotIn("buffer overflow", r.err)
+        self.assertEqual(sorted(os.listdir(os.path.join(d, "checkpoints"))),
+                         ["step-00000000.h5", "step-00000002.h5", "step-00000004.h5"])  # nothing beside them
+        r = run(["train", "--resume", "--steps", "6", "--checkpoint-every", "2"] + ARGS, world=2, run_dir=d)
+        self.assertEqual(r.code, 0, r.err)
+        v = run(["verify", d])
+        self.assertEqual(v.code, 0, v.out + v.err)
+        self.assertIn("step-00000006.h5", v.out)
 
 
 class RecordFiles(TempDirTest):

@@ -86,7 +86,7 @@ Status first_valid(const Comm& comm, const std::vector<std::string>& candidates,
 // `keep_step` itself and everything newer than it.
 // A checkpoint found in a run directory is the run's: its recorded run identity is `run_id` (or
 // either is from before identities) and it holds the step its name says (a name that is not
-// step-XXXXXXXX.h5 says none). BadInput naming the file otherwise: a foreign or renamed file is
+// step-XXXXXXXX.h5 says none). Damaged naming the file otherwise: a foreign or renamed file is
 // refused, never used.
 Status belongs(const std::string& path, const Checkpoint& c, const std::string& run_id);
 

@@ -144,12 +144,16 @@ class Writer {
   // The new file's header, groups and columns (open() removes the file when this fails).
   Status create(const std::string& path, const Header& h, const std::string& where);
   Status append_rows(const StepRow& step, const std::vector<ShardRow>& shards);
+  // Whether the next append stays under the file size limit (ulimit -f): IoError (EFBIG) before
+  // anything is written when it may not.
+  Status room_for_rows() const;
   h5::Handle file_;
   std::string path_;
   Header header_;
   std::int64_t steps_ = 0, shards_ = 0;
   std::int64_t sealed_through_ = 0;
   Status failed_;  // the first failed append or seal
+  std::uint64_t growth_ = 0;  // the most one append has grown the file (a new chunk of every column)
 };
 
 struct TraceFile {

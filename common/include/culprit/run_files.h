@@ -136,7 +136,8 @@ Status lock_run_dir(const std::string& run_dir, const std::string& command, Lock
 Status check_not_in_use(const std::string& run_dir, const std::string& command);
 
 // A file of the run `ours` is one whose recorded run identity `theirs` is the same; a file or run
-// from before identities (either empty) passes. Otherwise BadInput naming `file` and both.
+// from before identities (either empty) passes. Otherwise Damaged naming `file` and both
+// (a foreign file in a run directory is damage to the run, exit 4; --resume-from makes it BadInput).
 Status same_run(const std::string& file, const std::string& theirs, const std::string& ours);
 
 // A new run identity: 16 hex digits from the host, pid, time and the system's randomness.
