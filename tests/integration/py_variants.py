@@ -36,6 +36,18 @@ class Data:
 GLOBAL = nn.Sequential(nn.Linear(8, 2))
 
 
+class LongNames(nn.Module):  # nanoGPT-style nesting: leaf names like transformer.h.0.attn.attn_dropout
+    def __init__(self):
+        super().__init__()
+        attn = nn.ModuleDict({"c_attn": nn.Linear(8, 16), "attn_dropout": nn.Dropout(0.1)})
+        self.transformer = nn.ModuleDict({"h": nn.ModuleList([nn.ModuleDict({"attn": attn})])})
+        self.lm_head = nn.Linear(16, 2)
+
+    def forward(self, x):
+        a = self.transformer.h[0].attn
+        return self.lm_head(torch.relu(a.attn_dropout(a.c_attn(x))))
+
+
 def model():
     if VARIANT == "global_model":  # the same module on every call
         return GLOBAL
@@ -45,6 +57,8 @@ def model():
         return nn.Sequential(nn.Linear(8, 16), nn.BatchNorm1d(16), nn.Linear(16, 2))
     if VARIANT == "inplace_param":
         return InPlace()
+    if VARIANT == "long_names":
+        return LongNames()
     net = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 2))
     if VARIANT == "hidden_rng":  # initialised from Python's own random module, which culprit does not seed
         with torch.no_grad():

@@ -140,6 +140,24 @@ class Python(TempDirTest):
                 named = [i["host"] for i in testlib.incidents(d) if i["detector"] == "collective-timeout" and i["host"]]
                 self.assertEqual(len(named), 0 if variant == "hangs" else 1, testlib.incidents(d))
 
+    def test_the_diagnosis_page_fits_long_layer_names(self):
+        # nanoGPT-style names (transformer.h.0.attn.attn_dropout): the layer map's label column is
+        # sized to the longest, no cell overlaps a name, and the page's checks hold (test_bisect.py).
+        from test_bisect import check_report
+        env = py_env(CULPRIT_VARIANT="long_names")
+        layer = "transformer.h.0.attn.c_attn"
+        d = self.train_script("long", 2, ["--inject", "step=3,rank=1,layer=%s,index=1,phase=forward,kind=bitflip,"
+                                                      "bit=22,mode=persistent" % layer],
+                              script=VARIANTS, env=env, steps=6)
+        codes, out, err = run_script(VARIANTS, ["bisect", "--run-dir", d], 2, env, self.tmp)
+        self.assertEqual(codes, [VERDICTS["hardware-persistent"]] * 2, out + err)
+        got = testlib.diagnosis(d)
+        self.assertEqual((got["step"], got["phase"], got["layer"], got["rank"]), (3, "forward", layer, 1), got)
+        with open(os.path.join(d, "diagnosis.html")) as f:
+            html = f.read()
+        self.assertIn("transformer.h.0.attn.attn_dropout", html)
+        check_report(self, html, 3, origin="forward " + layer)
+
     def test_optimizers_culprit_maps_train(self):
         for variant, kind in (("adamw_groups", "adamw"), ("sgd_nesterov_foreach", "sgd")):
             with self.subTest(variant=variant):
