@@ -141,6 +141,8 @@ Status localize(Context& ctx, Finding* f, Evidence* ev);
 // kLocalize's update part (localize_update.cpp): the micro-shards reproduce, the update does not.
 Status localize_update(Context& ctx, Finding* f, Evidence* ev);
 // "0, 1, 3" (localize.cpp).
+// Collective: whether every rank finds the data record of the run's data file (docs/data.md).
+bool data_record_everywhere(const Context& ctx);
 std::string rank_list(const std::vector<int>& ranks);
 // kRerun (localize.cpp): the blamed rank recomputes the micro-shard --reruns times.
 Status rerun(Context& ctx, Finding* f, Evidence* ev);

@@ -291,7 +291,6 @@ Status run(const Options& opt, const Comm& given, records::Diagnosis* d) {
   if (opened.code() == StatusCode::kDamaged) return damaged_record(ctx, opened);
   CULPRIT_RETURN_IF_ERROR(opened);
   d->startup_seconds = since(t0);
-  if (ctx.first) comm.watchdog->set_step(ctx.first->step);  // a silent rank's report names the halt's step
   ctx.note(std::string(ctx.first ? "first incident: step " + std::to_string(ctx.first->step) + " (" +
                                        name_of(ctx.first->detector) + ")"
                                  : "no incident: searching the whole trace") +

@@ -138,11 +138,7 @@ void nothing_differs(Context& ctx, Finding* f, Evidence* ev) {
 // and the first changed sample is agreed.
 Status check_data(Context& ctx, Finding* f, Evidence* ev) {
   if (ctx.searching_back) return Status::OK();
-  // Each rank looks at the record on its own filesystem: they agree (the lowest answer) before any
-  // of them enters the collectives below.
-  int record = harness::Engine::has_data_record(ctx.run.cfg) ? 1 : 0;
-  CULPRIT_COLLECTIVE(ctx.comm, "the bisection", MPI_Iallreduce(MPI_IN_PLACE, &record, 1, MPI_INT, MPI_MIN, ctx.comm.comm, &_culprit_req));
-  if (!record) return Status::OK();
+  if (!data_record_everywhere(ctx)) return Status::OK();
   if (!ctx.engine) {  // the search is over: an engine for the run's sample order and data
     std::string path;
     CULPRIT_RETURN_IF_ERROR(open_from(&ctx, ckpt::kAnyStep, ckpt::Pick::kOldest, &path));
@@ -323,5 +319,14 @@ Status find_step(Context& ctx, Finding* f, Evidence* ev) {
   });
   return Status::OK();
 }
+
+bool data_record_everywhere(const Context& ctx) {
+  // Each rank looks at the record on its own filesystem: they agree (the lowest answer) before any
+  // of them enters a collective that depends on it.
+  int record = harness::Engine::has_data_record(ctx.run.cfg) ? 1 : 0;
+  CULPRIT_COLLECTIVE(ctx.comm, "the bisection", MPI_Iallreduce(MPI_IN_PLACE, &record, 1, MPI_INT, MPI_MIN, ctx.comm.comm, &_culprit_req));
+  return record != 0;
+}
+
 
 }  // namespace culprit::bisect

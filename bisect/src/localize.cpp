@@ -109,13 +109,17 @@ Status witness_source(Context& ctx, int k, std::int64_t sample, const std::uint6
     return Status::OK();
   }
   std::string vouch;
-  if (harness::Engine::has_data_record(ctx.run.cfg)) {
+  if (data_record_everywhere(ctx)) {
     std::vector<harness::ChangedSample> changed;
     std::string skipped;
     CULPRIT_RETURN_IF_ERROR(agree(ctx.comm, ctx.engine->changed_samples({sample}, &changed, &skipped)));
-    vouch = !skipped.empty() ? "; " + skipped
-            : changed.empty() ? "; its stored bytes match the data record of culprit prepare-data"
-                              : "; its stored bytes changed since culprit prepare-data (" + changed[0].where + ")";
+    // changed_samples reads the same file on every rank: the same answer everywhere.
+    if (!changed.empty()) {
+      // The file changed since it was prepared: what it says now is no opinion on what was loaded.
+      ctx.note(K + "its stored bytes changed since culprit prepare-data (" + changed[0].where + "): no third opinion");
+      return Status::OK();
+    }
+    vouch = !skipped.empty() ? "; " + skipped : "; its stored bytes match the data record of culprit prepare-data";
   } else if (ctx.run.cfg.data.kind != harness::DataKind::kSynthetic) {
     vouch = "; no data record (culprit prepare-data) vouches for the file, whose bytes both ranks read alike";
   }

@@ -69,9 +69,10 @@ void sharded_records(const Context& ctx, std::int64_t s, const std::vector<std::
     bool copy_seen = false;  // r's copy is some replay's, or every other rank's (spread by the gather)
     int side = matching.empty() ? -1 : matching[0];
     for (int q = 0; q < ctx.W; ++q)
+      if (copy_of(replays[q]) == rows[k]->param_fps) copy_seen = true;
+    for (int q : matching)
       if (copy_of(replays[q]) == rows[k]->param_fps) {
-        copy_seen = true;
-        if (std::find(matching.begin(), matching.end(), q) != matching.end()) side = q;
+        side = q;
         break;
       }
     if (!copy_seen) {

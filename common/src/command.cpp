@@ -45,24 +45,33 @@ namespace {
 // with the cause's code (2 for memory, as the size checks say it; 1 otherwise), not std::terminate's
 // abort and core dump.
 [[noreturn]] void on_terminate() {
-  Status st = Status::Internal("an exception escaped culprit's code");
-  if (const std::exception_ptr e = std::current_exception()) {
-    try {
-      std::rethrow_exception(e);
-    } catch (const std::exception& x) {
-      const std::string w = x.what();
-      st = is_out_of_memory(x) ? out_of_memory("an allocation") : Status::Internal(w.substr(0, w.find('\n')));
-    } catch (...) {
-    }
-  }
   int up = 0, down = 0, rank = -1;
   MPI_Initialized(&up);
   MPI_Finalized(&down);
   if (up && !down) MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-  char host[256] = {0};
+  static char host[256];
   gethostname(host, sizeof host - 1);
-  error_line("host " + std::string(host) + " rank " + std::to_string(rank) + ": " + st.message());
-  const int code = exit_code(st);
+  int code = kExitFailure;
+  // Formatting may allocate, and memory may be what ran out: a plain line is the fallback.
+  try {
+    Status st = Status::Internal("std::terminate was called without an exception (an internal error)");
+    if (const std::exception_ptr e = std::current_exception()) {
+      try {
+        std::rethrow_exception(e);
+      } catch (const std::exception& x) {
+        const std::string w = x.what();
+        st = is_out_of_memory(x) ? out_of_memory("an allocation") : Status::Internal(w.substr(0, w.find('\n')));
+      } catch (...) {
+        st = Status::Internal("an exception that is no std::exception escaped culprit's code");
+      }
+    }
+    code = exit_code(st);
+    error_line("host " + std::string(host) + " rank " + std::to_string(rank) + ": " + st.message());
+  } catch (...) {
+    std::fprintf(stderr, "culprit: error: host %s rank %d: an exception escaped, and describing it failed too "
+                 "(out of memory?)\n", host, rank);
+    std::fflush(stderr);
+  }
   if (up && !down) MPI_Abort(MPI_COMM_WORLD, code);
   std::_Exit(code);
 }

@@ -91,11 +91,15 @@ bool out_of_file_descriptors(std::string* detail) {
   for (auto it = std::filesystem::directory_iterator("/proc/self/fd", ec);
        !ec && it != std::filesystem::directory_iterator(); it.increment(ec))
     ++open;
+  // Every descriptor taken: not even the directory opens.
+  const bool none_left = ec == std::errc::too_many_files_open;
   // 4: the directory's own descriptor, and those a failed call closed on its way out (a library
   // that could not open its third file closes its first two).
-  if (ec || open + 4 < lim.rlim_cur) return false;
+  if (!none_left && (ec || open + 4 < lim.rlim_cur)) return false;
   if (detail)
-    *detail = std::to_string(open) + " of " + std::to_string(lim.rlim_cur) + " open (ulimit -n)";
+    *detail = (none_left ? std::string("all ") + std::to_string(lim.rlim_cur) : std::to_string(open) + " of " +
+                                                                                  std::to_string(lim.rlim_cur)) +
+              " open, ulimit -n";
   return true;
 }
 

@@ -2,6 +2,7 @@
 // as the original run did and hands back every fingerprint, for culprit replay, bisect and audit.
 #include <torch/torch.h>
 
+#include "culprit/watchdog.h"
 #include "culprit/engine.h"
 #include "culprit/checkpoint_format.h"
 #include "culprit/run_files.h"
@@ -49,6 +50,9 @@ Status Trainer::rewind(const ckpt::Checkpoint& c) {
 }
 
 void Trainer::replay_step(StepResult* out, int round) {
+  // Ranks that wait for this one meanwhile (an audit's longer share, a step replayed alone) hear
+  // that it is at work, not stopped.
+  Watchdog::busy("replaying a step");
   const std::int64_t s = done_ + 1;
   step_.shard_rows.clear();
   trace::StepRow row;
@@ -81,6 +85,7 @@ void Trainer::replay_step(StepResult* out, int round) {
 }
 
 void Trainer::replay_shard(int k, int round, ShardResult* out) {
+  Watchdog::busy("recomputing a micro-shard");  // reruns only the blamed rank does
   FireContext c = step_.fire;
   c.step = done_ + 1;
   c.rank = self();
@@ -261,6 +266,9 @@ class EngineImpl : public Engine {
     const int W = comm_.size, rot = ((rotate % W) + W) % W;
     if (rot != 0) {
       layout_.rank = (comm_.rank - rot + W) % W;
+      // A split has no nonblocking form: every rank is first seen there through the watchdog, so a
+      // stopped rank is named, not waited for in the split.
+      CULPRIT_COLLECTIVE(comm_, "the replay's layout", MPI_Ibarrier(comm_.comm, &_culprit_req));
       CULPRIT_MPI_CHECK(MPI_Comm_split(comm_.comm, 0, layout_.rank, &layout_.comm));
     }
   }

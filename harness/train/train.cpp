@@ -19,31 +19,21 @@ namespace culprit::harness {
 
 // What the watchdog says goes to the run: a silent rank becomes a collective-timeout incident; a
 // writer stuck on a full disk is an I/O failure, not a silent rank.
-void report_to_the_run(Watchdog* w, const TrainConfig& cfg) {
+void report_to_the_run(Watchdog* w, const TrainConfig& cfg, std::int64_t step) {
   // A writer stuck past the deadline on a full disk is an I/O failure, not a silent rank: MPI-IO
   // can hang in a collective once a write failed for lack of space (docs/checkpoint-format.md).
   w->on_stuck([&cfg](const SilentReport& rep) {
-    // A rank that answers from the script's code on the CPU: its device is the CPU that answers,
-    // so the script itself hangs; a bad input, never a node's fault. On a GPU the device may be
-    // what the script waits for: the report names nobody (exit 13, no host to exclude).
-    if (!rep.in_script.empty() && cfg.device == DeviceKind::kCpu)
-      return Status::BadInput("rank " + std::to_string(rep.in_script[0]) + "'s script did not return within the " +
-                              "collective timeout: the script hangs (its device is the CPU, which answers); fix the "
-                              "script, or raise --collective-timeout if it is only slow");
-    // Out of file descriptors (ulimit -n): MPI-IO's components open files of their own at a
-    // collective open, and one that cannot leaves the collective hanging on every rank.
-    if (!rep.out_of_fds.empty())
-      return Status::IoError("rank " + std::to_string(rep.out_of_fds[0]) + " ran out of file descriptors (" +
-                             rep.fds_detail + "): raise the limit and --resume");
+    const Status why = stuck_cause(rep, cfg.device == DeviceKind::kCpu);
+    if (!why.ok()) return why;
     std::uint64_t free = 0;
     if (!files::free_bytes(cfg.run_dir, &free).ok() || free >= (1u << 20)) return Status::OK();
     return Status::IoError("the filesystem of run directory '" + cfg.run_dir + "' is full (" + std::to_string(free) +
                            " bytes free): " + std::strerror(ENOSPC));
   });
-  w->on_silence([&cfg](const SilentReport& rep) {
+  w->on_silence([&cfg, step](const SilentReport& rep) {
     if (!rep.cause.ok()) return;  // not a hardware incident
     records::Incident inc;
-    inc.step = rep.step;
+    inc.step = step >= 0 ? step : rep.step;
     inc.detector = Detector::kCollectiveTimeout;
     inc.cls = IncidentClass::kHardware;
     inc.rank = rep.silent.empty() ? -1 : rep.silent[0];

@@ -37,8 +37,7 @@ int run_train(const std::vector<std::string>& args, const AfterHalt& after_halt)
     // The diagnosis's collectives are bounded as training's were: a rank stopped during it is named
     // and its host goes to the run's incidents at the halt's step, as during training.
     Watchdog watchdog(comm, cfg.detect.collective_timeout);
-    report_to_the_run(&watchdog, cfg);
-    watchdog.set_step(halted_step(cfg.run_dir));
+    report_to_the_run(&watchdog, cfg, halted_step(cfg.run_dir));
     Comm watched = comm;
     watched.watchdog = &watchdog;
     code = after_halt(watched, cfg.run_dir, code);

@@ -34,6 +34,20 @@ struct SilentReport {
   Status cause;             // every rank answered and on_stuck() explained the wait (a full disk)
 };
 
+// What a rank says about itself: its step and where it is. A rank that answers is alive; how it
+// answers says whether it waits (in a collective), works on its own (busy: between two pieces of
+// work of its own, or in the user's code for less than the timeout) or hangs in the user's code.
+struct WatchdogWhere {
+  std::int64_t step = 0;
+  std::int64_t round = 0;  // a query's number; an answer echoes its query's (a late one is ignored)
+  double script_s = 0;     // in_script: seconds in the current call of the user's code
+  char what[54] = {0};
+  char in_script = 0;   // answered by InScript's thread: the main thread runs the user's code
+  char busy = 0;        // answered between two pieces of work of its own (Watchdog::busy)
+  char out_of_fds = 0;  // the rank holds (nearly) every file descriptor its limit allows
+  char fds[32] = {0};   // "19 of 21 open, ulimit -n"
+};
+
 // --collective-timeout's help in every command that takes it (train, bisect, replay, audit).
 inline constexpr const char* kCollectiveTimeoutHelp =
     "seconds a rank waits in a collective before it names the silent (dead or stopped) rank(s) and ends the job with "
@@ -66,6 +80,11 @@ class Watchdog {
   // not be named as stopped. Without a watchdog, or on another thread: nothing. Nested with
   // in_script false (culprit's code called back from the script: a layer hook), the rank answers
   // no more until it returns: a device that hangs there is silent, as in culprit's own code.
+  // Between two pieces of work a rank does on its own while others wait for it (an audit's
+  // interval, a replayed step, a rerun): answers a roll call with "busy in `what`", so the others
+  // wait on instead of naming it. Cheap (one probe); nothing without a watchdog or off its thread.
+  static void busy(const char* what);
+
   class InScript {
    public:
     explicit InScript(const char* what, bool in_script = true);
@@ -77,12 +96,16 @@ class Watchdog {
     Watchdog* w_ = nullptr;
     bool was_in_ = false;
     const char* was_what_ = "";
+    double was_since_ = 0;
   };
 
  private:
   void answer_for_the_script();  // the answering thread's loop
   bool poll(double started, const char* what);  // true: the deadline passed or a rank asked
-  [[noreturn]] void expire(const char* what);
+  // The roll call. Returns (false) only when every rank answered and one is still at work of its
+  // own: the caller waits on. Otherwise it reports and ends the job.
+  bool expire(const char* what);
+  void answer_queries(const char* what, bool in_script);  // under mu_: every query waiting, answered
   void answer(const std::int64_t* query, int from, const char* what);
 
   MPI_Comm side_ = MPI_COMM_NULL;
@@ -94,13 +117,22 @@ class Watchdog {
   std::function<Status(const SilentReport&)> explain_;
   // InScript's answering thread, started at the first InScript; mu_ guards its use of side_.
   Watchdog* outer_ = nullptr;  // the process's watchdog before this one (nested commands)
-  std::thread::id owner_;
+  bool threads_ = false;       // MPI_THREAD_MULTIPLE: InScript's thread may call MPI
+  std::int64_t round_ = 0;     // this rank's roll calls so far
+  int unexplained_ = 0;        // roll calls in this wait with every rank there and no cause
+  std::vector<WatchdogWhere> answers_;  // per asker: the answer in flight
   std::thread answerer_;
   std::mutex mu_;
   std::condition_variable cv_;
   bool in_script_ = false, stopping_ = false;
   const char* script_what_ = "";
+  double script_since_ = 0;  // when the main thread entered the user's code
 };
+
+// What a roll call at which every rank answered says of the ranks: one out of file descriptors (an
+// I/O failure: MPI-IO's own open failed), one hung in the user's code on the CPU (the script hangs:
+// bad input; on a GPU the device may be what it waits for: OK, the report names nobody); else OK.
+Status stuck_cause(const SilentReport& rep, bool device_is_cpu);
 
 // A command's communicator with every collective bounded: `comm` itself when it has a watchdog
 // already (a diagnosis inside `culprit train`), else `comm` with a watchdog of its own (collective:
@@ -110,6 +142,7 @@ class Watched {
   Watched(const Comm& comm, double timeout_s) : comm_(comm) {
     if (comm_.watchdog) return;
     own_ = std::make_unique<Watchdog>(comm, timeout_s);
+    own_->on_stuck([](const SilentReport& rep) { return stuck_cause(rep, /*device_is_cpu=*/true); });
     comm_.watchdog = own_.get();
   }
   const Comm& comm() const { return comm_; }

@@ -19,8 +19,9 @@ Status train(const TrainConfig& cfg, const Comm& comm, Env* env = Env::Default()
 
 // What w says goes to cfg's run: a silent rank becomes a collective-timeout incident (its host, at
 // w's step: what a job script excludes); a writer stuck on a full disk is an I/O failure instead.
-// cfg must outlive w's use.
-void report_to_the_run(Watchdog* w, const TrainConfig& cfg);
+// cfg must outlive w's use. step >= 0: the incident's step whatever step w was at (a diagnosis's
+// replays move it; the job resumes before the halt's step).
+void report_to_the_run(Watchdog* w, const TrainConfig& cfg, std::int64_t step = -1);
 
 // `culprit train`. after_halt: what --on-detect diagnose runs once a detection halted the run (on
 // the same ranks); it gets the halt's exit code and returns the one to exit with. culprit_bisect
