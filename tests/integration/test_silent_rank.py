@@ -153,12 +153,11 @@ class SilentRank(TempDirTest):
             self.assertIsNotNone(stopped, "rank 1 was never stopped:\n" + "".join(lines))
             proc.wait(timeout=TIMEOUT + 90)
             reader.join(timeout=10)
-            err = ""
         finally:
             subprocess.run(["pkill", "-9", "-s", str(proc.pid)])
             proc.stdout.close()
             proc.stderr.close()
-        return proc.returncode, "".join(lines) + err, time.time() - stopped
+        return proc.returncode, "".join(lines), time.time() - stopped
 
     def test_a_rank_stopped_during_the_diagnosis_in_the_job_is_named(self):
         # --on-detect diagnose: the bisection runs on the ranks that trained; rank 1 is stopped as it

@@ -48,7 +48,7 @@ struct WatchdogWhere {
   char fds[32] = {0};   // "19 of 21 open, ulimit -n"
 };
 
-// --collective-timeout's help in every command that takes it (train, bisect, replay, audit).
+// --collective-timeout's help in bisect, replay and audit (train's also names its checkpoint writer).
 inline constexpr const char* kCollectiveTimeoutHelp =
     "seconds a rank waits in a collective before it names the silent (dead or stopped) rank(s) and ends the job with "
     "exit 13 (0: wait forever)";
