@@ -70,9 +70,9 @@ CASES = [
     ("gpt", 4, 4, "step=6,rank=1,layer=blocks.0.mlp.fc,index=1,phase=optimizer,kind=bitflip,bit=22",
      "hardware-transient", 6, "optimizer", "blocks.0.mlp.fc", 1),
     # Bisecting a persistent fault on two ranks: each reproduces its own result. A computation's tie
-    # is settled by its float64 recomputation (the third opinion); a load's is not (each rank
-    # recomputes from the input it loaded): the verdict, step and phase, and no rank (rank -1).
-    ("mlp", 2, 2, "step=4,rank=1,index=4,phase=data,kind=bitflip,bit=22,mode=persistent", "data", 4, "data", "", -1),
+    # is settled by its float64 recomputation (the third opinion); a load's by the data source read
+    # afresh on both ranks (no other device loaded those samples): the loading rank, exactly.
+    ("mlp", 2, 2, "step=4,rank=1,index=4,phase=data,kind=bitflip,bit=22,mode=persistent", "data", 4, "data", "", 1),
     ("cnn", 2, 2, "step=4,rank=1,layer=fc,index=1,phase=backward,kind=bitflip,bit=22,mode=persistent",
      "hardware-persistent", 4, "backward", "fc", 1),
 ]
@@ -172,9 +172,8 @@ class Bisect(TempDirTest):
                 self.assertEqual(got["device"], "cpu" if rank >= 0 else "")
                 self.assertTrue(got["evidence"], got)
                 self.assertGreaterEqual(got["steps_replayed"], 1)
-                if rank < 0:
-                    self.assertEqual(got["candidates"], [0, 1], got)
-                elif verdict == "hardware-persistent" and phase not in ("param", "optimizer", "comm"):
+                self.assertEqual(got["candidates"], [], got)  # every case is settled: no tie left
+                if verdict == "hardware-persistent" and phase not in ("param", "optimizer", "comm"):
                     self.assertEqual((got["reruns"], got["reproduced"]), (8, 8), got)
                 if verdict == "hardware-unconfirmed":
                     self.assertEqual(got["reruns"], 0, got)
