@@ -45,6 +45,24 @@ std::string join_ranks(const std::vector<int>& ranks) {
   return s;
 }
 
+// "rank 1 (host a)", "ranks 1 (host a), 2 (host b)".
+std::string named(const std::vector<int>& ranks, const std::vector<std::string>& hosts) {
+  std::string who;
+  for (int r : ranks) who += (who.empty() ? "" : ", ") + std::to_string(r) + " (host " + hosts[r] + ")";
+  return std::string(ranks.size() > 1 ? "ranks " : "rank ") + who;
+}
+
+// Where the waiting ranks wait, grouped: "ranks 0,2 waited in the reduction of step 5".
+std::string waits_of(const std::vector<int>& waiting, const std::vector<Where>& where) {
+  std::map<std::pair<std::int64_t, std::string>, std::vector<int>> groups;
+  for (int r : waiting) groups[{where[r].step, where[r].what}].push_back(r);
+  std::string waits;
+  for (const auto& [key, ranks] : groups)
+    waits += (waits.empty() ? "" : "; ") + std::string(ranks.size() > 1 ? "ranks " : "rank ") + join_ranks(ranks) +
+             " waited in " + key.second + " of step " + std::to_string(key.first);
+  return waits;
+}
+
 std::string seconds(double s) {
   char buf[32];
   std::snprintf(buf, sizeof buf, "%g s", s);
@@ -186,6 +204,32 @@ void Watchdog::wait_until(const std::function<bool()>& done, const char* what) {
   }
 }
 
+void Watchdog::listen(const Where& me, double until, bool stop_when_all, std::vector<int>* answered,
+                      std::vector<Where>* where) {
+  while (MPI_Wtime() < until) {
+    if (stop_when_all && std::count(answered->begin(), answered->end(), 1) == size_) return;
+    int flag = 0;
+    MPI_Status st;
+    if (MPI_Iprobe(MPI_ANY_SOURCE, MPI_ANY_TAG, side_, &flag, &st) != MPI_SUCCESS || !flag) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      continue;
+    }
+    Where w;
+    if (MPI_Recv(&w, sizeof w, MPI_BYTE, st.MPI_SOURCE, st.MPI_TAG, side_, MPI_STATUS_IGNORE) != MPI_SUCCESS) continue;
+    if (st.MPI_TAG == kTagAnswer && w.round != me.round) continue;  // an answer to an earlier roll call
+    (*answered)[st.MPI_SOURCE] = 1;
+    (*where)[st.MPI_SOURCE] = w;
+    if (st.MPI_TAG == kTagQuery) {
+      Where& a = answers_[static_cast<std::size_t>(st.MPI_SOURCE)];
+      a = me;
+      a.round = w.round;
+      MPI_Request req;
+      if (MPI_Isend(&a, sizeof a, MPI_BYTE, st.MPI_SOURCE, kTagAnswer, side_, &req) == MPI_SUCCESS)
+        MPI_Request_free(&req);
+    }
+  }
+}
+
 bool Watchdog::expire(const char* what) {
   // Ask everyone who is there and answer everyone who asks, for a grace period; a query is an
   // answer too. Whoever stays quiet is silent: dead, or stuck outside MPI.
@@ -205,32 +249,7 @@ bool Watchdog::expire(const char* what) {
   std::vector<Where> where(size_);
   answered[rank_] = 1;
   where[rank_] = me;
-  auto listen = [&](double until, bool stop_when_all) {
-    while (MPI_Wtime() < until) {
-      if (stop_when_all && std::count(answered.begin(), answered.end(), 1) == size_) return;
-      int flag = 0;
-      MPI_Status st;
-      if (MPI_Iprobe(MPI_ANY_SOURCE, MPI_ANY_TAG, side_, &flag, &st) != MPI_SUCCESS || !flag) {
-        std::this_thread::sleep_for(std::chrono::milliseconds(1));
-        continue;
-      }
-      Where w;
-      if (MPI_Recv(&w, sizeof w, MPI_BYTE, st.MPI_SOURCE, st.MPI_TAG, side_, MPI_STATUS_IGNORE) != MPI_SUCCESS)
-        continue;
-      if (st.MPI_TAG == kTagAnswer && w.round != me.round) continue;  // an answer to an earlier roll call
-      answered[st.MPI_SOURCE] = 1;
-      where[st.MPI_SOURCE] = w;
-      if (st.MPI_TAG == kTagQuery) {
-        Where& a = answers_[static_cast<std::size_t>(st.MPI_SOURCE)];
-        a = me;
-        a.round = w.round;
-        MPI_Request req;
-        if (MPI_Isend(&a, sizeof a, MPI_BYTE, st.MPI_SOURCE, kTagAnswer, side_, &req) == MPI_SUCCESS)
-          MPI_Request_free(&req);
-      }
-    }
-  };
-  listen(t0 + grace, /*stop_when_all=*/true);
+  listen(me, t0 + grace, /*stop_when_all=*/true, &answered, &where);
 
   SilentReport rep;
   rep.step = step_;
@@ -249,17 +268,9 @@ bool Watchdog::expire(const char* what) {
       if (rep.out_of_fds.empty()) rep.fds_detail = where[r].fds;
       rep.out_of_fds.push_back(r);
     }
-  // Where the live ranks wait, grouped.
-  std::map<std::pair<std::int64_t, std::string>, std::vector<int>> groups;
-  for (int r : waiting) groups[{where[r].step, where[r].what}].push_back(r);
-  std::string waits;
-  for (const auto& [key, ranks] : groups)
-    waits += (waits.empty() ? "" : "; ") + std::string(ranks.size() > 1 ? "ranks " : "rank ") + join_ranks(ranks) +
-             " waited in " + key.second + " of step " + std::to_string(key.first);
+  const std::string waits = waits_of(waiting, where);
   if (rep.silent.empty() && !rep.in_script.empty()) {
-    std::string who;
-    for (int r : rep.in_script) who += (who.empty() ? "" : ", ") + std::to_string(r) + " (host " + hosts_[r] + ")";
-    rep.message = std::string(rep.in_script.size() > 1 ? "ranks " : "rank ") + who + " answered but stayed in " +
+    rep.message = named(rep.in_script, hosts_) + " answered but stayed in " +
                   where[rep.in_script[0]].what + " past the collective timeout of " + seconds(timeout_) +
                   ": its script or the device it drives hangs, and nobody is named; " + waits;
     if (explain_) rep.cause = explain_(rep);
@@ -274,10 +285,7 @@ bool Watchdog::expire(const char* what) {
     if (rep.cause.ok() && ++unexplained_ < 2) return false;
     if (!rep.cause.ok()) rep.message = rep.cause.message() + " (" + rep.message + ")";
   } else {
-    std::string who;
-    for (int r : rep.silent) who += (who.empty() ? "" : ", ") + std::to_string(r) + " (host " + hosts_[r] + ")";
-    rep.message = std::string(rep.silent.size() > 1 ? "ranks " : "rank ") + who +
-                  " stopped responding: no answer within the collective timeout of " + seconds(timeout_) +
+    rep.message = named(rep.silent, hosts_) + " stopped responding: no answer within the collective timeout of " + seconds(timeout_) +
                   " and a grace of " + seconds(grace) + " (dead or stuck); " + waits;
   }
   const int code = exit_code(rep.cause.ok() ? StatusCode::kSilentRank : rep.cause.code());
@@ -290,7 +298,7 @@ bool Watchdog::expire(const char* what) {
     if (report_) report_(rep);
   } else {
     // The lowest live rank reports and ends the job; should it fail to, this rank does.
-    listen(MPI_Wtime() + grace, false);
+    listen(me, MPI_Wtime() + grace, false, &answered, &where);
   }
   MPI_Abort(MPI_COMM_WORLD, code);
   std::_Exit(code);

@@ -105,6 +105,10 @@ class Watchdog {
   // The roll call. Returns (false) only when every rank answered and one is still at work of its
   // own: the caller waits on. Otherwise it reports and ends the job.
   bool expire(const char* what);
+  // Hears answers and queries until `until` (or, stop_when_all, everyone answered), answering each
+  // query with `me`: who answered and what each said.
+  void listen(const WatchdogWhere& me, double until, bool stop_when_all, std::vector<int>* answered,
+              std::vector<WatchdogWhere>* where);
   void answer_queries(const char* what, bool in_script);  // under mu_: every query waiting, answered
   void answer(const std::int64_t* query, int from, const char* what);
 
