@@ -1,14 +1,28 @@
-// The update element by element in float32 (exact_update.h). Each line names the libtorch 1.13
+// The update element by element in float32 (exact_update.h). Each line names the libtorch
 // operation it stands for (torch::optim::SGD::step, torch::optim::AdamW::step).
 #include "optim/exact_update.h"
 
+#include <ATen/ATen.h>
+
 #include <cmath>
+#include <cstring>
+#include <vector>
 
 namespace culprit::harness {
 
 namespace {
 
 float f32(double v) { return static_cast<float>(v); }
+
+// libtorch's square root of n floats, by its own kernel on a tensor of its own allocation (as
+// exp_avg_sq.sqrt() runs): with MKL that is VML's vsSqrt, which is not correctly rounded (one ulp
+// off for ~0.6% of inputs, by MKL's branch) and no plain std::sqrt reproduces it.
+std::vector<float> library_sqrt(const float* v, std::size_t n) {
+  at::Tensor t = at::empty({static_cast<std::int64_t>(n)}, at::kFloat);
+  std::memcpy(t.data_ptr<float>(), v, n * sizeof(float));
+  const at::Tensor r = t.sqrt().contiguous();
+  return std::vector<float>(r.data_ptr<float>(), r.data_ptr<float>() + n);
+}
 
 void sgd(const OptimizerOptions& o, double lr, ExactParam* x) {
   const float wd = f32(x->decay ? o.weight_decay : 0.0), m = f32(o.momentum), step = f32(-1 * lr);
@@ -39,8 +53,11 @@ void adamw(const OptimizerOptions& o, double lr, ExactParam* x) {
     if (wd != 0) x->p[i] = x->p[i] * shrink;     // p.mul_(1 - lr * weight_decay)
     m = std::fma(g, a1, m * b1);                 // exp_avg.mul_(beta1).add_(grad, 1 - beta1)
     v = std::fma(a2 * g, g, v * b2);             // exp_avg_sq.mul_(beta2).addcmul_(grad, grad, 1 - beta2)
-    const float denom = std::sqrt(v) / root2 + eps;  // (exp_avg_sq.sqrt() / sqrt(bias2)).add_(eps)
-    x->p[i] = x->p[i] + (size * m) / denom;      // p.addcdiv_(exp_avg, denom, -lr / bias1)
+  }
+  const std::vector<float> roots = library_sqrt(x->second, x->n);  // exp_avg_sq.sqrt()
+  for (std::size_t i = 0; i < x->n; ++i) {
+    const float denom = roots[i] / root2 + eps;  // (... / sqrt(bias2)).add_(eps)
+    x->p[i] = x->p[i] + (size * x->primary[i]) / denom;  // p.addcdiv_(exp_avg, denom, -lr / bias1)
   }
 }
 

@@ -3,15 +3,16 @@
 // two devices each repeat their own result (docs/bisect.md, "Settling a tie"). Every operation of
 // SGD and AdamW is element-wise and IEEE float32, so any correct device computing it in the same
 // order and with the same roundings gets the same bits; this plain loop is such a device.
-// The roundings are libtorch 1.13's CPU kernels' (measured, harness/optim/tests/test_exact_update.cpp):
+// The roundings are libtorch 2.11's CPU kernels' (as 1.13's; measured, harness/optim/tests/test_exact_update.cpp):
 //   add_(t, alpha)         fma(t, alpha, self)            one rounding (its vectorised kernel's fmadd)
 //   addcmul_(a, b, value)  fma(value * a, b, self)
 //   addcdiv_(a, b, value)  self + (value * a) / b         three roundings
 //   mul_ / div by a scalar the scalar rounded to float32 first
-// A build whose kernels round otherwise (another CPU capability, libtorch 2.x) fails that test; the
-// bisection then finds the referee's two recomputations or the devices unlike it and falls back to
-// the float64 arbiter (no opinion is given from a referee that disagrees with both devices).
-// No libtorch: plain floats in and out.
+//   sqrt()                 libtorch's own kernel: MKL's vsSqrt, not correctly rounded (taken from it)
+// A build whose kernels round otherwise (another CPU capability) fails that test; the bisection
+// then finds the referee's two recomputations or the devices unlike it and falls back to the
+// float64 arbiter (no opinion is given from a referee that disagrees with both devices).
+// Plain floats in and out.
 #pragma once
 #include <cstddef>
 #include <cstdint>
