@@ -13,7 +13,6 @@
 
 namespace culprit::harness {
 
-namespace {
 // The loaded BLAS: the first mapped shared object whose name mentions blas.
 std::string loaded_blas() {
   std::ifstream maps("/proc/self/maps");
@@ -27,7 +26,6 @@ std::string loaded_blas() {
   }
   return "none found (libtorch's own kernels)";
 }
-}  // namespace
 
 void fill_environment(RunInfo* info) {
   char mpi[MPI_MAX_LIBRARY_VERSION_STRING] = {0};
@@ -88,12 +86,51 @@ Status write_run_json(const std::string& path, const RunInfo& i) {
   j["versions"] = {{"libtorch", i.torch_version}, {"mpi", i.mpi_version}, {"hdf5", i.hdf5_version}};
   j["blas"] = {{"library", i.blas_library}, {"threads", i.blas_threads}};
   j["intra_op_threads"] = i.intra_op_threads;
+  j["math"] = {{"torch", i.math.torch},
+               {"blas", i.math.blas},
+               {"mkl_cnr", i.math.mkl_cnr},
+               {"cpu_capability", i.math.cpu_capability},
+               {"onednn", i.math.onednn}};
   j["mpi_thread_level"] = i.mpi_thread_level;
   j["deterministic_algorithms"] = true;
   if (!i.resumed_from.empty()) j["resumed_from"] = {{"checkpoint", i.resumed_from}, {"step", i.resumed_at_step}};
   j["config"] = i.config_ini;
   // Replaced whole or not at all: a failed start (full disk) leaves no empty or torn run.json.
   return files::write_atomic(path, j.dump(2) + "\n");
+}
+
+std::string math_difference(const MathLibraries& was, const MathLibraries& now) {
+  const struct {
+    const char* what;
+    const std::string& a;
+    const std::string& b;
+  } fields[] = {{"libtorch", was.torch, now.torch},
+                {"the BLAS", was.blas, now.blas},
+                {"MKL's CNR mode (MKL_CBWR)", was.mkl_cnr, now.mkl_cnr},
+                {"ATen's CPU capability (ATEN_CPU_CAPABILITY)", was.cpu_capability, now.cpu_capability},
+                {"oneDNN (ONEDNN_MAX_CPU_ISA)", was.onednn, now.onednn}};
+  for (const auto& f : fields)
+    if (f.a != f.b) return std::string(f.what) + " was '" + f.a + "', here '" + f.b + "'";
+  return "";
+}
+
+Status read_math_libraries(const std::string& run_dir, MathLibraries* out) {
+  *out = MathLibraries{};
+  const std::string path = run_dir + "/run.json";
+  std::string text;
+  bool absent = false;
+  CULPRIT_RETURN_IF_ERROR(files::read_regular(path, files::kMaxJsonRecordBytes, "a culprit run.json", &text, &absent));
+  if (absent) return Status::OK();  // a new run: nothing recorded to reproduce
+  try {
+    const auto j = nlohmann::json::parse(text);
+    if (!j.contains("math")) return Status::OK();
+    const auto& m = j.at("math");
+    *out = {m.at("torch").get<std::string>(), m.at("blas").get<std::string>(), m.at("mkl_cnr").get<std::string>(),
+            m.at("cpu_capability").get<std::string>(), m.at("onednn").get<std::string>()};
+  } catch (const std::exception&) {
+    return Status::Damaged("'" + path + "' is not a culprit run.json (its math libraries)");
+  }
+  return Status::OK();
 }
 
 std::string format_json_number(double v) {

@@ -9,6 +9,26 @@
 
 namespace culprit::harness {
 
+// What decides the bits of libtorch's CPU kernels besides culprit's own order of operations
+// (docs/determinism.md, "The math libraries"): a replay, bisection, audit or resume under other
+// values would not reproduce the run's bits, and is refused (math_difference).
+struct MathLibraries {
+  std::string torch;           // libtorch's version
+  std::string blas;            // MKL's version, or the BLAS library loaded
+  std::string mkl_cnr;         // MKL's conditional numerical reproducibility mode and the branch it runs
+  std::string cpu_capability;  // ATen's kernel dispatch (AVX2, AVX512, ...; ATEN_CPU_CAPABILITY pins it)
+  std::string onednn;          // oneDNN's version and ONEDNN_MAX_CPU_ISA ("" without oneDNN)
+  bool empty() const { return torch.empty(); }
+};
+// "" when a run recorded under `recorded` reproduces under `now`; else one clause naming what
+// differs ("MKL's CNR mode was 'AUTO,STRICT (AVX512_E1)', here 'AUTO,STRICT (AVX2)'").
+std::string math_difference(const MathLibraries& recorded, const MathLibraries& now);
+// The math libraries RUN/run.json recorded (empty: no run there, or one from before they were recorded).
+Status read_math_libraries(const std::string& run_dir, MathLibraries* out);
+
+// The BLAS shared object this process loaded (a libtorch without MKL).
+std::string loaded_blas();
+
 struct RunInfo {
   std::string config_ini;
   int world_size = 1;
@@ -21,6 +41,7 @@ struct RunInfo {
   std::string blas_library;  // the BLAS shared object actually loaded
   int blas_threads = 0;      // 0: the BLAS has no thread control
   int intra_op_threads = 1;
+  MathLibraries math;
   std::string mpi_thread_level;
   std::string data_source;
   std::int64_t data_samples = 0;

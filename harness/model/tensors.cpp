@@ -7,6 +7,7 @@
 #include <torch/torch.h>
 
 #include "culprit/finite.h"
+#include "culprit/math_libraries.h"
 
 #ifdef CULPRIT_HAVE_CUDA
 #include "culprit/fingerprint_cuda.h"
@@ -16,7 +17,9 @@ namespace culprit::harness {
 
 // Deterministic settings; returns the BLAS thread count set (0: no thread control found).
 int setup_determinism(int threads) {
+  pin_math_libraries();  // before MKL's first computation, where that is still to come
   at::globalContext().setDeterministicAlgorithms(true, /*warn_only=*/false);
+  at::globalContext().setDeterministicMkldnn(true);
   at::set_num_threads(threads);
   static bool interop_set = false;
   if (!interop_set) {
@@ -31,38 +34,29 @@ int setup_determinism(int threads) {
     fn(threads);
     return threads;
   }
-  return 0;
+  // MKL (linked into libtorch): at::set_num_threads sets its thread count too.
+  return at::hasMKL() ? threads : 0;
 }
 
 AutocastScope::AutocastScope(Precision p, const at::Device& device)
     : on_(p == Precision::kBf16), cuda_(device.is_cuda()) {
   if (!on_) return;
+  const auto type = cuda_ ? at::kCUDA : at::kCPU;
   prev_cache_ = at::autocast::is_autocast_cache_enabled();
-  if (cuda_) {
-    prev_enabled_ = at::autocast::is_enabled();
-    prev_dtype_ = at::autocast::get_autocast_gpu_dtype();
-    at::autocast::set_enabled(true);
-    at::autocast::set_autocast_gpu_dtype(at::kBFloat16);
-  } else {
-    prev_enabled_ = at::autocast::is_cpu_enabled();
-    prev_dtype_ = at::autocast::get_autocast_cpu_dtype();
-    at::autocast::set_cpu_enabled(true);
-    at::autocast::set_autocast_cpu_dtype(at::kBFloat16);
-  }
+  prev_enabled_ = at::autocast::is_autocast_enabled(type);
+  prev_dtype_ = at::autocast::get_autocast_dtype(type);
+  at::autocast::set_autocast_enabled(type, true);
+  at::autocast::set_autocast_dtype(type, at::kBFloat16);
   at::autocast::increment_nesting();
   at::autocast::set_autocast_cache_enabled(true);
 }
 
 AutocastScope::~AutocastScope() {
   if (!on_) return;
+  const auto type = cuda_ ? at::kCUDA : at::kCPU;
   if (at::autocast::decrement_nesting() == 0) at::autocast::clear_cache();
-  if (cuda_) {
-    at::autocast::set_enabled(prev_enabled_);
-    at::autocast::set_autocast_gpu_dtype(prev_dtype_);
-  } else {
-    at::autocast::set_cpu_enabled(prev_enabled_);
-    at::autocast::set_autocast_cpu_dtype(prev_dtype_);
-  }
+  at::autocast::set_autocast_enabled(type, prev_enabled_);
+  at::autocast::set_autocast_dtype(type, prev_dtype_);
   at::autocast::set_autocast_cache_enabled(prev_cache_);
 }
 

@@ -8,6 +8,7 @@
 #include <cstring>
 #include <memory>
 
+#include "culprit/math_libraries.h"
 #include "culprit/run_files.h"
 #include "culprit/watchdog.h"
 #include "train/run_directory.h"
@@ -74,6 +75,7 @@ Status train(const TrainConfig& given, const Comm& world, Env* env) {
   std::int64_t start = 0;
   std::string from;
   if (resuming(cfg)) {
+    CULPRIT_RETURN_IF_ERROR(agree(comm, check_math_libraries(cfg.run_dir, "resuming it")));
     ckpt::Checkpoint c;
     CULPRIT_RETURN_IF_ERROR(find_checkpoint(cfg, comm, &c, &from));
     // A checkpoint the user names is an input, not part of the run: another run's (or one renamed)

@@ -13,6 +13,7 @@
 #include <unistd.h>
 
 #include "culprit/checkpoint_format.h"
+#include "culprit/math_libraries.h"
 #include "culprit/run_files.h"
 #include "culprit/watchdog.h"
 #include "culprit/finite.h"
@@ -344,6 +345,8 @@ Status Trainer::start_run(std::int64_t start_step, const std::string& resumed_fr
   info_.resumed_from = resumed_from;
   info_.resumed_at_step = start_step;
   fill_environment(&info_);
+  info_.math = math_libraries();
+  info_.blas_library = info_.math.blas;
   gather_hosts(comm_, &info_);
   info_.devices = gather_strings(comm_, device_name_);
   detectors_.set_placement(info_.hosts, info_.devices);

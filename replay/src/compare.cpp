@@ -1,5 +1,7 @@
 #include "culprit/compare.h"
 
+#include "culprit/math_libraries.h"
+
 #include <cstdio>
 #include <cstring>
 
@@ -198,6 +200,7 @@ StepComparison compare_step(const StepResult& got, const trace::RunTrace& rec, c
 
 Status load_run(const std::string& run_dir, const Comm& comm, RunRecord* out) {
   CULPRIT_RETURN_IF_ERROR(agree(comm, harness::load_run_config(run_dir, &out->cfg)));
+  CULPRIT_RETURN_IF_ERROR(agree(comm, harness::check_math_libraries(run_dir, "replaying its steps")));
   CULPRIT_RETURN_IF_ERROR(agree(comm, harness::stored_run_id(run_dir, &out->cfg.run_id)));
   return agree(comm, trace::read_run(run_dir, &out->trace, out->cfg.run_id));
 }

@@ -1,0 +1,26 @@
+// The math libraries under libtorch's CPU kernels (MKL, oneDNN, ATen's own vectorised kernels):
+// pinned where culprit can pin them, recorded in RUN/run.json ("math"), and compared by every
+// command that must reproduce a run's bits (docs/determinism.md, "The math libraries").
+#pragma once
+#include <string>
+
+#include "culprit/status.h"
+
+namespace culprit::harness {
+
+struct MathLibraries;  // config/run_info.h: what run.json records of them
+
+// MKL's conditional numerical reproducibility in strict mode on the branch this CPU picks (bitwise
+// the same at any thread count and memory alignment; the same bits as MKL's default here), unless
+// the environment chose a mode (MKL_CBWR); MKL's and OpenMP's dynamic thread counts off. Takes
+// effect only before MKL's first computation in the process: called at start-up, and again (doing
+// nothing) by setup_determinism.
+void pin_math_libraries();
+// This process's math libraries, as recorded in run.json.
+MathLibraries math_libraries();
+// OK when RUN recorded none or the same math libraries as this process's; otherwise bad input
+// naming what differs and that `doing` ("replaying its steps", "resuming it") would not reproduce
+// the run's bits. Local (no collective): the caller agrees.
+Status check_math_libraries(const std::string& run_dir, const std::string& doing);
+
+}  // namespace culprit::harness
