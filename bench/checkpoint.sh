@@ -19,7 +19,7 @@ cd "$(dirname "$0")/.."
 dir="${BENCH_DIR:-/tmp/culprit-bench}"
 rounds="${1:-3}"
 rm -rf "$dir" && mkdir -p "$dir"
-exec /usr/bin/python3 - "$dir" "$rounds" <<'PY'
+exec "$CULPRIT_PY" - "$dir" "$rounds" <<'PY'
 import json, os, statistics, subprocess, sys, time
 import numpy as np
 

@@ -41,7 +41,7 @@ for rep in $(seq "$rounds"); do
     done
   done
 done
-/usr/bin/python3 - "$out" "$rounds" "$old" "$new" <<'PY'
+"$CULPRIT_PY" - "$out" "$rounds" "$old" "$new" <<'PY'
 import json, os, statistics, sys
 out, rounds, old, new = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4]
 

@@ -2,7 +2,7 @@
 """`culprit train` against PyTorch DistributedDataParallel doing the same work: step time side by side
 at W = 1, 2, 4 ranks and M = W and 4W micro-shards, in one run (issue 18, item 1).
 
-    /usr/bin/python3 bench/ddp_peer.py [--rounds 5] [--steps 12] [--warmup 3] [--models resmlp,gpt]
+    .venv/bin/python bench/ddp_peer.py [--rounds 5] [--steps 12] [--warmup 3] [--models resmlp,gpt]
                                        [--worlds 1,2,4] [--out raw.json] [--work DIR]
 
 bench/models_peer.py writes the models as TorchScript files and their data as HDF5 (a residual MLP of
@@ -49,7 +49,7 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 CULPRIT = os.environ.get("CULPRIT_BIN", os.path.join(HERE, "..", "build", "culprit"))
-PYTHON = "/usr/bin/python3"  # Debian's: torch 1.13 with gloo, h5py
+PYTHON = sys.executable  # the interpreter with culprit's torch (.venv/bin/python)
 MPIRUN = ["mpirun", "--oversubscribe", "--bind-to", "none"]
 os.environ.setdefault("OMPI_ALLOW_RUN_AS_ROOT", "1")
 os.environ.setdefault("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")

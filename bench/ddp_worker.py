@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """One rank of the PyTorch DistributedDataParallel peer of `culprit train` (bench/ddp_peer.py runs it).
 
-    mpirun -np W /usr/bin/python3 bench/ddp_worker.py --model M.pt --data D.h5 --global-batch B \
+    mpirun -np W .venv/bin/python bench/ddp_worker.py --model M.pt --data D.h5 --global-batch B \
         --micro-shards M --steps S --lr LR --momentum 0.9 --port PORT --out steps.jsonl
 
 The same work as `mpirun -np W culprit train --model torchscript:M.pt --data hdf5:D.h5 --global-batch B

@@ -33,7 +33,7 @@ for model in mlp cnn gpt; do
     done
   done
 done
-/usr/bin/python3 - "$out" "$repeats" "$world" <<'PY'
+"$CULPRIT_PY" - "$out" "$repeats" "$world" <<'PY'
 import json, statistics, sys
 out, repeats, world = sys.argv[1], int(sys.argv[2]), sys.argv[3]
 

@@ -18,7 +18,7 @@ for K in 4 8 16; do
   start=$(date +%s.%N)
   mpirun --bind-to core -np 2 build/culprit bisect --run-dir "$d" >/dev/null 2>&1 || true
   end=$(date +%s.%N)
-  /usr/bin/python3 - "$d" "$K" "$fault" "$start" "$end" <<'PY'
+  "$CULPRIT_PY" - "$d" "$K" "$fault" "$start" "$end" <<'PY'
 import json, statistics, sys
 d, K, fault, start, end = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), float(sys.argv[4]), float(sys.argv[5])
 diag = json.load(open(d + "/diagnosis.json"))
@@ -40,11 +40,11 @@ for rep in 1 2 3; do
     start=$(date +%s.%N)
     in=$(mpirun --bind-to core -np "$w" build/culprit audit --run-dir "$d" | sed -n 's/^audited in \(.*\) s$/\1/p')
     end=$(date +%s.%N)
-    wall[$w]="${wall[$w]:-} $(/usr/bin/python3 -c "print($end - $start)")"
+    wall[$w]="${wall[$w]:-} $("$CULPRIT_PY" -c "print($end - $start)")"
     inner[$w]="${inner[$w]:-} $in"
   done
 done
-/usr/bin/python3 - "${wall[1]}" "${wall[2]}" "${inner[1]}" "${inner[2]}" <<'PY'
+"$CULPRIT_PY" - "${wall[1]}" "${wall[2]}" "${inner[1]}" "${inner[2]}" <<'PY'
 import sys
 w1, w2, i1, i2 = (min(float(x) for x in a.split()) for a in sys.argv[1:5])
 print("audit of 8 intervals x 40 steps: 1 rank %.2f s (auditing %.2f s), 2 ranks %.2f s (auditing %.2f s)" % (w1, i1, w2, i2))

@@ -12,6 +12,7 @@
 # docs/performance.md, "GPT-2 small". Slow by design on reference BLAS (minutes per step).
 set -euo pipefail
 here="$(cd "$(dirname "$0")/.." && pwd)"
+CULPRIT_PY="${CULPRIT_PY:-$here/.venv/bin/python}"
 culprit="${CULPRIT_BIN:-$here/build/culprit}"
 precision=fp32 seq=64 out=""
 while [ $# -gt 0 ]; do
@@ -53,7 +54,7 @@ set +e
 timed bisect "$culprit" bisect --run-dir "$run"
 set -e
 
-/usr/bin/python3 - "$run" "$work" "$precision" "$seq" <<'EOF'
+"$CULPRIT_PY" - "$run" "$work" "$precision" "$seq" <<'EOF'
 import glob, json, os, sys
 run, work, precision, seq = sys.argv[1:]
 info = json.load(open(os.path.join(run, "run.json")))

@@ -30,6 +30,6 @@ for c in "mlp:--model mlp --hidden 256 --global-batch 128" "gpt:--model gpt --gl
     a=$(count "$old" "$name-$cfg-old" $args $extra)
     # shellcheck disable=SC2086
     b=$(count "$new" "$name-$cfg-new" $args $extra)
-    printf "%-12s %16s %16s %9.5fx\n" "$name $cfg" "$a" "$b" "$(/usr/bin/python3 -c "print($b / $a)")"
+    printf "%-12s %16s %16s %9.5fx\n" "$name $cfg" "$a" "$b" "$("$CULPRIT_PY" -c "print($b / $a)")"
   done
 done

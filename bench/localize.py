@@ -2,7 +2,7 @@
 """The localisation campaign: seeded random injected faults, each run beside its clean twin, each
 diagnosed by `culprit bisect`, scored against the injected truth.
 
-    /usr/bin/python3 bench/localize.py --trials 300 --seed 1 [--out results.jsonl]
+    .venv/bin/python bench/localize.py --trials 300 --seed 1 [--out results.jsonl]
 
 Every trial draws a model (mlp, cnn, gpt, or a residual MLP of this script's own as a TorchScript
 file on HDF5 data; with --models py, examples/train_mlp.py's plain PyTorch model trained through the
@@ -112,7 +112,7 @@ def make_torchscript(work):
     script = os.path.join(work, "resmlp.py")  # TorchScript reads the class's source from a file
     with open(script, "w") as f:
         f.write(TS_SOURCE)
-    subprocess.run(["/usr/bin/python3", script, model], check=True)
+    subprocess.run([sys.executable, script, model], check=True)
     rng = np.random.default_rng(4)
     with h5py.File(data, "w") as f:
         f["x"] = rng.standard_normal((96, 32)).astype(np.float32)
@@ -157,7 +157,7 @@ def run(cmd, timeout=600):
 
 
 def train(run_dir, t, inject):
-    trainer = ["/usr/bin/python3", PY_EXAMPLE] if t["model"] == "py" else [CULPRIT, "train"]
+    trainer = [sys.executable, PY_EXAMPLE] if t["model"] == "py" else [CULPRIT, "train"]
     args = trainer + ["--run-dir", run_dir, "--steps", str(STEPS), "--quiet"] + MODELS[t["model"]][0]
     if inject:
         args += ["--inject", inject]

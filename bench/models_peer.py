@@ -3,7 +3,7 @@
 `culprit train --model torchscript:PATH` and PyTorch DDP (bench/ddp_worker.py, torch.jit.load) train,
 and HDF5 files (datasets x and y, docs/data.md `hdf5:PATH`) that both read.
 
-    /usr/bin/python3 bench/models_peer.py OUT_DIR [--models resmlp,gpt] [--mlp-samples 8192] [--gpt-samples 2048]
+    .venv/bin/python bench/models_peer.py OUT_DIR [--models resmlp,gpt] [--mlp-samples 8192] [--gpt-samples 2048]
 
 writes OUT_DIR/NAME.pt and OUT_DIR/NAME.h5 for each model and prints one JSON line per model
 (parameters, shapes). Everything comes from fixed seeds; nothing is downloaded.

@@ -2,7 +2,7 @@
 """bf16 autocast against fp32, and clipping against none: step time and peak memory per model, side
 by side in one run.
 
-    /usr/bin/python3 bench/precision.py [--rounds 3] [--steps 12] [--world 2]
+    .venv/bin/python bench/precision.py [--rounds 3] [--steps 12] [--world 2]
 
 Every round runs each model in each variant (fp32, bf16, fp32 with --clip-grad-norm 1) once, in an
 order rotated round by round (this VM drifts between runs: ratios are paired within a round). Step

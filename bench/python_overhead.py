@@ -1,9 +1,9 @@
-#!/usr/bin/python3
+#!/usr/bin/env python3
 """The Python package's overhead: examples/train_mlp.py's model (at a chosen width) trained by `mpirun python3 SCRIPT` (an eager
 nn.Module called back from culprit's C++ core, docs/python.md) and by `culprit train` on its
 TorchScript export with its data as HDF5, side by side in interleaved rounds.
 
-    /usr/bin/python3 bench/python_overhead.py [--rounds 5] [--worlds 1,2] [--widths 32,512] [--steps 30]
+    .venv/bin/python bench/python_overhead.py [--rounds 5] [--worlds 1,2] [--widths 32,512] [--steps 30]
 
 Both runs must give the same final fingerprint (checked every round: a ratio of two different
 computations would measure nothing). Per run the step time is the median of metrics.jsonl's
@@ -73,7 +73,7 @@ def main():
     for width in {c[1] for c in configs}:
         d = os.path.join(work, "export%d" % width)
         os.makedirs(d)
-        subprocess.run(["/usr/bin/python3", script, "export", d], capture_output=True, text=True, check=True,
+        subprocess.run([sys.executable, script, "export", d], capture_output=True, text=True, check=True,
                        env=dict(ENV, BENCH_WIDTH=str(width)))
         with open(os.path.join(d, "args")) as f:
             opt[width] = f.read().split()
@@ -84,7 +84,7 @@ def main():
                 env = dict(ENV, BENCH_WIDTH=str(width))
                 d = os.path.join(work, "export%d" % width)
                 py_dir, ts_dir = os.path.join(work, "py"), os.path.join(work, "ts")
-                py = MPIRUN + ["-np", str(w), "/usr/bin/python3", script, "--run-dir", py_dir] + common
+                py = MPIRUN + ["-np", str(w), sys.executable, script, "--run-dir", py_dir] + common
                 ts = MPIRUN + ["-np", str(w), CULPRIT, "train", "--run-dir", ts_dir, "--model", "torchscript:" + d +
                                "/model.pt", "--data", "hdf5:" + d + "/data.h5"] + opt[width] + common
                 order = [py, ts] if (r + i) % 2 == 0 else [ts, py]  # rotated: neither always runs first

@@ -2,7 +2,7 @@
 """Up to 64 ranks on one machine: what detection, the trace, diagnosis, audit and memory cost as
 functions of the world size W, with an injected fault found at every W.
 
-    nice -n 19 /usr/bin/python3 bench/scale.py [--worlds 2,4,8,16,32,64] [--json FILE] [--keep DIR]
+    nice -n 19 .venv/bin/python bench/scale.py [--worlds 2,4,8,16,32,64] [--json FILE] [--keep DIR]
                                                [--no-twin] [--env-variants W]
 
 Every W trains the same small model (mlp, `--hidden 16`: 970 parameters in 6 tensors, global batch

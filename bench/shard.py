@@ -2,7 +2,7 @@
 """--shard-optimizer against the unsharded run: step time, optimizer state and peak memory per rank at
 W = 1, 2, 4, side by side in one run.
 
-    /usr/bin/python3 bench/shard.py [--rounds 3] [--steps 10] [--models mlp-2m,gpt-4x256]
+    .venv/bin/python bench/shard.py [--rounds 3] [--steps 10] [--models mlp-2m,gpt-4x256]
 
 Every round runs each (model, W, variant) once, in an order rotated round by round (this VM drifts
 between runs: ratios are paired within a round). Step time: the median of metrics.jsonl's "seconds"

@@ -1,4 +1,4 @@
-#!/usr/bin/python3
+#!/usr/bin/env python3
 """Long clean runs (docs/detection.md "Long clean runs", docs/performance.md "Soak"): for each model,
 one clean `culprit train` of STEPS steps on WORLD ranks with the default detectors (spike window 20,
 z 8, ratio 3, action warn) and the default trace, sampling every rank's resident memory as it runs.

@@ -12,7 +12,7 @@ for model in mlp cnn gpt; do
     dir="$out/$model-$w"
     mpirun --oversubscribe --bind-to none -np "$w" build/culprit train --run-dir "$dir" --model "$model" \
       --steps "$steps" --global-batch 64 --micro-shards 8 --quiet >/dev/null
-    /usr/bin/python3 - "$dir/metrics.jsonl" "$model" "$w" <<'PY'
+    "$CULPRIT_PY" - "$dir/metrics.jsonl" "$model" "$w" <<'PY'
 import json, statistics, sys
 secs = [json.loads(l)["seconds"] for l in open(sys.argv[1])][2:]
 med = statistics.median(secs)

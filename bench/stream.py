@@ -2,7 +2,7 @@
 """Streaming a token data set larger than the memory budget: resident memory per rank and the read
 stall per step, beside a small data set, in one run.
 
-    /usr/bin/python3 bench/stream.py [--gib 3] [--budget-mib 384] [--world 2] [--steps 500] [--keep]
+    .venv/bin/python bench/stream.py [--gib 3] [--budget-mib 384] [--world 2] [--steps 500] [--keep]
 
 What it does (results: docs/performance.md ("Streaming a data set larger than memory")):
 1. Writes two token files (uint16, vocabulary 512, random ids from a fixed seed, made here with

@@ -18,7 +18,7 @@ for model in mlp cnn gpt; do
     done
   done
 done
-/usr/bin/python3 - "$work" "$rounds" <<'PY'
+"$CULPRIT_PY" - "$work" "$rounds" <<'PY'
 import json, statistics, sys
 work, rounds = sys.argv[1], int(sys.argv[2])
 def med(path):

@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "culprit/math_libraries.h"
 #include "culprit/cli.h"
 #include "culprit/command.h"
 #include "culprit/exit_codes.h"
@@ -40,20 +41,25 @@ int hand_python_runs_to_the_package(const std::vector<std::string>& args) {
       cfg.model.kind != culprit::harness::ModelKind::kPython)
     return -1;
 #ifdef CULPRIT_PYTHON_DIR
-  // The package built with this executable, unless CULPRIT_PYTHON_DIR names another copy.
-  const char* pkg = std::getenv("CULPRIT_PYTHON_DIR");
+  // The package and interpreter built with this executable, unless the environment names others:
+  // an installed package's `culprit` command (culprit/_cli.py) names its own folder and interpreter.
+  const auto env_or = [](const char* name, const char* built) {
+    const char* v = std::getenv(name);
+    return std::string(v && *v ? v : built);
+  };
+  const std::string python = env_or("CULPRIT_PYTHON", CULPRIT_PYTHON);
   const char* old = std::getenv("PYTHONPATH");
   const std::string path =
-      std::string(pkg && *pkg ? pkg : CULPRIT_PYTHON_DIR) + (old && *old ? std::string(":") + old : "");
+      env_or("CULPRIT_PYTHON_DIR", CULPRIT_PYTHON_DIR) + (old && *old ? std::string(":") + old : "");
   setenv("PYTHONPATH", path.c_str(), 1);
-  std::vector<std::string> argv_s = {CULPRIT_PYTHON, "-m", "culprit"};
+  std::vector<std::string> argv_s = {python, "-m", "culprit"};
   argv_s.insert(argv_s.end(), args.begin(), args.end());
   std::vector<char*> argv;
   for (auto& a : argv_s) argv.push_back(a.data());
   argv.push_back(nullptr);
-  execv(CULPRIT_PYTHON, argv.data());
-  culprit::cli::error_line(std::string("run '") + dir + "' was made from Python: cannot start " + CULPRIT_PYTHON +
-                           ": " + std::strerror(errno));
+  execv(python.c_str(), argv.data());
+  culprit::cli::error_line(std::string("run '") + dir + "' was made from Python: cannot start " + python + ": " +
+                           std::strerror(errno));
   return culprit::kExitFailure;
 #else
   culprit::cli::error_line("run '" + dir + "' was made from Python (model " + cfg.model.text() +
@@ -65,6 +71,7 @@ int hand_python_runs_to_the_package(const std::vector<std::string>& args) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  culprit::harness::pin_math_libraries();  // before anything computes (docs/determinism.md)
   std::vector<std::string> args(argv + 1, argv + argc);
   if (const int code = hand_python_runs_to_the_package(args); code >= 0) return code;
   return culprit::cli::run_command_line(std::move(args));

@@ -1,7 +1,7 @@
-#!/usr/bin/python3
+#!/usr/bin/env python3
 """A model, loss, data set and optimizer in plain PyTorch, trained by culprit (docs/python.md):
 
-    PYTHONPATH=build/python mpirun -np 4 /usr/bin/python3 examples/train_mlp.py --run-dir RUN --steps 20
+    PYTHONPATH=build/python mpirun -np 4 .venv/bin/python examples/train_mlp.py --run-dir RUN --steps 20
     culprit bisect --run-dir RUN          # re-enters this script to replay its steps
 
 The same bits at any world size W <= --micro-shards, and the same bits as `culprit train` on the

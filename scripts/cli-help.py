@@ -1,4 +1,4 @@
-#!/usr/bin/python3
+#!/usr/bin/env python3
 """Writes each command's --help, as built, into docs/cli.md between its markers
     <!-- help: COMMAND -->
     ```

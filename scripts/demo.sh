@@ -51,10 +51,10 @@ fi
 echo "the diagnosis names the injected fault exactly; its report: $run/silent/diagnosis.html"
 if [ -d build/python/culprit ]; then
   echo
-  echo "== your own PyTorch model: mpirun -np 2 /usr/bin/python3 examples/train_mlp.py --run-dir $run/py2 --steps 20"
-  mpirun --oversubscribe --bind-to none -np 2 /usr/bin/python3 examples/train_mlp.py --run-dir "$run/py2" --steps 20 \
+  echo "== your own PyTorch model: mpirun -np 2 $CULPRIT_PY examples/train_mlp.py --run-dir $run/py2 --steps 20"
+  mpirun --oversubscribe --bind-to none -np 2 "$CULPRIT_PY" examples/train_mlp.py --run-dir "$run/py2" --steps 20 \
     --quiet | tail -n 1
-  /usr/bin/python3 examples/train_mlp.py --run-dir "$run/py1" --steps 20 --quiet | tail -n 1
+  "$CULPRIT_PY" examples/train_mlp.py --run-dir "$run/py1" --steps 20 --quiet | tail -n 1
   a=$(tail -n 1 "$run/py2/metrics.jsonl" | sed 's/.*"fingerprint": "\([0-9a-f]*\)".*/\1/')
   b=$(tail -n 1 "$run/py1/metrics.jsonl" | sed 's/.*"fingerprint": "\([0-9a-f]*\)".*/\1/')
   if [ "$a" != "$b" ]; then

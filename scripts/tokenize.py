@@ -1,4 +1,4 @@
-#!/usr/bin/python3
+#!/usr/bin/env python3
 """Tokenises a small corpus that ships with the repository into a token file for `--data tokens:PATH`.
 
     scripts/tokenize.py OUT [--vocab 512] [--seq-len 64] [--dtype uint16|uint32] [FILE ...]

@@ -5,6 +5,6 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 . scripts/env.sh
 export CULPRIT_BIN="$PWD/build/culprit"
-CULPRIT_CRASH_TRIALS="${CULPRIT_CRASH_TRIALS:-24}" /usr/bin/python3 tests/integration/test_crash.py
-CULPRIT_CORRUPTION_OFFSETS="${CULPRIT_CORRUPTION_OFFSETS:-200}" /usr/bin/python3 tests/integration/test_corruption.py
+CULPRIT_CRASH_TRIALS="${CULPRIT_CRASH_TRIALS:-24}" "$CULPRIT_PY" tests/integration/test_crash.py
+CULPRIT_CORRUPTION_OFFSETS="${CULPRIT_CORRUPTION_OFFSETS:-200}" "$CULPRIT_PY" tests/integration/test_corruption.py
 FUZZ_SECONDS="${FUZZ_SECONDS:-600}" tests/fuzz/run.sh

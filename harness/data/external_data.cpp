@@ -17,7 +17,7 @@ const OpenExternalData& external_data() { return registered(); }
 
 Status no_external_source(const std::string& what) {
   return Status::BadInput(what + " is built by a Python script: run it through the Python package "
-                          "(mpirun -np W /usr/bin/python3 SCRIPT ..., or python3 -m culprit COMMAND; docs/python.md)");
+                          "(mpirun -np W python SCRIPT ..., or python3 -m culprit COMMAND; docs/python.md)");
 }
 
 }  // namespace culprit::harness

@@ -10,8 +10,8 @@ with culprit's fingerprints, trace, checkpoints, detectors, replay and bisection
     if __name__ == "__main__":
         raise SystemExit(culprit.main(build))
 
-    $ mpirun -np 4 /usr/bin/python3 train.py --run-dir RUN --steps 100 --global-batch 64 --micro-shards 8
-    $ culprit bisect --run-dir RUN    # or: mpirun -np 2 /usr/bin/python3 -m culprit bisect --run-dir RUN
+    $ mpirun -np 4 .venv/bin/python train.py --run-dir RUN --steps 100 --global-batch 64 --micro-shards 8
+    $ culprit bisect --run-dir RUN    # or: mpirun -np 2 .venv/bin/python -m culprit bisect --run-dir RUN
 """
 import torch  # first: the extension's tensors need torch's Python bindings loaded
 

@@ -311,11 +311,12 @@ def _import_script(path):
 
 
 def run_module(args):
-    """python3 -m culprit COMMAND --run-dir RUN ...: the command on a run made from Python."""
+    """python3 -m culprit COMMAND ...: any culprit command, as the executable runs it; on a run made
+    from Python (--run-dir RUN), with the run's script re-entered."""
     run_dir = next((args[i + 1] for i, a in enumerate(args[:-1]) if a == "--run-dir"),
                    next((a[len("--run-dir="):] for a in args if a.startswith("--run-dir=")), None))
-    if not args or not run_dir:
-        return _error("python3 -m culprit COMMAND --run-dir RUN: give the run directory of a run made from Python")
+    if not run_dir or not os.path.isfile(os.path.join(run_dir, "run.json")):
+        return _culprit.main(args, None)  # no run made yet (or none named): nothing to re-enter
     try:
         model = _culprit.run_model(run_dir)
         if not model.startswith("python:"):

@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "culprit/math_libraries.h"
 #include "culprit/cli.h"
 #include "culprit/command.h"
 #include "culprit/exit_codes.h"
@@ -79,6 +80,9 @@ std::vector<at::Tensor> reference_update(const std::vector<std::string>& args, c
 
 PYBIND11_MODULE(_culprit, m) {
   py::module_::import("torch");  // torch's Python bindings (tensor conversion) before anything else
+  // MKL's reproducible mode, unless the script has computed with MKL already (what MKL then runs
+  // is recorded: docs/determinism.md, "The math libraries").
+  culprit::harness::pin_math_libraries();
   m.doc() = "culprit's C++ core (docs/python.md); use the culprit package, not this module";
   m.def("main", &main_entry, py::arg("argv"), py::arg("build"),
         "Runs `culprit ARGV...` with `build` (or None) as the setup function of --model python runs; the exit code.");

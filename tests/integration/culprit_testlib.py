@@ -1,6 +1,7 @@
 """Helpers for culprit's integration tests: real mpirun runs of the real binary (train, bisect, a
 refusal on every rank), culprit's exit codes, and what several tests read or make (diagnoses, traces,
 metrics, run directories, data files)."""
+import sys
 import hashlib
 import json
 import os
@@ -15,7 +16,7 @@ import numpy as np
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.normpath(os.path.join(HERE, "..", ".."))
-PY = "/usr/bin/python3"  # Debian's python3-torch (the python3 on PATH may be another one)
+PY = sys.executable  # the interpreter culprit was built for (CULPRIT_PYTHON: ctest runs the tests with it)
 CULPRIT = os.environ.get("CULPRIT_BIN", os.path.join(os.path.dirname(__file__), "../../build/culprit"))
 if os.environ.get("CULPRIT_REQUIRE_BIN") == "1" and not os.path.exists(CULPRIT):
     raise SystemExit("culprit binary %s is missing (scripts/test.sh builds it)" % CULPRIT)

@@ -1,4 +1,4 @@
-#!/usr/bin/python3
+#!/usr/bin/env python3
 """Scripts that break docs/python.md's contract, one per CULPRIT_VARIANT, for test_python.py's
 refusals: each must end with one clear line and exit 2 on every rank."""
 import os

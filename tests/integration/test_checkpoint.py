@@ -14,7 +14,7 @@ sys.path.insert(0, os.path.dirname(__file__))
 from culprit_testlib import EXIT_USAGE, TempDirTest, run  # noqa: E402
 import reference_trainer as ref  # noqa: E402
 
-PY = "/usr/bin/python3"
+PY = sys.executable  # the interpreter culprit was built for (CULPRIT_PYTHON: ctest runs the tests with it)
 HERE = os.path.dirname(os.path.abspath(__file__))
 MODELS = {"mlp": [], "cnn": [], "gpt": ["--optimizer", "adamw", "--lr", "0.003"]}
 BASE = ["--global-batch", "32", "--micro-shards", "4", "--samples", "160", "--checkpoint-every", "5"]

@@ -10,7 +10,7 @@ sys.path.insert(0, os.path.dirname(__file__))
 from culprit_testlib import (EXIT_HARDWARE, EXIT_INVARIANT, EXIT_NUMERICAL, EXIT_USAGE, TempDirTest,  # noqa: E402
                              incidents, last_culprit_line, run, run_each_rank_code)
 
-PY = "/usr/bin/python3"
+PY = sys.executable  # the interpreter culprit was built for (CULPRIT_PYTHON: ctest runs the tests with it)
 
 W = 3
 BASE = ["--model", "mlp", "--steps", "6", "--global-batch", "24", "--micro-shards", "4", "--samples", "96",

@@ -117,7 +117,7 @@ class FullDisk(TempDirTest):
         self.assertIn("No space left on device", err)
         steps = metric_steps_until_torn(d)
         for rank in range(2):  # the trace stopped where the metrics did, not at the checkpoint
-            trace_steps = subprocess.run(["/usr/bin/python3", "-c", "import h5py,sys; print(h5py.File(sys.argv[1], 'r')"
+            trace_steps = subprocess.run([sys.executable, "-c", "import h5py,sys; print(h5py.File(sys.argv[1], 'r')"
                                           ".attrs['steps_committed'])", os.path.join(d, "trace", "rank-%05d.h5" % rank)],
                                          capture_output=True, text=True, check=True).stdout
             self.assertLess(int(trace_steps), steps[-1] + 10, "the job ran on with a broken trace")

@@ -15,7 +15,7 @@ ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..")
 
 class Docs(unittest.TestCase):
     def test_cli_page_shows_the_help_as_built(self):
-        res = subprocess.run(["/usr/bin/python3", os.path.join(ROOT, "scripts", "cli-help.py"), "--check", CULPRIT],
+        res = subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "cli-help.py"), "--check", CULPRIT],
                              capture_output=True, text=True, timeout=300)
         self.assertEqual(res.returncode, 0, res.stdout + res.stderr)
 

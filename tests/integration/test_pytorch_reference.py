@@ -11,7 +11,7 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(__file__))
 from culprit_testlib import TempDirTest  # noqa: E402
 
-PY = "/usr/bin/python3"
+PY = sys.executable  # the interpreter culprit was built for (CULPRIT_PYTHON: ctest runs the tests with it)
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 # 96 samples, batch 32: 3 steps per epoch, so 7 steps cross two epoch boundaries.

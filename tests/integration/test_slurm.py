@@ -384,7 +384,7 @@ class Slurm(TempDirTest):
         run_dir = self.path("py")
         spec = "step=3,rank=1,layer=body.4,index=5,phase=forward,kind=bitflip,bit=22"
         env = slurm_env({"PYTHONPATH": PKG, "CULPRIT_PYTHON_DIR": PKG})
-        res = subprocess.run(["srun", "-O", "--mpi=pmix", "-n", "2", "/usr/bin/python3",
+        res = subprocess.run(["srun", "-O", "--mpi=pmix", "-n", "2", sys.executable,
                               os.path.join(ROOT, "examples", "train_mlp.py"), "--run-dir", run_dir, "--steps", "6",
                               "--global-batch", "32", "--micro-shards", "4", "--checkpoint-every", "2",
                               "--on-detect", "warn", "--inject", spec, "--quiet"],
