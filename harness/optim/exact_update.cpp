@@ -1,5 +1,6 @@
 // The update element by element in float32 (exact_update.h). Each line names the libtorch
-// operation it stands for (torch::optim::SGD::step, torch::optim::AdamW::step).
+// operation it stands for (torch::optim::SGD::step; torch.optim.AdamW's step as
+// OptimizerState::step runs it).
 #include "optim/exact_update.h"
 
 #include <ATen/ATen.h>
@@ -43,15 +44,16 @@ void adamw(const OptimizerOptions& o, double lr, ExactParam* x) {
   const double wd = x->decay ? o.weight_decay : 0.0;
   const double step = static_cast<double>(x->has_state ? x->step : 0) + 1;
   const double bias1 = 1 - std::pow(o.beta1, step), bias2 = 1 - std::pow(o.beta2, step);
-  const float shrink = f32(1 - lr * wd), b1 = f32(o.beta1), b2 = f32(o.beta2), a1 = f32(1 - o.beta1),
-              a2 = f32(1 - o.beta2), root2 = f32(std::sqrt(bias2)), eps = f32(o.eps), size = f32(-(lr / bias1));
+  const float shrink = f32(1 - lr * wd), b2 = f32(o.beta2), a1 = f32(1 - o.beta1),
+              a2 = f32(1 - o.beta2), root2 = f32(std::pow(bias2, 0.5)), eps = f32(o.eps), size = f32(-(lr / bias1));
   for (std::size_t i = 0; i < x->n; ++i) {
     const float g = x->g[i];
     float& m = x->primary[i];
     float& v = x->second[i];
     if (!x->has_state) m = 0, v = 0;  // the state libtorch creates: zeros
     if (wd != 0) x->p[i] = x->p[i] * shrink;     // p.mul_(1 - lr * weight_decay)
-    m = std::fma(g, a1, m * b1);                 // exp_avg.mul_(beta1).add_(grad, 1 - beta1)
+    m = a1 < 0.5f ? std::fma(a1, g - m, m)       // exp_avg.lerp_(grad, 1 - beta1): its kernel's two
+                  : std::fma(-(g - m), 1.0f - a1, g);  // forms, by the weight
     v = std::fma(a2 * g, g, v * b2);             // exp_avg_sq.mul_(beta2).addcmul_(grad, grad, 1 - beta2)
   }
   const std::vector<float> roots = library_sqrt(x->second, x->n);  // exp_avg_sq.sqrt()

@@ -8,6 +8,7 @@
 //   addcmul_(a, b, value)  fma(value * a, b, self)
 //   addcdiv_(a, b, value)  self + (value * a) / b         three roundings
 //   mul_ / div by a scalar the scalar rounded to float32 first
+//   lerp_(end, w)          fma(w, end - self, self) for w < 0.5, else fma(-(end - self), 1 - w, end)
 //   sqrt()                 libtorch's own kernel: MKL's vsSqrt, not correctly rounded (taken from it)
 // A build whose kernels round otherwise (another CPU capability) fails that test; the bisection
 // then finds the referee's two recomputations or the devices unlike it and falls back to the

@@ -1,5 +1,7 @@
 #include "culprit/optim_state.h"
 
+#include <cmath>
+
 namespace culprit::harness {
 
 namespace optim = torch::optim;
@@ -14,7 +16,50 @@ std::unique_ptr<optim::OptimizerOptions> options_of(const OptimizerOptions& o, d
       optim::AdamWOptions(o.lr).betas({o.beta1, o.beta2}).eps(o.eps).weight_decay(weight_decay));
 }
 
+// torch.optim.AdamW's single-tensor step (torch/optim/adam.py, decoupled weight decay, no amsgrad)
+// in libtorch's operations. libtorch's C++ AdamW::step updates the first moment as
+// exp_avg.mul_(beta1).add_(grad, 1 - beta1) where Python's lerps (exp_avg.lerp_(grad, 1 - beta1)),
+// and the two round differently: culprit's AdamW is Python's, the optimizer its users run (and its
+// state stays libtorch's AdamWParamState, the checkpoints' layout). Python's step counter is a
+// float; its bias corrections, step size and square root are doubles as here (`** 0.5` is pow).
+void adamw_step(optim::AdamW& opt) {
+  for (auto& group : opt.param_groups()) {
+    const auto& o = static_cast<const optim::AdamWOptions&>(group.options());
+    const double beta1 = std::get<0>(o.betas()), beta2 = std::get<1>(o.betas());
+    for (auto& p : group.params()) {
+      if (!p.grad().defined()) continue;
+      const at::Tensor& grad = p.grad();
+      auto& slot = opt.state()[p.unsafeGetTensorImpl()];
+      if (!slot) {  // the state Python creates on a parameter's first step: zeros
+        auto fresh = std::make_unique<optim::AdamWParamState>();
+        fresh->step(0);
+        fresh->exp_avg(torch::zeros_like(p, at::MemoryFormat::Preserve));
+        fresh->exp_avg_sq(torch::zeros_like(p, at::MemoryFormat::Preserve));
+        slot = std::move(fresh);
+      }
+      auto& st = static_cast<optim::AdamWParamState&>(*slot);
+      st.step(st.step() + 1);
+      if (o.weight_decay() != 0) p.mul_(1 - o.lr() * o.weight_decay());
+      st.exp_avg().lerp_(grad, 1 - beta1);
+      st.exp_avg_sq().mul_(beta2).addcmul_(grad, grad, 1 - beta2);
+      const double step = static_cast<double>(st.step());
+      const double bias1 = 1 - std::pow(beta1, step), bias2 = 1 - std::pow(beta2, step);
+      const at::Tensor denom = (st.exp_avg_sq().sqrt() / std::pow(bias2, 0.5)).add_(o.eps());
+      p.addcdiv_(st.exp_avg(), denom, -(o.lr() / bias1));
+    }
+  }
+}
+
 }  // namespace
+
+void OptimizerState::step() {
+  if (o_.kind == OptimizerKind::kSgd) {
+    opt_->step();
+    return;
+  }
+  torch::NoGradGuard no_grad;
+  adamw_step(static_cast<optim::AdamW&>(*opt_));
+}
 
 OptimizerState::OptimizerState(const OptimizerOptions& o, const std::vector<at::Tensor>& params,
                                const std::vector<bool>& decays)

@@ -54,7 +54,10 @@ class OptimizerState {
 
   void set_lr(double lr);
   double lr() const;
-  void step() { opt_->step(); }
+  // SGD: libtorch's step. AdamW: torch.optim.AdamW's (torch 2.x's Python, what a user's eager
+  // AdamW computes on the CPU) over libtorch's AdamW state; libtorch's own C++ AdamW differs from
+  // it in one rounding (optim_state.cpp).
+  void step();
 
   // The state tensor that stands for a parameter's optimizer state (SGD: the momentum buffer, AdamW:
   // the first moment): what the replica check fingerprints and an optimizer fault corrupts.
