@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """A model, loss, data set and optimizer in plain PyTorch, trained by culprit (docs/python.md):
 
-    PYTHONPATH=build/python mpirun -np 4 .venv/bin/python examples/train_mlp.py --run-dir RUN --steps 20
+    mpirun -np 4 .venv/bin/python examples/train_mlp.py --run-dir RUN --steps 20
     culprit bisect --run-dir RUN          # re-enters this script to replay its steps
 
 The same bits at any world size W <= --micro-shards, and the same bits as `culprit train` on the
@@ -14,7 +14,6 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "build", "python"))
 import culprit  # noqa: E402
 
 FEATURES, HIDDEN, CLASSES, SAMPLES = 16, 32, 4, 512

@@ -1,11 +1,12 @@
 """An independent implementation of culprit's training contract (docs/determinism.md) in PyTorch.
 
-Run with Debian's python3-torch (/usr/bin/python3): the same libtorch 1.13 as culprit. It trains a
-TorchScript module, or one of culprit's built-in models written in eager PyTorch (builtin_models.py)
-from the initial state culprit wrote (--init-from), on HDF5 data exactly as `culprit train` promises
-to — bf16 under torch.autocast, clipping with torch.nn.utils.clip_grad_norm_, weight decay by
-parameter group — recomputes the fingerprints of docs/fingerprint.md with python3-xxhash, and prints
-one JSON line per step.
+Run with the interpreter culprit was built for (its torch: the same libtorch as culprit). It trains
+a TorchScript module, or one of culprit's built-in models written in eager PyTorch (builtin_models.py)
+from the initial state culprit wrote (--init-from), on HDF5 data, or a Python script's Setup (--script
+SCRIPT:FUNCTION: its model, data, loss and optimizer, built under torch.manual_seed(--seed) as
+culprit builds it), exactly as `culprit train` promises to — bf16 under torch.autocast, clipping with
+torch.nn.utils.clip_grad_norm_, weight decay by parameter group — recomputes the fingerprints of
+docs/fingerprint.md with xxhash, and prints one JSON line per step.
 """
 import argparse
 import json
@@ -82,6 +83,22 @@ def load_model(a, x_all, y_all):
     return model
 
 
+def load_script(a):
+    """The Setup a script's build function returns under torch.manual_seed(--seed): (model, x_all,
+    y_all, loss, optimizer factory)."""
+    import importlib.util
+    path, func = a.script.rsplit(":", 1)
+    spec = importlib.util.spec_from_file_location("culprit_reference_script", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    torch.manual_seed(a.seed)
+    setup = getattr(module, func)()
+    items = [setup.data[i] for i in range(len(setup.data))]
+    x_all = torch.stack([torch.as_tensor(x) for x, _ in items])
+    y_all = torch.stack([torch.as_tensor(y) for _, y in items])
+    return setup.model, x_all, y_all, setup.loss, setup.optimizer
+
+
 def make_optimizer(a, model, named):
     """Weight decay on every parameter, or (matrices; auto for adamw) on weights of 2 or more
     dimensions that are not embeddings: the others form a second group with weight decay 0."""
@@ -101,7 +118,7 @@ def make_optimizer(a, model, named):
 
 def main():
     p = argparse.ArgumentParser()
-    p.add_argument("--model", required=True, help="mlp | cnn | gpt | a TorchScript file")
+    p.add_argument("--model", help="mlp | cnn | gpt | a TorchScript file (or --script)")
     p.add_argument("--init-from", help="built-in models: culprit's step-0 checkpoint (HDF5) holding the initial state")
     p.add_argument("--hidden", type=int, default=64)
     p.add_argument("--layers", type=int, default=2)
@@ -112,7 +129,8 @@ def main():
     p.add_argument("--precision", default="fp32", choices=["fp32", "bf16"])
     p.add_argument("--clip-grad-norm", type=float, default=0.0)
     p.add_argument("--weight-decay-params", default="auto", choices=["auto", "matrices", "all"])
-    p.add_argument("--data", required=True)
+    p.add_argument("--data", help="HDF5 data (x, y); a --script brings its own")
+    p.add_argument("--script", help="SCRIPT:FUNCTION: a Python script's Setup (docs/python.md), trained in eager")
     p.add_argument("--seed", type=int, default=1234)
     p.add_argument("--steps", type=int, default=20)
     p.add_argument("--global-batch", type=int, default=32)
@@ -133,19 +151,25 @@ def main():
     torch.use_deterministic_algorithms(True)
     torch._C._set_graph_executor_optimize(False)
 
-    with h5py.File(a.data, "r") as f:
-        x_all = torch.from_numpy(f["x"][...])
-        y_all = torch.from_numpy(f["y"][...])
-    if y_all.dtype != torch.int64 and not y_all.is_floating_point():
-        y_all = y_all.to(torch.int64)
+    script_loss = None
+    if a.script:
+        model, x_all, y_all, script_loss, factory = load_script(a)
+    else:
+        with h5py.File(a.data, "r") as f:
+            x_all = torch.from_numpy(f["x"][...])
+            y_all = torch.from_numpy(f["y"][...])
+        if y_all.dtype != torch.int64 and not y_all.is_floating_point():
+            y_all = y_all.to(torch.int64)
+        model = load_model(a, x_all, y_all)
     classification = y_all.dtype == torch.int64
-    model = load_model(a, x_all, y_all)
     model.train()
     named = list(model.named_parameters())
     params = [t for _, t in named]
     n, B, M = x_all.shape[0], a.global_batch, a.micro_shards
     per_sample = max(1, y_all[0].numel())
-    opt = make_optimizer(a, model, named)
+    opt = factory(params) if a.script else make_optimizer(a, model, named)
+    if a.script:
+        a.lr = opt.param_groups[0]["lr"]  # the schedule's base: the script's optimizer's (culprit's --lr)
     steps_per_epoch = n // B
     for s in range(1, a.steps + 1):
         epoch, start = (s - 1) // steps_per_epoch, ((s - 1) % steps_per_epoch) * B
@@ -165,7 +189,9 @@ def main():
             # The forward pass, model and loss, under autocast (bf16); the backward outside it.
             with torch.autocast("cpu", dtype=torch.bfloat16, enabled=a.precision == "bf16"):
                 out = model(x)
-                if classification:
+                if script_loss is not None:
+                    loss = script_loss(out, y) / (B * per_sample)
+                elif classification:
                     c = out.shape[-1]
                     loss = F.cross_entropy(out.reshape(-1, c), y.reshape(-1), reduction="sum") / (B * per_sample)
                 else:
