@@ -15,8 +15,8 @@
 #   - both kernels' bandwidth against a device-to-device copy of the same bytes (64 MiB, 1 GiB;
 #     target at least 0.8x),
 #   - the GPU screen's kernels: results bitwise equal to the CPU reference, a flipped bit caught.
-# and, where a CUDA-enabled libtorch is found (CULPRIT_TORCH_DIR=its share/cmake/Torch, or the torch
-# of python3 when it sees a GPU) along with MPI, HDF5 and Boost development files, GPU training:
+# and, where a CUDA-enabled torch is found (the torch of CULPRIT_PYTHON, or of python3, when it sees
+# a GPU) along with MPI, HDF5 and Boost development files, GPU training:
 # culprit built against that libtorch, `--device cuda` on 2 ranks twice (bitwise the same run to run)
 # and on 1 rank (the same bits at another world size), with a NaN injected on GPU tensors caught;
 # and `culprit screen --device cuda` clean (passes) and with a bit flipped in its GPU matmul (fails).

@@ -4,13 +4,11 @@
 # no MPI/HDF5/Boost development files; exit 3 when a check fails.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-torch_dir="${CULPRIT_TORCH_DIR:-}"
-if [ -z "$torch_dir" ] && command -v python3 >/dev/null; then
-  torch_dir=$(python3 -c 'import torch, os
-if torch.cuda.is_available(): print(os.path.join(torch.utils.cmake_prefix_path, "Torch"))' 2>/dev/null)
-fi
-if [ -z "$torch_dir" ] || [ ! -d "$torch_dir" ]; then
-  echo "gpu-train: skipped: no CUDA-enabled libtorch (set CULPRIT_TORCH_DIR to its share/cmake/Torch)"
+# The interpreter whose torch culprit is built against (docs/build.md): the machine's python3, or
+# CULPRIT_PYTHON; it must see a GPU.
+python="${CULPRIT_PYTHON:-$(command -v python3 || true)}"
+if [ -z "$python" ] || ! "$python" -c 'import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)' 2>/dev/null; then
+  echo "gpu-train: skipped: no torch that sees a GPU (set CULPRIT_PYTHON to the interpreter of one)"
   exit 0
 fi
 # MPI, parallel HDF5 and Boost: the machine's, or else those bench/gpu-deps.sh brought (relocated).
@@ -23,11 +21,9 @@ if ! command -v mpicxx >/dev/null || ! command -v h5pcc >/dev/null; then
     exit 0
   fi
 fi
-echo "gpu-train: libtorch from $torch_dir"
-# PyTorch wheels before 2.7 use the pre-C++11 string ABI; Boost from the system uses the new one.
-abi=$(python3 -c 'import torch; print(int(torch.compiled_with_cxx11_abi()))' 2>/dev/null || echo 1)
-cmake -S . -B build-gpu-train -DCMAKE_BUILD_TYPE=Release -DTorch_DIR="$torch_dir" "${GPU_DEPS_CMAKE[@]}" \
-  -DCMAKE_CXX_FLAGS="-D_GLIBCXX_USE_CXX11_ABI=$abi" -DCULPRIT_BUILD_TESTS=OFF -DCULPRIT_BUILD_BENCH=OFF >/dev/null &&
+echo "gpu-train: libtorch of $python ($("$python" -c 'import torch; print(torch.__version__)'))"
+cmake -S . -B build-gpu-train -DCMAKE_BUILD_TYPE=Release -DCULPRIT_PYTHON="$python" "${GPU_DEPS_CMAKE[@]}" \
+  -DCULPRIT_BUILD_TESTS=OFF -DCULPRIT_BUILD_BENCH=OFF >/dev/null &&
   cmake --build build-gpu-train --target culprit -j "$(nproc)" >/dev/null || { echo "gpu-train: FAIL: the build failed"; exit 3; }
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 dir=$(mktemp -d)

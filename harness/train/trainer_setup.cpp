@@ -28,15 +28,20 @@ Status Trainer::select_device() {
   const int local = local_rank(comm_);
   // cuBLAS picks its reduction order by the workspace it gets unless told: fixed before its first call.
   setenv("CUBLAS_WORKSPACE_CONFIG", ":4096:8", 0);
-  if (!at::hasCUDA())
-    return Status::BadInput(std::string("--device cuda: this culprit is built against a libtorch without CUDA (") +
-                         TORCH_VERSION + "; Debian's libtorch is CPU-only): build it against a CUDA-enabled "
-                         "libtorch, see docs/cuda.md");
+#ifndef CULPRIT_TORCH_CUDA
+  return Status::BadInput(std::string("--device cuda: this culprit is built against a libtorch without CUDA (") +
+                          TORCH_VERSION + "): build it against a CUDA-enabled libtorch, see docs/cuda.md");
+#endif
   const int n = static_cast<int>(torch::cuda::device_count());
   if (n == 0) {
+    // libtorch says no more than "0": the CUDA runtime says why (no driver, none visible).
+    std::string why = "the CUDA runtime finds none";
+#ifdef CULPRIT_HAVE_CUDA
+    cuda::device_count(&why);
+#endif
     const char* visible = std::getenv("CUDA_VISIBLE_DEVICES");
-    return Status::BadInput("--device cuda: no CUDA device is visible on host " + comm_.host +
-                         (visible ? std::string(" (CUDA_VISIBLE_DEVICES=") + visible + ")" : std::string()));
+    return Status::BadInput("--device cuda: no CUDA device is visible on host " + comm_.host + " (" + why +
+                            (visible ? std::string("; CUDA_VISIBLE_DEVICES=") + visible : std::string()) + ")");
   }
   device_ = at::Device(at::kCUDA, static_cast<c10::DeviceIndex>(local % n));
   device_name_ = "cuda:" + std::to_string(local % n);

@@ -237,7 +237,9 @@ class Localize(TempDirTest):
         # update absorbs it, so only the record's reduced gradient differs. Bisected on 2 ranks, rank 2
         # is outside: hardware-unconfirmed, and the layer comes from the record's per-parameter
         # fingerprints of the reduced gradient (trace format 4).
-        spec = "step=4,rank=2,index=1,phase=comm,kind=bitflip,bit=2,mode=persistent,layer=fc3"
+        # (Element 3: under torch 2.11's kernels element 1's flipped bit 2 leaves step 4's records as
+        # they were, and the persistent fault shows first at step 5 — named so, correctly.)
+        spec = "step=4,rank=2,index=3,phase=comm,kind=bitflip,bit=2,mode=persistent,layer=fc3"
         d = self.trained("absorbed", 3, ["--steps", "6", "--checkpoint-every", "2", "--inject", spec])
         got = self.bisect(d, 2, "hardware-unconfirmed")
         self.assertEqual((got["step"], got["phase"], got["layer"], got["rank"]), (4, "comm", "fc3", 2), got)

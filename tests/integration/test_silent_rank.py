@@ -207,7 +207,7 @@ class SilentRank(TempDirTest):
         # longer than a 1 s timeout. Rank 0 answers the roll call "busy" between replayed steps, so
         # the others wait on: exit 0, every interval reproduced, nobody named (was exit 13).
         d = self.path("busy")
-        res = run(["train", "--model", "mlp", "--hidden", "512", "--global-batch", "256", "--samples", "2048",
+        res = run(["train", "--model", "mlp", "--hidden", "2048", "--global-batch", "512", "--samples", "4096",
                    "--steps", "90", "--checkpoint-every", "30", "--quiet"], world=2, run_dir=d)
         self.assertEqual(res.code, 0, res.err)
         t0 = time.time()

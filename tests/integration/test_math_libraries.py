@@ -1,0 +1,67 @@
+"""The math libraries under libtorch's CPU kernels (docs/determinism.md, "The math libraries"): a run
+records them in run.json with MKL's strict reproducible mode pinned; a replay, bisection or resume
+under another MKL branch or ATen CPU capability is refused with one line naming what differs (exit 2
+on every rank), and the same commands under the run's own settings go through (the negative
+control). The branch does decide bits: the same run under MKL's AVX2 branch ends elsewhere."""
+import json
+import os
+import sys
+import unittest
+
+sys.path.insert(0, os.path.dirname(__file__))
+import culprit_testlib as testlib  # noqa: E402
+from culprit_testlib import EXIT_USAGE, PY, TempDirTest, run  # noqa: E402
+import subprocess  # noqa: E402
+
+ARGS = ["--model", "gpt", "--steps", "4", "--checkpoint-every", "2", "--global-batch", "16", "--micro-shards", "4",
+        "--quiet"]
+
+
+def math_of(run_dir):
+    with open(os.path.join(run_dir, "run.json")) as f:
+        return json.load(f)["math"]
+
+
+class MathLibraries(TempDirTest):
+    def train(self, name, world=2, env=None):
+        res = run(["train"] + ARGS, world=world, run_dir=self.path(name), env=env)
+        self.assertEqual(res.code, 0, res.err)
+        return self.path(name)
+
+    def test_recorded_pinned_and_a_mismatch_refused(self):
+        d = self.train("run")
+        m = math_of(d)
+        torch_version = subprocess.run([PY, "-c", "import torch; print(torch.__version__)"], capture_output=True,
+                                       text=True, check=True).stdout.strip()
+        self.assertEqual(m["torch"], torch_version.split("+")[0])
+        self.assertIn("Math Kernel Library", m["blas"])
+        self.assertRegex(m["mkl_cnr"], r"^AUTO,STRICT \(\w+\)$")  # pinned by culprit, with the branch run
+        self.assertIn(m["cpu_capability"], ("AVX2", "AVX512", "DEFAULT"))
+        self.assertRegex(m["onednn"], r"^v\d+\.\d+")
+        for env, what in (({"MKL_CBWR": "AVX2,STRICT"}, "MKL's CNR mode (MKL_CBWR) was 'AUTO,STRICT"),
+                          ({"ATEN_CPU_CAPABILITY": "default"}, "ATen's CPU capability (ATEN_CPU_CAPABILITY) was")):
+            if env.get("ATEN_CPU_CAPABILITY") and m["cpu_capability"] == "DEFAULT":
+                continue  # already the capability asked for: no mismatch to make
+            with self.subTest(env=env):
+                for args in (["replay", "--step", "3"], ["bisect"], ["train", "--resume", "--steps", "6"]):
+                    line = self.assert_refused(args + ["--run-dir", d], EXIT_USAGE, what, world=2,
+                                               env=dict(os.environ, **env))
+                    self.assertIn("here would not reproduce its bits", line)
+        # Negative control: under the run's own settings the same commands go through.
+        res = run(["replay", "--step", "3"], world=2, run_dir=d)
+        self.assertEqual(res.code, 0, res.err)
+        self.assertEqual(run(["bisect"], world=2, run_dir=d).code, 0)
+
+    def test_the_branch_decides_bits_and_is_kept_when_chosen(self):
+        auto = self.train("auto")
+        env = dict(os.environ, MKL_CBWR="AVX2,STRICT")
+        avx2 = {w: self.train("avx2-w%d" % w, w, env) for w in (1, 2)}
+        self.assertEqual(math_of(avx2[2])["mkl_cnr"], "AVX2,STRICT")  # the environment's choice, recorded
+        last = {k: testlib.metrics(d)[-1]["fingerprint"] for k, d in (("auto", auto), ("1", avx2[1]), ("2", avx2[2]))}
+        self.assertEqual(last["1"], last["2"])  # W-invariant under that branch too
+        if math_of(auto)["mkl_cnr"] != "AUTO,STRICT (AVX2)":  # on an AVX2-only CPU the two are one branch
+            self.assertNotEqual(last["auto"], last["2"])
+
+
+if __name__ == "__main__":
+    unittest.main(verbosity=2)
