@@ -183,7 +183,7 @@ class Errors(TempDirTest):
         for name, args, said in (
                 ("estimate", ["--model", "gpt", "--layers", "2", "--width", "1024", "--heads", "8", "--seq-len", "32",
                               "--vocab", "8192"], "more than the"),
-                ("later", ["--model", "mlp", "--hidden", "2048", "--samples", "40000", "--global-batch", "16384"],
+                ("later", ["--model", "mlp", "--hidden", "2048", "--samples", "70000", "--global-batch", "65536"],
                  "out of memory"),
                 ("fits", ["--model", "mlp"], None)):
             with self.subTest(case=name):

@@ -10,10 +10,10 @@ namespace culprit::harness {
 
 struct MathLibraries;  // config/run_info.h: what run.json records of them
 
-// MKL's conditional numerical reproducibility in strict mode on the branch this CPU picks (bitwise
-// the same at any thread count and memory alignment; the same bits as MKL's default here), unless
-// the environment chose a mode (MKL_CBWR); MKL's and OpenMP's dynamic thread counts off. Takes
-// effect only before MKL's first computation in the process: called at start-up, and again (doing
+// MKL's conditional numerical reproducibility on the branch this CPU picks (MKL_CBWR=AUTO: results
+// independent of memory alignment, and here the same bits as eager PyTorch's default), unless the
+// environment chose a mode (MKL_CBWR); MKL's and OpenMP's dynamic thread counts off. Takes effect
+// only before MKL's first computation in the process: called at start-up, and again (doing
 // nothing) by setup_determinism.
 void pin_math_libraries();
 // This process's math libraries, as recorded in run.json.
