@@ -1,6 +1,11 @@
 #include "culprit/fingerprint.h"
 
 #include <xxhash.h>
+// XXH3 through libxxhash's runtime dispatch (AVX-512, AVX2 or SSE2, whichever the CPU has): the same
+// hashes (XXH3 is defined independently of the vector width), about half the time of the SSE2
+// baseline Debian builds the plain entry points for — and hashing was a fifth of a step (issue 35,
+// docs/performance.md).
+#include <xxh_x86dispatch.h>
 
 #include <algorithm>
 #include <cstdio>
