@@ -116,7 +116,7 @@ def make_optimizer(a, model, named):
     return torch.optim.AdamW(groups, lr=a.lr, betas=(b1, b2), eps=a.eps, weight_decay=a.weight_decay, foreach=False)
 
 
-def main():
+def parse_args():
     p = argparse.ArgumentParser()
     p.add_argument("--model", help="mlp | cnn | gpt | a TorchScript file (or --script)")
     p.add_argument("--init-from", help="built-in models: culprit's step-0 checkpoint (HDF5) holding the initial state")
@@ -145,7 +145,11 @@ def main():
     p.add_argument("--lr-schedule", default="constant")
     p.add_argument("--warmup-steps", type=int, default=0)
     p.add_argument("--save-state", help="torch.save the final state dict here")
-    a = p.parse_args()
+    return p.parse_args()
+
+
+def main():
+    a = parse_args()
 
     torch.set_num_threads(1)
     torch.use_deterministic_algorithms(True)
