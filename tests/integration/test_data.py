@@ -182,7 +182,7 @@ class TokenData(DataTest):
             f.write('#!/bin/sh\necho $$ > "%s/$OMPI_COMM_WORLD_RANK"\nexec "$@"\n' % pids)
         os.chmod(script, 0o755)
         cmd = MPIRUN + ["-np", "2", script, CULPRIT, "train", "--quiet", "--run-dir", self.path("run"), "--data",
-                        "tokens:" + path] + GPT + ["--steps", "60", "--trace", "off"]
+                        "tokens:" + path] + GPT + ["--steps", "400", "--trace", "off"]  # long enough to sample
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         peak, seen = {}, {}
         while proc.poll() is None:
