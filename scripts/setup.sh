@@ -50,7 +50,7 @@ if [ -z "${CULPRIT_PYTHON:-}" ]; then
   # The build tree's package on .venv's path (as an editable install would be): `import culprit`
   # and `mpirun -np W .venv/bin/python train.py` need no PYTHONPATH.
   site=$(.venv/bin/python -c "import sysconfig; print(sysconfig.get_paths()['purelib'])")
-  echo "$PWD/build/python" > "$site/culprit-build.pth"
+  [ "${CULPRIT_PRESET:-default}" != default ] || echo "$PWD/build/python" > "$site/culprit-build.pth"
 fi
 
 preset="${CULPRIT_PRESET:-default}"

@@ -5,7 +5,9 @@
 // hashes (XXH3 is defined independently of the vector width), about half the time of the SSE2
 // baseline Debian builds the plain entry points for — and hashing was a fifth of a step (issue 35,
 // docs/performance.md).
+#ifdef CULPRIT_XXH3_DISPATCH
 #include <xxh_x86dispatch.h>
+#endif
 
 #include <algorithm>
 #include <cstdio>

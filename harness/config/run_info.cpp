@@ -109,8 +109,9 @@ std::string math_difference(const MathLibraries& was, const MathLibraries& now) 
                 {"MKL's CNR mode (MKL_CBWR)", was.mkl_cnr, now.mkl_cnr},
                 {"ATen's CPU capability (ATEN_CPU_CAPABILITY)", was.cpu_capability, now.cpu_capability},
                 {"oneDNN (ONEDNN_MAX_CPU_ISA)", was.onednn, now.onednn}};
+  // An empty field was not recorded (a run from before the math libraries were: its libtorch only).
   for (const auto& f : fields)
-    if (f.a != f.b) return std::string(f.what) + " was '" + f.a + "', here '" + f.b + "'";
+    if (!f.a.empty() && f.a != f.b) return std::string(f.what) + " was '" + f.a + "', here '" + f.b + "'";
   return "";
 }
 
@@ -123,7 +124,12 @@ Status read_math_libraries(const std::string& run_dir, MathLibraries* out) {
   if (absent) return Status::OK();  // a new run: nothing recorded to reproduce
   try {
     const auto j = nlohmann::json::parse(text);
-    if (!j.contains("math")) return Status::OK();
+    if (!j.contains("math")) {
+      // A run from before the math libraries were recorded: its libtorch version (1.13's builds).
+      if (j.contains("versions") && j.at("versions").contains("libtorch"))
+        out->torch = j.at("versions").at("libtorch").get<std::string>();
+      return Status::OK();
+    }
     const auto& m = j.at("math");
     *out = {m.at("torch").get<std::string>(), m.at("blas").get<std::string>(), m.at("mkl_cnr").get<std::string>(),
             m.at("cpu_capability").get<std::string>(), m.at("onednn").get<std::string>()};

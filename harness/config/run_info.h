@@ -21,7 +21,8 @@ struct MathLibraries {
   bool empty() const { return torch.empty(); }
 };
 // "" when a run recorded under `recorded` reproduces under `now`; else one clause naming what
-// differs ("MKL's CNR mode was 'AUTO,STRICT (AVX512_E1)', here 'AUTO,STRICT (AVX2)'").
+// differs ("MKL's CNR mode (MKL_CBWR) was 'AUTO (AVX512_E1)', here 'AUTO (AVX2)'"). Fields recorded
+// empty are not compared (a run from before the math libraries were recorded: its libtorch only).
 std::string math_difference(const MathLibraries& recorded, const MathLibraries& now);
 // The math libraries RUN/run.json recorded (empty: no run there, or one from before they were recorded).
 Status read_math_libraries(const std::string& run_dir, MathLibraries* out);

@@ -100,6 +100,16 @@ void pin_math_libraries() {
   (void)pinned;
 }
 
+Status check_math_pinned() {
+  pin_math_libraries();
+  const auto get = mkl<CbwrGet>("mkl_serv_cbwr_get");
+  const char* env = std::getenv("MKL_CBWR");
+  if (!get || (env && *env) || get(kCbwrAll) != kCbwrBranchOff) return Status::OK();
+  return Status::BadInput(
+      "MKL computed before culprit was imported, so its reproducible mode (docs/determinism.md, \"The math "
+      "libraries\") can no longer be set: import culprit before computing with torch, or set MKL_CBWR=AUTO");
+}
+
 MathLibraries math_libraries() {
   pin_math_libraries();
   MathLibraries m;
@@ -108,8 +118,9 @@ MathLibraries math_libraries() {
     char buf[256] = {0};
     version(buf, sizeof buf - 1);
     m.blas = trimmed(buf);
-  } else {
-    m.blas = loaded_blas();
+  } else {  // the library's name, not its path: the same environment installed elsewhere is the same
+    const std::string path = loaded_blas();
+    m.blas = path.substr(path.rfind('/') + 1);
   }
   const auto get = mkl<CbwrGet>("mkl_serv_cbwr_get");
   const auto auto_branch = mkl<CbwrAutoBranch>("mkl_serv_cbwr_get_auto_branch");

@@ -59,6 +59,7 @@ Status train(const TrainConfig& given, const Comm& world, Env* env) {
   comm.watchdog = &watchdog;
   report_to_the_run(&watchdog, cfg);
   setup_determinism(cfg.threads);
+  CULPRIT_RETURN_IF_ERROR(agree(comm, check_math_pinned()));
   CULPRIT_RETURN_IF_ERROR(agree(comm, comm.rank == 0 ? prepare_run_dir(cfg) : Status::OK()));
   CULPRIT_RETURN_IF_ERROR(establish_run_id(cfg, comm, &cfg.run_id));
   Dataset data;

@@ -1,5 +1,5 @@
 """The math libraries under libtorch's CPU kernels (docs/determinism.md, "The math libraries"): a run
-records them in run.json with MKL's strict reproducible mode pinned; a replay, bisection or resume
+records them in run.json with MKL's reproducible mode (CNR AUTO) pinned; a replay, bisection or resume
 under another MKL branch or ATen CPU capability is refused with one line naming what differs (exit 2
 on every rank), and the same commands under the run's own settings go through (the negative
 control). The branch does decide bits: the same run under MKL's AVX2 branch ends elsewhere."""
@@ -51,6 +51,35 @@ class MathLibraries(TempDirTest):
         res = run(["replay", "--step", "3"], world=2, run_dir=d)
         self.assertEqual(res.code, 0, res.err)
         self.assertEqual(run(["bisect"], world=2, run_dir=d).code, 0)
+
+    def test_a_run_from_before_the_record_is_checked_by_its_libtorch(self):
+        # A 1.13 build's run.json has no "math", only versions.libtorch: replaying it under 2.11 would
+        # disagree by rounding, not by a fault. Made so from a run of this build (the record dropped).
+        d = self.train("old")
+        with open(os.path.join(d, "run.json")) as f:
+            record = json.load(f)
+        del record["math"]
+        record["versions"]["libtorch"] = "1.13.0"
+        with open(os.path.join(d, "run.json"), "w") as f:
+            json.dump(record, f)
+        self.assert_refused(["replay", "--step", "3", "--run-dir", d], EXIT_USAGE, "libtorch was '1.13.0', here")
+
+    def test_a_script_that_used_mkl_before_importing_culprit_is_refused(self):
+        # MKL's mode can be set only before MKL first computes: a script that multiplied matrices before
+        # importing culprit would record MKL without CNR, which no later culprit process reproduces.
+        script = self.path("early.py")
+        with open(script, "w") as f:
+            f.write("import sys, torch\n"
+                    "torch.ones(64, 64) @ torch.ones(64, 64)\n"
+                    "sys.path.insert(0, %r)\n"
+                    "import train_mlp\n"
+                    "sys.exit(train_mlp.culprit.main(train_mlp.build))\n" % os.path.join(testlib.ROOT, "examples"))
+        self.assert_refused(["--run-dir", self.path("early-run"), "--steps", "2"], EXIT_USAGE,
+                            "MKL computed before culprit was imported", program=[PY, script])
+        # Negative control: the same script with MKL_CBWR chosen trains.
+        res = subprocess.run([PY, script, "--run-dir", self.path("early-env"), "--steps", "2", "--quiet"],
+                             capture_output=True, text=True, env=dict(os.environ, MKL_CBWR="AUTO"), timeout=300)
+        self.assertEqual(res.returncode, 0, res.stderr)
 
     def test_the_branch_decides_bits_and_is_kept_when_chosen(self):
         # An MLP with 512-wide layers: its matrix products are large enough for MKL's branches to differ.

@@ -16,6 +16,10 @@ struct MathLibraries;  // config/run_info.h: what run.json records of them
 // only before MKL's first computation in the process: called at start-up, and again (doing
 // nothing) by setup_determinism.
 void pin_math_libraries();
+// OK unless MKL computed before culprit could pin its mode (a Python script that used torch before
+// importing culprit) and the environment chose none: a run so made would record MKL without CNR,
+// which no later process of culprit's reproduces. Bad input naming the remedy. Local: the caller agrees.
+Status check_math_pinned();
 // This process's math libraries, as recorded in run.json.
 MathLibraries math_libraries();
 // OK when RUN recorded none or the same math libraries as this process's; otherwise bad input
