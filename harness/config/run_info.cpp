@@ -36,7 +36,6 @@ void fill_environment(RunInfo* info) {
   unsigned maj = 0, min = 0, rel = 0;
   H5get_libversion(&maj, &min, &rel);
   info->hdf5_version = std::to_string(maj) + "." + std::to_string(min) + "." + std::to_string(rel);
-  info->blas_library = loaded_blas();
   int provided = 0;
   MPI_Query_thread(&provided);
   info->mpi_thread_level = provided == MPI_THREAD_MULTIPLE   ? "multiple"

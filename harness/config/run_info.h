@@ -39,7 +39,7 @@ struct RunInfo {
   std::string torch_version;
   std::string mpi_version;
   std::string hdf5_version;
-  std::string blas_library;  // the BLAS shared object actually loaded
+  std::string blas_library;  // the BLAS in use: math.blas (MKL's version, or the library loaded)
   int blas_threads = 0;      // 0: the BLAS has no thread control
   int intra_op_threads = 1;
   MathLibraries math;
@@ -55,7 +55,8 @@ struct RunInfo {
   std::int64_t resumed_at_step = 0;
 };
 
-// Fills the MPI/HDF5 versions, the loaded BLAS, time and Slurm job id (local, no collectives).
+// Fills the MPI/HDF5 versions, time and Slurm job id (local, no collectives); the BLAS is the math
+// libraries' (culprit/math_libraries.h).
 void fill_environment(RunInfo* info);
 // Collective: gathers every rank's host name into info->hosts.
 void gather_hosts(const Comm& comm, RunInfo* info);
