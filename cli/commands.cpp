@@ -10,6 +10,7 @@
 #include "culprit/command.h"
 #include "culprit/exit_codes.h"
 #include "culprit/data.h"
+#include "culprit/export.h"
 #include "culprit/harness.h"
 #include "culprit/train.h"
 #include "culprit/replay.h"
@@ -31,6 +32,7 @@ std::vector<Command> commands() {
       harness::verify_data_command(),
   };
   for (auto& t : ckpt::commands()) all.push_back(std::move(t));
+  all.push_back(harness::export_command());
   return all;
 }
 

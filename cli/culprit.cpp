@@ -26,14 +26,15 @@ std::string run_dir_of(const std::vector<std::string>& args) {
   return "";
 }
 
-// A run made from Python (--model python:SCRIPT:FUNCTION) is replayed, bisected, audited or resumed
-// by re-entering its script: this process becomes `python3 -m culprit ARGS...` (the same pid, so
-// under mpirun or srun every rank does the same, before any of them starts MPI). Returns only when
-// the run is not a Python run, or with the exit code of a failed hand-off.
+// A run made from Python (--model python:SCRIPT:FUNCTION) is replayed, bisected, audited, resumed or
+// exported (its state dict is its model's: a tied tensor's every name, its buffers) by re-entering
+// its script: this process becomes `python3 -m culprit ARGS...` (the same pid, so under mpirun or
+// srun every rank does the same, before any of them starts MPI). Returns only when the run is not a
+// Python run, or with the exit code of a failed hand-off.
 int hand_python_runs_to_the_package(const std::vector<std::string>& args) {
   if (args.empty()) return -1;
   const auto given = [&](const char* o) { return std::find(args.begin(), args.end(), o) != args.end(); };
-  const bool existing_run = args[0] == "replay" || args[0] == "bisect" || args[0] == "audit" ||
+  const bool existing_run = args[0] == "replay" || args[0] == "bisect" || args[0] == "audit" || args[0] == "export" ||
                             (args[0] == "train" && (given("--resume") || given("--resume-from")));
   const std::string dir = existing_run ? run_dir_of(args) : "";
   culprit::harness::TrainConfig cfg;

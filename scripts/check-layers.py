@@ -22,7 +22,8 @@ import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 LIBRARIES = ["common", "reduce", "checkpoint", "harness/config", "harness/data", "harness/detect", "harness/model",
-             "harness/optim", "harness/faults", "harness/screen", "harness/train", "replay", "bisect", "cli", "python"]
+             "harness/optim", "harness/faults", "harness/screen", "harness/export",
+             "harness/train", "replay", "bisect", "cli", "python"]
 # Where each library keeps its public headers (include/culprit/).
 PUBLIC_DIRS = {"common": "common/include", "reduce": "reduce/include", "checkpoint": "checkpoint/include",
                "replay": "replay/include", "bisect": "bisect/include", "cli": "cli/include"}

@@ -330,3 +330,35 @@ def run_module(args):
     except Exception as e:  # importing the script ran its module-level code
         return _error(f"importing the run's script raised {type(e).__name__}: {e}")
     return main(build, args)
+
+
+def _state_dict(setup, saved):
+    """`culprit export` of a Python run: the checkpoint's tensors `saved` ((name, tensor) pairs: the
+    model's named_parameters(), a tied tensor once, then its named_buffers()) copied by name into the
+    fresh Setup's model, and that model's state_dict() as (name, tensor) pairs — every name
+    load_state_dict(strict=True) expects: a tied tensor under each of its names, persistent buffers
+    only. Host tensors, detached and contiguous, each in its own dtype."""
+    model = setup.model
+    own = dict(model.named_parameters())
+    own.update(model.named_buffers())
+    given = dict(saved)
+    missing = [n for n in own if n not in given]
+    extra = [n for n in given if n not in own]
+    if missing:
+        raise SetupError(f"the setup function's model has '{missing[0]}' and the run's checkpoint does not")
+    if extra:
+        raise SetupError(f"the run's checkpoint has '{extra[0]}' and the setup function's model does not")
+    with torch.no_grad():
+        for name, t in given.items():
+            dst = own[name]
+            if dst.shape != t.shape or dst.dtype != t.dtype:
+                raise SetupError(f"the checkpoint's '{name}' is {t.dtype} {list(t.shape)}, the model's is "
+                                 f"{dst.dtype} {list(dst.shape)}")
+            dst.copy_(t)
+    out = []
+    for name, t in model.state_dict().items():
+        if not isinstance(t, torch.Tensor):
+            raise SetupError(f"state_dict() entry '{name}' is a {type(t).__name__}, not a tensor: culprit exports "
+                             "tensors only")
+        out.append((name, t.detach().cpu().contiguous()))
+    return out

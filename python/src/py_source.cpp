@@ -108,6 +108,26 @@ void register_setup(py::object build) {
     CULPRIT_RETURN_IF_ERROR(fresh_setup(r.get(), cfg, &setup));
     return make_python_model(setup.o, d, out);
   };
+  // culprit export: the checkpoint's tensors copied into a fresh Setup's model, and its state_dict()
+  // (culprit/_setup.py's _state_dict): the names the user's load_state_dict(strict=True) expects.
+  s.state_dict = [r](const harness::TrainConfig& cfg, const std::vector<harness::NamedTensor>& saved,
+                     std::vector<harness::NamedTensor>* out) {
+    Held setup;
+    CULPRIT_RETURN_IF_ERROR(fresh_setup(r.get(), cfg, &setup));
+    try {
+      call_python("exporting the model's state_dict()", [&] {
+        py::list given;
+        for (const auto& t : saved) given.append(py::make_tuple(t.name, t.tensor));
+        for (auto item : setup_module().attr("_state_dict")(setup.o, given)) {
+          const auto pair = item.cast<py::tuple>();
+          out->push_back({pair[0].cast<std::string>(), pair[1].cast<at::Tensor>()});
+        }
+      });
+    } catch (const std::exception& e) {
+      return Status::BadInput(e.what());
+    }
+    return Status::OK();
+  };
   harness::set_external_source(std::move(s));
 }
 

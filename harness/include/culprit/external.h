@@ -6,6 +6,7 @@
 #pragma once
 #include <functional>
 #include <memory>
+#include <vector>
 
 #include "culprit/harness.h"
 #include "culprit/status.h"
@@ -19,6 +20,13 @@ struct ExternalSource {
   std::function<Status(const TrainConfig& cfg, Dataset* out)> open_data;
   // Builds the model (make_model then checks its parameters as any other's).
   std::function<Status(const TrainConfig& cfg, const Dataset& data, std::unique_ptr<Model>* out)> make_model;
+  // `culprit export`: the model's whole state_dict(), given a checkpoint's tensors (its
+  // named_parameters(), a tied tensor once, then its buffers): copied into a fresh model by name,
+  // then every name load_state_dict(strict=True) expects (a tied tensor under each of its names,
+  // persistent buffers only), host tensors in their dtypes. The checkpoint names a tensor once;
+  // only the model knows its other names.
+  std::function<Status(const TrainConfig& cfg, const std::vector<NamedTensor>& saved, std::vector<NamedTensor>* out)>
+      state_dict;
 };
 
 void set_external_source(ExternalSource source);
