@@ -161,6 +161,7 @@ inline constexpr ColumnSpec<StepRow> kStepsTable[] = {
   {"opt_fp",     Elem::kUint64, Width::kParams, 3,     false, 7,         field<&StepRow::opt_fps>},
   {"reduced_fp", Elem::kUint64, Width::kParams, 4,     false, 8,         field<&StepRow::reduced_fps>},
   {"shard",      Elem::kUint64, Width::kSlice,  5,     false, 9,         field<&StepRow::shard>},
+  {"lrs_fp",     Elem::kUint64, Width::kOne,    6,     false, 10,        field<&StepRow::lrs_fp>},
   {"row_check",  Elem::kUint64, Width::kOne,    3,     false, kRowCheck, {}},
 };
 inline constexpr ColumnSpec<ShardRow> kShardsTable[] = {

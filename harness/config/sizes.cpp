@@ -86,8 +86,15 @@ double builtin_parameters(const TrainConfig& c, const std::vector<std::int64_t>&
 
 double state_bytes(const TrainConfig& c, double parameters, int world) {
   double optimizer = 0;
-  if (c.optim.kind == OptimizerKind::kAdamW) optimizer = 2;
-  else if (c.optim.momentum > 0) optimizer = 1;
+  if (c.optim.kind == OptimizerKind::kAdamW) {
+    optimizer = 2;
+  } else if (c.optim.kind == OptimizerKind::kScript) {  // a copy of the parameters per state tensor (at most)
+    for (std::size_t at = c.optim.script_state.find(":tensor"); at != std::string::npos;
+         at = c.optim.script_state.find(":tensor", at + 1))
+      optimizer += 1;
+  } else if (c.optim.momentum > 0) {
+    optimizer = 1;
+  }
   if (c.shard_optimizer) optimizer /= std::max(1, world);  // each rank holds its slice
   // parameters, gradients, reduced gradient, spot-check leaf, checkpoint copy; the tree holds at
   // most log2(M) + 1 blocks and one pending leaf.

@@ -171,16 +171,19 @@ opts::Table<C> make_table() {
     flag<C>("tie-head", gpt(&GptOptions::tie_head), "gpt: the output head is tok_emb's weight, without a bias (GPT-2); off: a Linear head of its own", kCritical),
     choice<C>("init", gpt(&GptOptions::init), "gpt: torch | gpt2: libtorch's module initialisation, or GPT-2's (weights N(0, 0.02), residual projections N(0, 0.02/sqrt(2 x layers)), biases 0)", kCritical),
     choice<C>("precision", &C::precision, "fp32 | bf16: bf16 runs the forward pass (model and loss) under autocast to bfloat16 with float32 master parameters, gradients, reduction and optimizer state (docs/determinism.md)", kCritical),
-    choice<C>("optimizer", opt(&OptimizerOptions::kind), "sgd | adamw", kCritical),
+    choice<C>("optimizer", opt(&OptimizerOptions::kind), "sgd | adamw | script (script: the optimizer object of a Python script, stepped as written; set by the Python package, docs/python.md)", kCritical),
+    text<C>("script-optimizer", opt(&OptimizerOptions::script_optimizer), "--optimizer script: the script optimizer's class (set by the Python package)", kCritical),
+    text<C>("optimizer-state", opt(&OptimizerOptions::script_state), "--optimizer script: its per-parameter state as NAME:KIND,... (KIND tensor, int or float; set by the Python package)", kCritical),
     number<C>("lr", opt(&OptimizerOptions::lr), "peak learning rate", rate, kCritical),
     number<C>("momentum", opt(&OptimizerOptions::momentum), "sgd: momentum", Range<double>{0, 1}, kCritical),
     flag<C>("nesterov", opt(&OptimizerOptions::nesterov), "sgd: Nesterov momentum", kCritical),
     number<C>("weight-decay", opt(&OptimizerOptions::weight_decay), "weight decay (adamw: decoupled)", rate, kCritical),
-    choice<C>("weight-decay-params", opt(&OptimizerOptions::decay_params), "auto | matrices | all: the parameters weight decay applies to (matrices: weights of 2 or more dimensions that are not embeddings; biases, norms and embeddings get none; auto: matrices for adamw, all for sgd)", kCritical),
+    choice<C>("weight-decay-params", opt(&OptimizerOptions::decay_params), "auto | matrices | all | ndim2: the parameters weight decay applies to (matrices: weights of 2 or more dimensions that are not embeddings; biases, norms and embeddings get none; ndim2: every parameter of 2 or more dimensions, embeddings included, as nanoGPT's configure_optimizers; auto: matrices for adamw, all for sgd)", kCritical),
     number<C>("clip-grad-norm", opt(&OptimizerOptions::clip_grad_norm), "clip the reduced gradient to this global L2 norm before the update, as torch.nn.utils.clip_grad_norm_ (0: no clipping); the detectors and metrics see the norm before clipping", Range<double>{0, 1e12}, kCritical),
     custom<C>("betas", "adamw: beta1,beta2", set_betas, [](const C& c) { return opts::format_number(c.optim.beta1) + "," + opts::format_number(c.optim.beta2); }, kCritical),
     number<C>("eps", opt(&OptimizerOptions::eps), "adamw: epsilon", Range<double>::above(0, 1), kCritical),
-    choice<C>("lr-schedule", opt(&OptimizerOptions::schedule), "constant | cosine (over --steps)", kCritical),
+    choice<C>("lr-schedule", opt(&OptimizerOptions::schedule), "constant | cosine (over --steps, from --lr down to --min-lr)", kCritical),
+    number<C>("min-lr", opt(&OptimizerOptions::min_lr), "--lr-schedule cosine: the floor it decays to at the last step (nanoGPT's min_lr; 0: to zero)", rate, kCritical),
     number<C>("warmup-steps", opt(&OptimizerOptions::warmup_steps), "linear warm-up steps", steps_or_off, kCritical),
     // More intra-op threads than cores only slows a rank (and thousands of threads can hang it).
     number<C>("threads", &C::threads, "intra-op threads per rank (cores: those the system lets the rank run on)", Range<int>{1, system_cores()}.because(cores_reason(), "[1, cores]"), kCritical),
@@ -383,6 +386,19 @@ Status validate(const TrainConfig& c, int world) {
   if (!(o.beta1 >= 0 && o.beta1 < 1 && o.beta2 >= 0 && o.beta2 < 1))
     return Status::BadInput("option '--betas': each beta must be in [0, 1)");
   if (!(o.eps > 0)) return Status::BadInput("option '--eps' must be > 0");
+  if (o.min_lr > 0 && o.schedule != LrSchedule::kCosine)
+    return Status::BadInput("option '--min-lr' is the floor of --lr-schedule cosine: give that schedule too");
+  if (o.min_lr > o.lr) return Status::BadInput("option '--min-lr' exceeds --lr: the cosine decays from --lr down to --min-lr");
+  const bool script = o.kind == OptimizerKind::kScript;
+  if (script && c.model.kind != ModelKind::kPython)
+    return Status::BadInput("option '--optimizer script' is the optimizer object of a Python script: it comes with "
+                            "--model python:SCRIPT:FUNCTION (the Python package sets both, docs/python.md)");
+  if (!script && (!o.script_optimizer.empty() || !o.script_state.empty()))
+    return Status::BadInput("options '--script-optimizer' and '--optimizer-state' apply to --optimizer script");
+  if (script && c.shard_optimizer)
+    return Status::BadInput("option '--shard-optimizer' needs culprit's own update (an SGD or AdamW it maps): the "
+                            "script's optimizer " + o.script_optimizer + " steps whole parameters on every rank "
+                            "(docs/python.md, \"Optimizers\")");
   CULPRIT_RETURN_IF_ERROR(validate_model_options(c));
   if (c.detect.on_detect == OnDetect::kDiagnose && c.trace == TraceLevel::kOff)
     return Status::BadInput("option '--on-detect diagnose' needs the trace: --trace step or layer");
@@ -397,7 +413,7 @@ double learning_rate(const TrainConfig& c, std::int64_t step) {
   if (o.schedule == LrSchedule::kCosine) {
     const double span = static_cast<double>(std::max<std::int64_t>(1, c.steps - o.warmup_steps));
     const double progress = static_cast<double>(step - o.warmup_steps) / span;
-    return o.lr * (0.5 * (1.0 + std::cos(M_PI * progress)));
+    return o.min_lr + (o.lr - o.min_lr) * (0.5 * (1.0 + std::cos(M_PI * progress)));
   }
   return o.lr;
 }

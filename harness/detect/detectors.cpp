@@ -359,19 +359,20 @@ void StepDetectors::check_shard_invariants(const StepFacts& f) {
 // Invariants of the update: the learning rate is the schedule's, and every parameter whose gradient
 // asks for a change well above float rounding did change.
 void StepDetectors::check_update(StepFacts& f, double lr, double used, const std::vector<std::int64_t>& offsets,
-                                 const std::vector<std::int64_t>& sizes) {
+                                 const std::vector<std::int64_t>& sizes, const std::vector<double>& param_lrs) {
   if (used != lr) {
     char buf[160];
     std::snprintf(buf, sizeof buf, "the learning rate of step %lld is %.9g but the schedule gives %.9g",
                   static_cast<long long>(f.step), used, lr);
     f.violated(buf);
   }
-  if (used != 0 && prev_param_fps_.size() == f.param_fps.size()) {
+  if (prev_param_fps_.size() == f.param_fps.size()) {
     const float* p = probe_.host_params();
     for (std::size_t i = 0; i < params_.size(); ++i) {
-      if (f.param_fps[i] != prev_param_fps_[i]) continue;
+      const double rate = param_lrs.empty() ? used : param_lrs.at(i);
+      if (rate == 0 || f.param_fps[i] != prev_param_fps_[i]) continue;
       for (std::int64_t j = offsets[i]; j < offsets[i] + sizes[i]; ++j)
-        if (f.reduced[j] != 0 && std::fabs(used * f.update_scale * f.reduced[j]) > std::ldexp(std::fabs(p[j]), -16)) {
+        if (f.reduced[j] != 0 && std::fabs(rate * f.update_scale * f.reduced[j]) > std::ldexp(std::fabs(p[j]), -16)) {
           f.violated("parameter '" + params_[i] + "' did not change in step " + std::to_string(f.step) +
                      " although its gradient is nonzero (a frozen or forgotten parameter, or an update that did "
                      "not land)");

@@ -84,8 +84,9 @@ class StepDetectors {
   // Collective: exchanges the micro-shard facts and runs the spot-check recomputations.
   void check_shards(StepFacts& f);
   // The update's invariants (the learning rate is the schedule's; parameters with a gradient change).
+  // param_lrs: the rate each parameter was updated with (its optimizer group's); empty: used_lr.
   void check_update(StepFacts& f, double scheduled_lr, double used_lr, const std::vector<std::int64_t>& offsets,
-                    const std::vector<std::int64_t>& sizes);
+                    const std::vector<std::int64_t>& sizes, const std::vector<double>& param_lrs = {});
   // Collective: the step's vote and every decision taken from it.
   void vote(StepFacts& f);
   // Set once a detection halts the run (--on-detect halt or diagnose).

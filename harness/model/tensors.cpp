@@ -74,7 +74,18 @@ DType to_dtype(at::ScalarType t) {
   }
 }
 
-at::ScalarType to_scalar(DType t) { return t == DType::kInt64 ? at::kLong : at::kFloat; }
+at::ScalarType to_scalar(DType t) {
+  switch (t) {
+    case DType::kFloat64: return at::kDouble;
+    case DType::kInt64: return at::kLong;
+    case DType::kInt32: return at::kInt;
+    case DType::kUInt8: return at::kByte;
+    case DType::kBFloat16: return at::kBFloat16;
+    case DType::kFloat16: return at::kHalf;
+    case DType::kBool: return at::kBool;
+    default: return at::kFloat;
+  }
+}
 
 Fingerprint tensor_fingerprint(const at::Tensor& t) {
   auto c = t.contiguous();

@@ -53,6 +53,10 @@ void adamw_step(optim::AdamW& opt) {
 }  // namespace
 
 void OptimizerState::step() {
+  if (script_) {
+    script_->step();
+    return;
+  }
   if (o_.kind == OptimizerKind::kSgd) {
     opt_->step();
     return;
@@ -63,13 +67,13 @@ void OptimizerState::step() {
 
 OptimizerState::OptimizerState(const OptimizerOptions& o, const std::vector<at::Tensor>& params,
                                const std::vector<bool>& decays)
-    : o_(o), lr_(o.lr) {
+    : o_(o), lrs_{o.lr} {
   for (std::size_t i = 0; i < params.size(); ++i) slots_.push_back({i, 0, params[i]});
   build(params, decays);
 }
 
 OptimizerState::OptimizerState(const OptimizerOptions& o, std::vector<OptimizerSlot> slots, const std::vector<bool>& decays)
-    : o_(o), lr_(o.lr), slots_(std::move(slots)) {
+    : o_(o), lrs_{o.lr}, slots_(std::move(slots)) {
   std::vector<at::Tensor> tensors;
   std::vector<bool> slot_decays;
   for (const auto& s : slots_) {
@@ -77,6 +81,19 @@ OptimizerState::OptimizerState(const OptimizerOptions& o, std::vector<OptimizerS
     slot_decays.push_back(decays.at(s.param));
   }
   build(tensors, slot_decays);
+}
+
+OptimizerState::OptimizerState(const OptimizerOptions& o, const std::vector<at::Tensor>& params,
+                               std::unique_ptr<ScriptOptimizer> script)
+    : o_(o), script_(std::move(script)) {
+  for (std::size_t i = 0; i < params.size(); ++i) {
+    slots_.push_back({i, 0, params[i]});
+    slot_of_.push_back(static_cast<int>(i));
+  }
+  lrs_ = script_->base_lrs();
+  std::stringstream names(o.script_state);
+  for (std::string item; std::getline(names, item, ',');)
+    if (!item.empty()) script_names_.push_back(item.substr(0, item.find(':')));
 }
 
 void OptimizerState::build(const std::vector<at::Tensor>& params, const std::vector<bool>& decays) {
@@ -108,20 +125,44 @@ std::int64_t OptimizerState::state_bytes() const {
   return n;
 }
 
-void OptimizerState::set_lr(double lr) {
-  lr_ = lr;
-  for (auto& group : opt_->param_groups()) group.options().set_lr(lr);
+std::size_t OptimizerState::lr_groups() const { return script_ ? script_->groups() : 1; }
+
+std::vector<double> OptimizerState::base_lrs() const { return script_ ? script_->base_lrs() : std::vector<double>{o_.lr}; }
+
+void OptimizerState::set_lrs(const std::vector<double>& lrs) {
+  lrs_ = lrs;
+  if (script_) {
+    script_->set_lrs(lrs);
+    return;
+  }
+  for (auto& group : opt_->param_groups()) group.options().set_lr(lrs.at(0));
 }
 
 // Kept beside the groups: a sharded rank may hold no slice, and so no group.
-double OptimizerState::lr() const { return lr_; }
+double OptimizerState::lr() const { return lrs_.at(0); }
+
+double OptimizerState::lr_of(std::size_t param) const { return script_ ? lrs_.at(script_->group_of(param)) : lrs_.at(0); }
+
+int OptimizerState::param_of(const at::Tensor& p) const {
+  for (const auto& s : slots_)
+    if (s.tensor.unsafeGetTensorImpl() == p.unsafeGetTensorImpl()) return static_cast<int>(s.param);
+  return -1;
+}
 
 std::vector<std::string> OptimizerState::state_names() const {
+  if (script_) return script_names_;
   if (o_.kind == OptimizerKind::kSgd) return {"momentum_buffer"};
   return {kCounter, "exp_avg", "exp_avg_sq"};
 }
 
 at::Tensor OptimizerState::primary(const at::Tensor& p) const {
+  if (script_) {  // the first floating state tensor of the parameter's shape (a momentum, a first moment)
+    const int i = param_of(p);
+    if (i < 0) return {};
+    for (const auto& [name, t] : script_->state(static_cast<std::size_t>(i)))
+      if (t.is_floating_point() && t.sizes().equals(p.sizes())) return t;
+    return {};
+  }
   auto& state = opt_->state();
   auto it = state.find(optimizer_state_key(state, p));
   if (it == state.end()) return {};
@@ -130,6 +171,10 @@ at::Tensor OptimizerState::primary(const at::Tensor& p) const {
 }
 
 std::vector<std::pair<std::string, at::Tensor>> OptimizerState::stored(const at::Tensor& p) const {
+  if (script_) {
+    const int i = param_of(p);
+    return i < 0 ? std::vector<std::pair<std::string, at::Tensor>>{} : script_->state(static_cast<std::size_t>(i));
+  }
   auto& state = opt_->state();
   auto it = state.find(optimizer_state_key(state, p));
   if (it == state.end()) return {};
@@ -147,6 +192,17 @@ std::vector<std::pair<std::string, at::Tensor>> OptimizerState::stored(const at:
 Status OptimizerState::load(
     const std::vector<std::pair<std::string, at::Tensor>>& params,
     const std::function<at::Tensor(const std::string& param, const std::string& suffix)>& tensor_of) {
+  if (script_) {
+    script_->clear();
+    for (const auto& [name, p] : params) {
+      std::vector<std::pair<std::string, at::Tensor>> st;
+      for (const auto& suffix : script_names_)
+        if (at::Tensor t = tensor_of(name, suffix); t.defined()) st.push_back({suffix, t});
+      const int i = param_of(p);
+      if (!st.empty() && i >= 0) script_->load(static_cast<std::size_t>(i), st);
+    }
+    return Status::OK();
+  }
   auto& state = opt_->state();
   state.clear();
   for (const auto& [name, p] : params) {

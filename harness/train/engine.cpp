@@ -257,6 +257,12 @@ class EngineImpl : public Engine {
     return guarded(StatusCode::kInternal, "rewinding", [&] { return trainer_->rewind(marked_); });
   }
   std::vector<std::string> params() const override { return trainer_->param_names(); }
+  Status learning_rates(std::int64_t step, std::vector<double>* out) override {
+    return guarded(StatusCode::kBadInput, "the learning-rate schedule", [&] {
+      *out = trainer_->learning_rates(step);
+      return Status::OK();
+    });
+  }
   std::vector<std::string> layers() const override { return trainer_->layer_names(); }
 
  private:

@@ -41,10 +41,25 @@ std::string json_float(float v) {
 
 // ---- micro-shards ----
 
-at::Tensor Trainer::loss_of(const at::Tensor& out, const at::Tensor& y) const {
-  // (sum of per-sample losses) / B; a sample's loss is the mean over its target elements.
+at::Tensor Trainer::shard_loss(const at::Tensor& x, const at::Tensor& y) {
+  // (sum of per-sample losses) / B; a sample's loss is the mean over its target elements. A mean
+  // over the micro-shard's samples becomes the same by / (B / n): with n = B / M, / M exactly, as
+  // a gradient-accumulation loop divides its micro-batch's mean loss.
   const double denom = static_cast<double>(cfg_.global_batch * std::max<std::int64_t>(1, data_.y_numel()));
-  if (at::Tensor own = model_.summed_loss(out, y); own.defined()) return own / denom;  // a Python model's loss
+  if (model_.owns_loss()) {  // a Python model's forward and loss
+    const at::Tensor own = model_.own_loss(x, y);
+    return model_.own_loss_is_mean() ? own / (static_cast<double>(cfg_.global_batch) / static_cast<double>(x.size(0)))
+                                     : own / denom;
+  }
+  return loss_of(model_.forward(x), y);
+}
+
+at::Tensor Trainer::forward_any(const at::Tensor& x, const at::Tensor& y) {
+  return model_.owns_loss() ? model_.own_loss(x, y) : model_.forward(x);
+}
+
+at::Tensor Trainer::loss_of(const at::Tensor& out, const at::Tensor& y) const {
+  const double denom = static_cast<double>(cfg_.global_batch * std::max<std::int64_t>(1, data_.y_numel()));
   if (data_.classification()) {
     const auto C = out.size(-1);
     return torch::nn::functional::cross_entropy(
@@ -92,7 +107,7 @@ void Trainer::compute_shard(const FireContext& c, int k, float* leaf) {
   at::Tensor loss;
   {
     AutocastScope autocast(cfg_.precision, device_);  // the forward pass, model and loss; not the backward
-    loss = loss_of(model_.forward(x), y);
+    loss = shard_loss(x, y);
   }
   if (cfg_.detect.invariants) {
     double nested = 0;  // a spot-check recomputation is timed as a whole
@@ -198,9 +213,34 @@ double Trainer::begin_step(std::int64_t s, StepMode mode) {
   f = StepFacts();
   f.step = s;
   f.shards.reset(detectors_.collects_shard_facts() ? cfg_.micro_shards : 0);
-  const double lr = learning_rate(cfg_, s);
-  opt_->set_lr(faults_.on_lr(step_.fire, lr, learning_rate(cfg_, s - 1)));
+  const std::vector<double> lrs = learning_rates(s);
+  // An --inject ...,phase=lr fault changes group 0's rate; the other groups' follow it (a stale one:
+  // the previous step's rates).
+  const std::vector<double> prev = learning_rates(s - 1);
+  const double lr = lrs.at(0), used = faults_.on_lr(step_.fire, lr, prev.at(0));
+  std::vector<double> set = lrs;
+  if (used != lr)
+    for (std::size_t g = 0; g < set.size(); ++g) set[g] = used == prev[0] ? prev[g] : lr != 0 ? lrs[g] * (used / lr) : used;
+  opt_->set_lrs(set);
+  step_.lrs = lrs;
   return lr;
+}
+
+// Each parameter group's learning rate at step s (s < 1: step 1's): the script's schedule, or
+// culprit's --lr-schedule scaling each group's base rate (one group: --lr's schedule itself).
+std::vector<double> Trainer::learning_rates(std::int64_t s) {
+  s = std::max<std::int64_t>(s, 1);
+  std::vector<double> lrs = model_.learning_rates(s);
+  if (!lrs.empty()) {
+    if (lrs.size() != opt_->lr_groups())
+      throw UserCodeError("the script's schedule gives " + std::to_string(lrs.size()) + " learning rates at step " +
+                          std::to_string(s) + " for " + std::to_string(opt_->lr_groups()) + " optimizer groups");
+    return lrs;
+  }
+  const double lr = learning_rate(cfg_, s);
+  lrs = opt_->base_lrs();
+  for (double& v : lrs) v = v == cfg_.optim.lr ? lr : v * (lr / cfg_.optim.lr);
+  return lrs;
 }
 
 // Forward and backward of this rank's micro-shards, summed along the tree.
@@ -248,6 +288,7 @@ Fingerprint Trainer::record(double lr, trace::StepRow* row) {
   row->step = f.step;
   row->loss = reduced_[flat_.size];
   row->lr = lr;
+  row->lrs_fp = fingerprint_bytes(step_.lrs.data(), step_.lrs.size() * sizeof(double));
   // The NaN/Inf detector's scan of the parameters, in the fingerprints' pass on the CPU (on a GPU
   // the vote's one scan of the flat buffer stays: a scan per tensor would sync per tensor).
   const bool scan = cfg_.detect.nonfinite && !flat_.flat.is_cuda();
@@ -257,7 +298,10 @@ Fingerprint Trainer::record(double lr, trace::StepRow* row) {
   f.param_fps = row->param_fps;
   if (cfg_.detect.invariants) {
     Stopwatch sw(&f.seconds);
-    detectors_.check_update(f, lr, opt_->lr(), flat_.offsets, flat_.sizes);
+    std::vector<double> param_lrs;
+    if (!opt_->known())
+      for (std::size_t i = 0; i < flat_.params.size(); ++i) param_lrs.push_back(opt_->lr_of(i));
+    detectors_.check_update(f, lr, opt_->lr(), flat_.offsets, flat_.sizes, param_lrs);
   }
   if (cfg_.tracing() || step_.fire.mode == StepMode::kReplay) {
     const std::size_t P = static_cast<std::size_t>(flat_.size);
@@ -302,6 +346,14 @@ std::vector<Fingerprint> Trainer::sample_fingerprints(const at::Tensor& x) const
   return out;
 }
 
+// Every optimizer group's learning rate, where there are several (the trace's lr is group 0's).
+std::string Trainer::group_lrs_json() const {
+  if (step_.lrs.size() < 2) return "";
+  std::string s = ", \"lrs\": [";
+  for (std::size_t g = 0; g < step_.lrs.size(); ++g) s += (g ? ", " : "") + format_json_number(step_.lrs[g]);
+  return s + "]";
+}
+
 void Trainer::write_metrics(double lr, Fingerprint fp, double secs) {
   if (comm_.rank != 0 || !metrics_) return;
   const StepFacts& f = step_.facts;
@@ -309,14 +361,14 @@ void Trainer::write_metrics(double lr, Fingerprint fp, double secs) {
   std::fprintf(metrics_,
                "{\"step\": %lld, \"loss\": %s, \"grad_norm\": %s, \"lr\": %s, \"fingerprint\": \"%s\", "
                "\"seconds\": %.6f, \"detector_seconds\": %.6f, \"data_wait_seconds\": %.6f, \"data_read_seconds\": %.6f, "
-               "\"optimizer_bytes\": %lld%s%s}\n",
+               "\"optimizer_bytes\": %lld%s%s%s}\n",
                static_cast<long long>(f.step), json_float(loss).c_str(), format_json_number(f.grad_norm).c_str(),
                format_json_number(lr).c_str(), fingerprint_hex(fp).c_str(), secs, f.seconds, step_.data_wait,
                step_.data_read, static_cast<long long>(opt_->state_bytes()),
                cfg_.optim.clip_grad_norm > 0 ? (", \"clip_factor\": " + json_float(step_.clip_factor) +
                                                  ", \"clip_seconds\": " + format_json_number(step_.clip_seconds)).c_str()
                                               : "",
-               f.shards_exchanged ? ", \"spot_checked\": true" : "");
+               f.shards_exchanged ? ", \"spot_checked\": true" : "", group_lrs_json().c_str());
   if ((std::fflush(metrics_) != 0 || std::ferror(metrics_)) && metrics_status_.ok())
     metrics_status_ = Status::IoError("cannot append to '" + (fs::path(cfg_.run_dir) / "metrics.jsonl").string() +
                                       "': " + std::strerror(errno));

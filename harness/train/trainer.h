@@ -54,6 +54,7 @@ struct StepState {
   std::vector<trace::ShardRow> shard_rows;
   Fingerprint input_fp = 0;  // the micro-shard being computed: its input as loaded
   std::vector<Fingerprint> sample_fps;  // and each of its samples' (with the trace, or replaying)
+  std::vector<double> lrs;  // each optimizer group's scheduled learning rate (group 0's: the trace's lr)
   float clip_factor = 1;  // --clip-grad-norm: what the reduced gradient was multiplied by
   double clip_seconds = 0;  // and how long clipping took
   double data_wait = 0, data_read = 0;  // seconds waited for samples, and spent reading them
@@ -107,6 +108,8 @@ class Trainer {
   Status take_data_status() { return std::exchange(data_status_, Status::OK()); }
   void mark(ckpt::Checkpoint* c) const { snapshot(done_, c); }
   Status rewind(const ckpt::Checkpoint& c);
+  // Each optimizer group's learning rate at step s, as scheduled (s < 1: step 1's).
+  std::vector<double> learning_rates(std::int64_t s);
   std::vector<std::string> layer_names() const { return model_.layers(); }
   std::vector<std::string> param_names() const { return flat_.names(); }
 
@@ -116,7 +119,7 @@ class Trainer {
   void build_flat_params();
   Status check_model(StepMode mode);  // the model accepts the data; its forward pass changes no state
   Status check_forward_changes_no_state();  // no buffer or parameter changed by a forward pass
-  Status check_summed_loss(const at::Tensor& out, const at::Tensor& y);  // a model's own loss adds up
+  Status check_own_loss(const at::Tensor& x, const at::Tensor& y);  // a model's own loss adds up
   Status check_training_pass();  // one forward (under the run's precision), loss and backward
   Status narrow_output(const std::vector<std::int64_t>& got) const;  // check_model's error: labels past the output
   StateProbe probe();
@@ -134,6 +137,7 @@ class Trainer {
   at::Tensor clip(const at::Tensor& grads);  // --clip-grad-norm: the clipped copy of the reduced gradient
   Fingerprint record(double lr, trace::StepRow* row);  // fingerprints, invariants, the trace row
   void write_metrics(double lr, Fingerprint fp, double secs);
+  std::string group_lrs_json() const;
 
   // ---- micro-shard helpers (trainer.cpp; the samples: trainer_data.cpp) ----
   const at::Tensor& epoch_order(std::int64_t epoch);
@@ -142,7 +146,11 @@ class Trainer {
   std::pair<at::Tensor, at::Tensor> load_samples(std::int64_t s, int k, const at::Tensor& idx);
   std::pair<at::Tensor, at::Tensor> first_samples(std::int64_t n);  // samples 0..n-1 (setup's checks)
   void read_ahead(std::int64_t s);  // this rank's micro-shards of step s, in the background
-  at::Tensor loss_of(const at::Tensor& out, const at::Tensor& y) const;
+  // The micro-shard's loss of samples x, y, divided as docs/determinism.md says: the model's own
+  // (a Python model), else loss_of(forward(x), y).
+  at::Tensor shard_loss(const at::Tensor& x, const at::Tensor& y);
+  at::Tensor loss_of(const at::Tensor& out, const at::Tensor& y) const;  // culprit's cross entropy or MSE
+  at::Tensor forward_any(const at::Tensor& x, const at::Tensor& y);  // a forward pass, by the loss when the model owns it
   void zero_grads(const FireContext& c, int k);
   bool copy_grads(float* leaf) const;  // false: a value is not finite
   trace::ShardRow shard_row(int k, const float* leaf) const;

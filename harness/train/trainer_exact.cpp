@@ -18,6 +18,10 @@ namespace culprit::harness {
 
 bool Trainer::update_exact(const ckpt::Checkpoint& start, std::vector<float>* now, std::vector<float>* exact,
                            std::string* why) {
+  if (!opt_->known()) {
+    *why = "--optimizer script: culprit does not know the update of the script's " + cfg_.optim.script_optimizer;
+    return false;
+  }
   if (sharded()) {
     // Each rank updated its slice only; the referee would need every slice's state from the gather.
     *why = "--shard-optimizer: each rank holds only its slice of the optimizer state";

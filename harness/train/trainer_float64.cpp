@@ -99,7 +99,7 @@ void Trainer::shard_grad_f64(int k, int round, std::vector<double>* out) {
     BufferGuard keep(model_);  // a forward in training mode moves running statistics: put back
     Widened wide(model_, flat_.params, layers_.get());
     torch::manual_seed(seed);
-    auto loss = loss_of(model_.forward(x), y);
+    auto loss = shard_loss(x, y);
     loss.backward();
     for (std::size_t i = 0; i < flat_.params.size(); ++i) {
       const auto& g = flat_.params[i].tensor.grad();
@@ -124,6 +124,9 @@ at::Tensor tensor_of(const ckpt::RawTensor& r) {
 }  // namespace
 
 void Trainer::update_f64(const ckpt::Checkpoint& start, std::vector<float>* now, std::vector<double>* wide) {
+  if (!opt_->known())  // its own step() in float64 could differ from it in more than rounding
+    throw std::runtime_error("--optimizer script: culprit does not know the update of the script's " +
+                             cfg_.optim.script_optimizer + " to recompute it");
   const std::size_t P = static_cast<std::size_t>(flat_.size);
   std::map<std::string, at::Tensor> marked;
   for (const auto& r : start.model) marked[r.name] = tensor_of(r);

@@ -62,9 +62,8 @@ void Trainer::build_flat_params() {
   flat_.params = model_.parameters();
   const std::vector<std::string> embeddings = model_.embeddings();
   for (const auto& p : flat_.params) {
-    const bool matrix = p.tensor.dim() >= 2 &&
-                        std::find(embeddings.begin(), embeddings.end(), p.name) == embeddings.end();
-    flat_.decay.push_back(matrix || !cfg_.optim.decay_matrices_only());
+    const bool embedding = std::find(embeddings.begin(), embeddings.end(), p.name) != embeddings.end();
+    flat_.decay.push_back(cfg_.optim.decays(p.tensor.dim(), embedding));
     flat_.offsets.push_back(flat_.size);
     flat_.sizes.push_back(p.tensor.numel());
     flat_.byte_offsets.push_back(static_cast<std::size_t>(flat_.size) * sizeof(float));
@@ -87,11 +86,20 @@ Status Trainer::init(StepMode mode) {
   CULPRIT_RETURN_IF_ERROR(select_device());
   build_flat_params();
   zero_ = std::make_unique<ShardedOptimizer>(comm_, flat_, sharded());
-  if (sharded()) {
+  std::vector<at::Tensor> tensors;
+  for (const auto& p : flat_.params) tensors.push_back(p.tensor);
+  if (cfg_.optim.kind == OptimizerKind::kScript) {
+    // The script's own optimizer object, built now over the parameters as views of the flat buffer.
+    std::unique_ptr<ScriptOptimizer> script;
+    CULPRIT_RETURN_IF_ERROR(guarded(StatusCode::kBadInput, "the script's optimizer", [&] {
+      script = model_.make_optimizer(cfg_.optim.script_state);
+      return script ? Status::OK()
+                    : Status::BadInput("--optimizer script: model " + cfg_.model.text() + " brings no optimizer object");
+    }));
+    opt_ = std::make_unique<OptimizerState>(cfg_.optim, tensors, std::move(script));
+  } else if (sharded()) {
     opt_ = std::make_unique<OptimizerState>(cfg_.optim, zero_->owned_slots(), flat_.decay);
   } else {
-    std::vector<at::Tensor> tensors;
-    for (const auto& p : flat_.params) tensors.push_back(p.tensor);
     opt_ = std::make_unique<OptimizerState>(cfg_.optim, tensors, flat_.decay);
   }
   zero_->attach(opt_.get());
@@ -166,14 +174,18 @@ Status Trainer::check_training_pass() {
   Status st = guarded(StatusCode::kBadInput, fwd, [&] {
     AutocastScope autocast(cfg_.precision, device_);
     const auto [x, y] = first_samples(n);
-    const at::Tensor out = model_.forward(x.to(device_));
-    if (!out.is_floating_point())
-      return Status::BadInput(fwd + ": its output is " + std::string(c10::toString(out.scalar_type())));
-    loss = loss_of(out, y.to(device_));
+    if (model_.owns_loss()) {
+      loss = model_.own_loss(x.to(device_), y.to(device_));
+    } else {
+      const at::Tensor out = model_.forward(x.to(device_));
+      if (!out.is_floating_point())
+        return Status::BadInput(fwd + ": its output is " + std::string(c10::toString(out.scalar_type())));
+      loss = loss_of(out, y.to(device_));
+    }
     if (!loss.is_floating_point() || loss.scalar_type() == at::kDouble || !loss.requires_grad())
       return Status::BadInput(fwd + ": its loss is " + std::string(c10::toString(loss.scalar_type())) +
                               (loss.requires_grad() ? "" : " and has no gradient"));
-    return check_summed_loss(out, y.to(device_));
+    return Status::OK();
   });
   if (st.ok())
     st = guarded(StatusCode::kBadInput, model + " cannot be trained: its backward pass fails", [&] {
@@ -193,8 +205,12 @@ Status Trainer::check_model(StepMode mode) {
       [&] {
         torch::NoGradGuard ng;
         model_.set_training(false);
-        auto out = model_.forward(first_samples(1).first.to(device_));
+        const auto [x, y] = first_samples(1);
+        // A model with its own loss is checked by that loss (its output is the script's business).
+        const bool own = model_.owns_loss();
+        const at::Tensor out = own ? model_.own_loss(x.to(device_), y.to(device_)) : model_.forward(x.to(device_));
         model_.set_training(true);
+        if (own) return Status::OK();
         std::vector<std::int64_t> want{1};
         want.insert(want.end(), data_.y_shape.begin(), data_.y_shape.end());
         std::vector<std::int64_t> got(out.sizes().begin(), out.sizes().end());
@@ -214,7 +230,15 @@ Status Trainer::check_model(StepMode mode) {
     CULPRIT_RETURN_IF_ERROR(check_training_pass());
     if (layers_) CULPRIT_RETURN_IF_ERROR(faults_.check_dtypes(layers_->output_dtypes()));
   }
-  return check_forward_changes_no_state();
+  CULPRIT_RETURN_IF_ERROR(check_forward_changes_no_state());
+  if (mode != StepMode::kTrain || !model_.owns_loss()) return Status::OK();
+  // Outside autocast (the check compares forward passes of different batch sizes), once the
+  // forward pass is known to change no parameter.
+  const std::int64_t n = std::min<std::int64_t>(data_.n, cfg_.global_batch / cfg_.micro_shards);
+  return guarded(StatusCode::kBadInput, "model " + cfg_.model.text() + ": its loss", [&] {
+    const auto [x, y] = first_samples(n);
+    return check_own_loss(x.to(device_), y.to(device_));
+  });
 }
 
 // State that a training-mode forward pass changes (batch-norm running statistics) would depend on
@@ -234,7 +258,8 @@ Status Trainer::check_forward_changes_no_state() {
     BufferGuard keep(model_);
     CULPRIT_RETURN_IF_ERROR(guarded(StatusCode::kBadInput, "model " + cfg_.model.text(), [&] {
       torch::NoGradGuard ng;
-      model_.forward(first_samples(2).first.to(device_));
+      const auto [x, y] = first_samples(2);
+      forward_any(x.to(device_), y.to(device_));
       return Status::OK();
     }));
     const auto bufs = model_.buffers();
@@ -269,20 +294,30 @@ Status Trainer::check_ranks_agree() {
   return agree(comm_, st);
 }
 
-// A model's own loss must be the sum of its samples' losses (culprit divides by the batch): a mean
-// (PyTorch's default reduction) would scale every gradient by M / B without an error.
-Status Trainer::check_summed_loss(const at::Tensor& out, const at::Tensor& y) {
-  if (out.size(0) < 2) return Status::OK();
+// A model's own loss must be what it declares, the sum of its samples' losses or their mean
+// (culprit divides by the batch): the other would scale every gradient by M / B without an error.
+// Checked on samples 0..n-1 against sample 0 and the rest, in eval mode (no dropout: the three
+// forward passes must see the same model), with the buffers kept.
+Status Trainer::check_own_loss(const at::Tensor& x, const at::Tensor& y) {
+  const std::int64_t n = x.size(0);
+  if (n < 2) return Status::OK();
+  BufferGuard keep(model_);
   torch::NoGradGuard ng;
-  const at::Tensor o = out.detach(), whole = model_.summed_loss(o, y);
-  if (!whole.defined()) return Status::OK();  // culprit's own loss
-  const double all = whole.item<double>();
-  const double parts = model_.summed_loss(o.narrow(0, 0, 1), y.narrow(0, 0, 1)).item<double>() +
-                       model_.summed_loss(o.narrow(0, 1, o.size(0) - 1), y.narrow(0, 1, y.size(0) - 1)).item<double>();
+  model_.set_training(false);
+  const double all = model_.own_loss(x, y).item<double>();
+  const double first = model_.own_loss(x.narrow(0, 0, 1), y.narrow(0, 0, 1)).item<double>();
+  const double rest = model_.own_loss(x.narrow(0, 1, n - 1), y.narrow(0, 1, n - 1)).item<double>();
+  model_.set_training(true);
+  const bool mean = model_.own_loss_is_mean();
+  const double parts = mean ? (first + rest * static_cast<double>(n - 1)) / static_cast<double>(n) : first + rest;
   if (std::abs(all - parts) <= 1e-4 * std::max({std::abs(all), std::abs(parts), 1e-6})) return Status::OK();
-  return Status::BadInput("model " + cfg_.model.text() + ": its loss of " + std::to_string(o.size(0)) + " samples is " +
-                          std::to_string(all) + " but its losses of sample 0 and of the rest add up to " +
-                          std::to_string(parts) + ": the loss must be the sum over the samples (reduction=\"sum\")");
+  const std::string other = mean ? "sum" : "mean";
+  return Status::BadInput("model " + cfg_.model.text() + ": its loss of " + std::to_string(n) + " samples is " +
+                          std::to_string(all) + " but its losses of sample 0 and of the rest " +
+                          (mean ? "average to " : "add up to ") + std::to_string(parts) + ": the loss must be the " +
+                          (mean ? "mean" : "sum") + " over the samples as the Setup declares (reduction=\"" +
+                          (mean ? "mean" : "sum") + "\"); a " + other + " is declared with Setup(reduction=\"" + other +
+                          "\") (docs/python.md)");
 }
 
 // What the detectors may ask of this rank's state.

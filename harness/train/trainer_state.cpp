@@ -135,7 +135,7 @@ Status Trainer::restore(const ckpt::Checkpoint& c) {
       at::Tensor part = ShardedOptimizer::slot_part(r, sl.offset, sl.tensor.numel());
       return part.defined() ? part.to(device_) : part;
     }
-    auto t = torch::empty(r.shape, torch::TensorOptions().dtype(r.dtype == DType::kInt64 ? torch::kLong : torch::kFloat));
+    auto t = torch::empty(r.shape, torch::TensorOptions().dtype(to_scalar(r.dtype)));
     std::memcpy(t.data_ptr(), r.bytes.data(), r.bytes.size());
     return t.to(device_);
   }));

@@ -15,6 +15,6 @@ with culprit's fingerprints, trace, checkpoints, detectors, replay and bisection
 """
 import torch  # first: the extension's tensors need torch's Python bindings loaded
 
-from ._setup import IndexedBatches, Setup, main  # noqa: E402
+from ._setup import IndexedBatches, Optimizers, Setup, main  # noqa: E402
 
-__all__ = ["IndexedBatches", "Setup", "main"]
+__all__ = ["IndexedBatches", "Optimizers", "Setup", "main"]

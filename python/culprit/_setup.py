@@ -3,8 +3,10 @@ calls back (_Source for the data, _model_facts for the layers), the mapping of t
 optimizer onto culprit's options, and the entry points. The contract is docs/python.md."""
 import importlib.util
 import inspect
+import math
 import os
 import sys
+import warnings
 import weakref
 
 import torch
@@ -14,8 +16,8 @@ from . import _culprit
 # culprit's options that the script's Setup decides: given on the command line as well, they would
 # contradict it (the run records the script's).
 _SCRIPT_OPTIONS = ("--model", "--data", "--script-fingerprint", "--optimizer", "--lr", "--momentum", "--nesterov",
-                   "--weight-decay",
-                   "--betas", "--eps", "--weight-decay-params")
+                   "--weight-decay", "--betas", "--eps", "--weight-decay-params", "--script-optimizer",
+                   "--optimizer-state")
 _DTYPES = {torch.float32: "float32", torch.int64: "int64"}
 
 
@@ -32,19 +34,31 @@ class IndexedBatches:
 
 
 class Setup:
-    """What a script's setup function returns.
+    """What a script's setup function returns (docs/python.md).
 
-    model:     a torch.nn.Module (float32 parameters; no state changed by its forward pass)
-    loss:      loss(output, target) -> 0-dim tensor, the SUM of the samples' losses (culprit divides
-               by the global batch's target elements, so micro-shards add up to the batch's mean)
-    data:      an indexable data set (len(data), data[i] -> (x, y)) or an IndexedBatches; a sample
-               must be a pure function of its index
-    optimizer: optimizer(params) -> torch.optim.SGD or torch.optim.AdamW over params (a list of the
-               model's parameters, or groups of them)
+    model:       a torch.nn.Module (float32 parameters; no state changed by its forward pass)
+    loss:        loss(output, target) -> 0-dim tensor: output is whatever the forward pass returned
+                 (a tensor, tuple, dict, dataclass, ModelOutput); the SUM of the samples' losses, or
+                 their mean with reduction="mean" (culprit scales either to the global batch's mean)
+    data:        an indexable data set (len(data), data[i] -> (x, y)) or an IndexedBatches; a sample
+                 must be a pure function of its index
+    optimizer:   optimizer(params) -> any torch.optim.Optimizer over params (the model's parameters()
+                 in order), with any parameter groups; a function of your own that makes one is fine
+    forward:     forward(model, x, y) -> output: how the model is called (default: model(x)); e.g.
+                 lambda m, x, y: m(x, y) for a model that takes its targets (nanoGPT's GPT)
+    reduction:   "sum" (default) or "mean": what the loss is over the micro-shard's samples
+    scheduler:   scheduler(optimizer) -> a torch.optim.lr_scheduler over that optimizer, stepped once
+                 per optimizer step as a training loop steps it
+    lr_schedule: lr_schedule(it) -> the learning rate of update `it` (0-based: nanoGPT's get_lr),
+                 one float for every group or a list with one per group
+    Neither schedule: culprit's --lr-schedule, --warmup-steps and --min-lr scale each group's lr.
     """
 
-    def __init__(self, model, loss, data, optimizer):
+    def __init__(self, model, loss, data, optimizer, forward=None, reduction="sum", scheduler=None,
+                 lr_schedule=None):
         self.model, self.loss, self.data, self.optimizer = model, loss, data, optimizer
+        self.forward, self.reduction = forward, reduction
+        self.scheduler, self.lr_schedule = scheduler, lr_schedule
 
 
 # Every model a setup function returned (alive): a second call must build a new one.
@@ -63,6 +77,14 @@ def _checked_setup(setup):
     for name in ("loss", "optimizer"):
         if not callable(getattr(setup, name)):
             raise SetupError(f"Setup.{name} must be callable")
+    for name in ("forward", "scheduler", "lr_schedule"):
+        if getattr(setup, name) is not None and not callable(getattr(setup, name)):
+            raise SetupError(f"Setup.{name} must be callable (or None)")
+    if setup.reduction not in ("sum", "mean"):
+        raise SetupError(f"Setup.reduction must be \"sum\" or \"mean\", not {setup.reduction!r}")
+    if setup.scheduler is not None and setup.lr_schedule is not None:
+        raise SetupError("Setup: give scheduler= (a torch.optim.lr_scheduler) or lr_schedule= (a function of the "
+                         "step), not both")
     if not isinstance(setup.data, IndexedBatches) and not (hasattr(setup.data, "__len__") and
                                                            hasattr(setup.data, "__getitem__")):
         raise SetupError("Setup.data must be indexable (len(data), data[i] -> (x, y)) or a culprit.IndexedBatches")
@@ -118,7 +140,12 @@ class _Source:
         return x, y
 
 
-def _model_facts(setup, x):
+def _call(setup, x, y):
+    """The model's output for x (and targets y), as the Setup calls it."""
+    return setup.model(x) if setup.forward is None else setup.forward(setup.model, x, y)
+
+
+def _model_facts(setup, x, y):
     """The model's layers (leaf modules whose output is one tensor, in the order a forward pass of x
     calls them; leaves not called follow in definition order) and embedding weights (weight decay
     skips them). A leaf returning a tuple (an LSTM, attention with weights) is no layer: culprit
@@ -141,7 +168,7 @@ def _model_facts(setup, x):
     try:
         model.eval()
         with torch.no_grad():
-            model(x)
+            _call(setup, x, y)
     finally:
         model.train(was_training)
         for h in hooks:
@@ -158,17 +185,168 @@ def _embedding_names(model):
 
 def _decays(model, which):
     """Per parameter (named_parameters() order): whether culprit's --weight-decay-params WHICH decays
-    it — the trainer's rule by name: every parameter, or those of 2 or more dimensions that are not
-    embedding weights."""
+    it — the trainer's rule by name: every parameter, those of 2 or more dimensions (ndim2), or
+    those of 2 or more dimensions that are not embedding weights (matrices)."""
     emb = _embedding_names(model)
-    return [which == "all" or (p.dim() >= 2 and n not in emb) for n, p in model.named_parameters()]
+    return [which == "all" or (p.dim() >= 2 and (which == "ndim2" or n not in emb))
+            for n, p in model.named_parameters()]
 
 
-def _optimizer_args(setup):
-    """The script's optimizer as culprit's options: culprit's update is its libtorch implementation of
-    the same algorithm (what checkpoints, --shard-optimizer and the float64 update check know),
-    checked here to give bitwise what the optimizer's own step() gives. Steps the Setup's model:
-    call it on a Setup of its own."""
+class Optimizers:
+    """Several optimizer objects stepped as one (nanochat's Muon for the matrices and AdamW for the
+    rest): Setup(optimizer=lambda params: culprit.Optimizers(Muon(...), AdamW(...))). Their parameter
+    groups, in order, are its groups; step() steps each in order."""
+
+    def __init__(self, *optimizers):
+        if not optimizers:
+            raise SetupError("culprit.Optimizers needs at least one optimizer")
+        self.optimizers = list(optimizers)
+
+    @property
+    def param_groups(self):
+        return [g for o in self.optimizers for g in o.param_groups]
+
+    @property
+    def state(self):  # read-only view; _ScriptOptimizer writes through to the owning optimizer
+        return {p: st for o in self.optimizers for p, st in o.state.items()}
+
+    def step(self):
+        for o in self.optimizers:
+            o.step()
+
+    def zero_grad(self, set_to_none=True):
+        for o in self.optimizers:
+            o.zero_grad(set_to_none=set_to_none)
+
+    def state_dict(self):
+        return {"optimizers": [o.state_dict() for o in self.optimizers]}
+
+    def load_state_dict(self, sd):
+        for o, s in zip(self.optimizers, sd["optimizers"]):
+            o.load_state_dict(s)
+
+
+def _leaf_optimizers(opt):
+    return opt.optimizers if isinstance(opt, Optimizers) else [opt]
+
+
+def _state_of(opt, p):
+    for o in _leaf_optimizers(opt):
+        if p in o.state:
+            return o.state[p]
+    return {}
+
+
+def _owner(opt, p):
+    for o in _leaf_optimizers(opt):
+        if any(q is p for g in o.param_groups for q in g["params"]):
+            return o
+    raise SetupError("optimizer: a parameter in none of its groups")
+
+
+def _class_name(opt):
+    return "+".join(type(o).__name__ for o in _leaf_optimizers(opt))
+
+
+def _made_optimizer(setup, params):
+    """setup.optimizer(params), checked: parameter groups holding every parameter of the model once."""
+    opt = setup.optimizer(params)
+    if not all(hasattr(o, a) for o in _leaf_optimizers(opt) for a in ("param_groups", "step", "state")):
+        raise SetupError(f"optimizer: the factory returned {type(opt).__name__}, not a torch.optim.Optimizer "
+                         "(several: culprit.Optimizers(a, b))")
+    ids = [id(p) for g in opt.param_groups for p in g["params"]]
+    if sorted(ids) != sorted(id(p) for p in params):
+        raise SetupError("optimizer: its parameter groups must hold every parameter of the model once "
+                         "(build it from the params argument)")
+    return opt
+
+
+_STATE_NAME = set("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_")
+
+
+def _state_kind(name, v, cls):
+    if not isinstance(name, str) or not name or not set(name) <= _STATE_NAME:
+        raise SetupError(f"optimizer: {cls} keeps state named {name!r}: culprit checkpoints state whose names are "
+                         "letters, digits and _")
+    if isinstance(v, torch.Tensor):
+        return "tensor"
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        raise SetupError(f"optimizer: {cls} keeps state '{name}' as {type(v).__name__}: culprit checkpoints "
+                         "tensors, ints and floats (keep it as a tensor)")
+    return "int" if isinstance(v, int) else "float"
+
+
+def _probe(opt, model, grads):
+    """The parameters after opt steps once per entry of grads (seeded random gradients), and the
+    state it keeps as NAME:KIND,...; the parameters and the state are put back afterwards (their
+    storage may be shared beyond this Setup: a module-level backbone)."""
+    params = list(model.parameters())
+    start = [p.detach().clone() for p in params]
+    cls = _class_name(opt)
+    try:
+        for step in grads:
+            for p, grad in zip(params, step):
+                p.grad = grad.clone()
+            opt.step()
+        after = [p.detach().clone() for p in params]
+        kinds = {}
+        for p in params:
+            for name, v in _state_of(opt, p).items():
+                kinds.setdefault(name, _state_kind(name, v, cls))
+    finally:
+        with torch.no_grad():
+            for p, s in zip(params, start):
+                p.copy_(s)
+                p.grad = None
+        for o in _leaf_optimizers(opt):
+            o.state.clear()
+    return after, ",".join(f"{n}:{k}" for n, k in kinds.items())
+
+
+def _mapped_args(opt, model, first_lrs):
+    """culprit's own options for an SGD or AdamW it implements (what checkpoints, --shard-optimizer
+    and the bisection's float64 and exact update checks know), or None where its update is not
+    culprit's: another class, a group hyperparameter that differs from the first group's, a weight
+    decay over a set of parameters culprit cannot name."""
+    groups = opt.param_groups
+    g0 = groups[0]
+    if isinstance(opt, Optimizers) or len({float(v) for v in first_lrs}) > 1 or g0.get("maximize", False):
+        return None
+    if type(opt) is torch.optim.SGD:
+        if any(g["dampening"] != 0 or g["momentum"] != g0["momentum"] or g["nesterov"] != g0["nesterov"]
+               for g in groups):
+            return None
+        args = ["--optimizer", "sgd", "--momentum", repr(float(g0["momentum"]))]
+        args += ["--nesterov"] if g0["nesterov"] else []
+    elif type(opt) is torch.optim.AdamW:
+        if any(g["amsgrad"] or g["betas"] != g0["betas"] or g["eps"] != g0["eps"] for g in groups):
+            return None
+        b1, b2 = g0["betas"]
+        args = ["--optimizer", "adamw", "--betas", f"{float(b1)!r},{float(b2)!r}", "--eps", repr(float(g0["eps"]))]
+    else:
+        return None
+    if any(g["lr"] != g0["lr"] for g in groups):
+        return None
+    decays = {float(g["weight_decay"]) for g in groups}
+    wd = max(decays)
+    if len(decays - {0.0}) > 1:
+        return None
+    which = "all"
+    if wd > 0 and 0.0 in decays:
+        decayed = [any(p is q for g in groups if g["weight_decay"] > 0 for q in g["params"])
+                   for p in model.parameters()]
+        which = next((w for w in ("matrices", "ndim2") if _decays(model, w) == decayed), None)
+        if which is None:
+            return None
+    return args + ["--lr", repr(float(g0["lr"])), "--weight-decay", repr(wd), "--weight-decay-params", which]
+
+
+def _optimizer_args(setup, steps=2):
+    """The script's optimizer as culprit's options. An SGD or AdamW culprit implements becomes
+    culprit's own update, checked to give bitwise what the object's step() gives; any other (another
+    class, per-group hyperparameters, culprit.Optimizers) runs as the script wrote it
+    (--optimizer script), checked to step deterministically. Steps the Setup's model and puts it
+    back: call it on a Setup of its own."""
     model = setup.model
     params = list(model.parameters())
     if not params:
@@ -176,73 +354,156 @@ def _optimizer_args(setup):
     wide = [n for n, p in model.named_parameters() if p.dtype != torch.float32]
     if wide:
         raise SetupError(f"parameter '{wide[0]}' is not float32; culprit trains float32 parameters")
-    opt = setup.optimizer(params)
-    groups = opt.param_groups
-    ids = [id(p) for g in groups for p in g["params"]]
-    if sorted(ids) != sorted(id(p) for p in params):
-        raise SetupError("optimizer: its parameter groups must hold every parameter of the model once")
-    g0 = groups[0]
-    if any(g["lr"] != g0["lr"] for g in groups):
-        raise SetupError("optimizer: every parameter group must have the same lr (culprit schedules one)")
-    if g0.get("maximize", False):
-        raise SetupError("optimizer: maximize=True is not supported")
-    if type(opt) is torch.optim.SGD:
-        if any(g["dampening"] != 0 or g["momentum"] != g0["momentum"] or g["nesterov"] != g0["nesterov"]
-               for g in groups):
-            raise SetupError("optimizer: SGD needs dampening=0 and one momentum and nesterov for every group")
-        args = ["--optimizer", "sgd", "--momentum", repr(float(g0["momentum"]))]
-        args += ["--nesterov"] if g0["nesterov"] else []
-    elif type(opt) is torch.optim.AdamW:
-        if any(g["amsgrad"] or g["betas"] != g0["betas"] or g["eps"] != g0["eps"] for g in groups):
-            raise SetupError("optimizer: AdamW needs amsgrad=False and one betas and eps for every group")
-        b1, b2 = g0["betas"]
-        args = ["--optimizer", "adamw", "--betas", f"{float(b1)!r},{float(b2)!r}", "--eps", repr(float(g0["eps"]))]
-    else:
-        raise SetupError("optimizer: culprit updates with torch.optim.SGD or torch.optim.AdamW, "
-                         f"not {type(opt).__name__}")
-    decays = {float(g["weight_decay"]) for g in groups}
-    wd = max(decays)
-    which = "all"
-    if len(decays - {0.0}) > 1:
-        raise SetupError("optimizer: the parameter groups may have one nonzero weight_decay (and 0)")
-    if wd > 0 and 0.0 in decays:
-        decayed = {id(p) for g in groups if g["weight_decay"] > 0 for p in g["params"]}
-        matrices = {id(p) for p, d in zip(params, _decays(model, "matrices")) if d}
-        if decayed != matrices:
-            raise SetupError("optimizer: weight decay must apply to every parameter, or to the weight matrices "
-                             "(2 or more dimensions, not embeddings) alone")
-        which = "matrices"
-    args += ["--lr", repr(float(g0["lr"])), "--weight-decay", repr(wd), "--weight-decay-params", which]
-    _check_update(opt, model, args, _decays(model, which))
-    return args
-
-
-def _check_update(opt, model, args, decays):
-    """culprit's update, configured by args, must equal the optimizer's own step(): two steps of
-    seeded random gradients on the model's parameters, compared bitwise (an option culprit does not
-    map, or an implementation that differs, is refused rather than trained differently)."""
-    names, params = zip(*model.named_parameters())
+    opt = _made_optimizer(setup, params)
+    schedule = _schedule(setup, True)
+    if schedule:  # the run's rates computed once now: a schedule that breaks does so before training
+        schedule.lrs(max(2, min(steps, 100000)))
+    first = schedule.lrs(1) if schedule else [g["lr"] for g in opt.param_groups]
     g = torch.Generator().manual_seed(0)
-    start = [p.detach().clone() for p in params]
     grads = [[torch.randn(p.shape, generator=g) for p in params] for _ in range(2)]
-    try:
-        for step in grads:
-            for p, grad in zip(params, step):
-                p.grad = grad.clone()
-            opt.step()
-        theirs = [p.detach().clone() for p in params]
-    finally:  # put the parameters back: their storage may be shared beyond this Setup (a module-level backbone)
-        with torch.no_grad():
-            for p, s in zip(params, start):
-                p.copy_(s)
-                p.grad = None
-        opt.state.clear()
-    ours = _culprit.reference_update(args, start, decays, grads)
-    for name, a, b in zip(names, theirs, ours):
+    theirs, state = _probe(opt, model, grads)
+    args = _mapped_args(opt, model, first)
+    if args is not None:
+        start = [p.detach().clone() for p in params]
+        which = args[args.index("--weight-decay-params") + 1]
+        ours = _culprit.reference_update(args, start, _decays(model, which), grads)
+        if all(torch.equal(a, b) for a, b in zip(theirs, ours)):
+            return args
+    again, _ = _probe(opt, model, grads)
+    for (name, _p), a, b in zip(model.named_parameters(), theirs, again):
         if not torch.equal(a, b):
-            raise SetupError(f"optimizer: {type(opt).__name__}.step() and culprit's update ({' '.join(args)}) "
-                             f"differ at parameter '{name}' in two steps: an option culprit does not map "
-                             "(docs/python.md)")
+            raise SetupError(f"optimizer: two runs of {_class_name(opt)}.step() from the same state and gradients "
+                             f"gave different '{name}': culprit needs a deterministic step (no random numbers or "
+                             "clock of its own)")
+    return ["--optimizer", "script", "--script-optimizer", _class_name(opt), "--optimizer-state", state,
+            "--lr", repr(float(opt.param_groups[0]["lr"]))]
+
+
+class _ScriptOptimizer:
+    """The script's optimizer object as culprit's C++ steps it (--optimizer script): built over the
+    model's parameters (views of culprit's flat buffer), its groups' learning rates set per step,
+    its per-parameter state as named tensors (ints and floats as 0-dim int64 and float64 tensors,
+    put back as numbers) for culprit's checkpoints."""
+
+    def __init__(self, setup, state):
+        self.params = list(setup.model.parameters())
+        self.opt = _made_optimizer(setup, self.params)
+        self.kinds = dict(item.split(":", 1) for item in state.split(",") if item)
+        self._groups = self.opt.param_groups
+        index = {id(p): i for i, p in enumerate(self.params)}
+        self._group_of = [0] * len(self.params)
+        for gi, group in enumerate(self._groups):
+            for p in group["params"]:
+                self._group_of[index[id(p)]] = gi
+
+    def groups(self):
+        return len(self._groups)
+
+    def group_of(self):
+        return self._group_of
+
+    def base_lrs(self):
+        return [float(g["lr"]) for g in self._groups]
+
+    def set_lrs(self, lrs):
+        for g, lr in zip(self._groups, lrs):
+            g["lr"] = lr
+
+    def step(self):
+        with torch.no_grad():
+            self.opt.step()
+
+    def state(self, i):
+        out = []
+        for name, v in _state_of(self.opt, self.params[i]).items():
+            kind = self.kinds.get(name)
+            if kind is None:
+                raise SetupError(f"optimizer: {_class_name(self.opt)} keeps state '{name}' that its first two steps "
+                                 "did not (culprit's checkpoints hold the state the start check found)")
+            if kind == "tensor":
+                out.append((name, v))
+            else:
+                out.append((name, torch.tensor(v, dtype=torch.int64 if kind == "int" else torch.float64)))
+        return out
+
+    def clear(self):
+        for o in _leaf_optimizers(self.opt):
+            o.state.clear()
+
+    def load(self, i, state):
+        p = self.params[i]
+        kinds = self.kinds
+        _owner(self.opt, p).state[p] = {
+            name: t if kinds[name] == "tensor" else (int(t.item()) if kinds[name] == "int" else float(t.item()))
+            for name, t in state}
+
+
+def _schedule(setup, per_group):
+    """The Setup's learning-rate schedule (None: culprit's --lr-schedule)."""
+    if setup.scheduler is None and setup.lr_schedule is None:
+        return None
+    return _Schedule(setup, per_group)
+
+
+class _Schedule:
+    """Each parameter group's learning rate per step, from the script's scheduler or lr_schedule,
+    computed ahead on an optimizer of its own (the one culprit steps is not touched): lrs(s) for
+    step s >= 1 is what a training loop's optimizer would hold at its s-th step(). per_group: every
+    group's rate (the script's optimizer); else one rate, the same for every group (culprit's own
+    update schedules one)."""
+
+    def __init__(self, setup, per_group):
+        self.per_group = per_group
+        self.fn = setup.lr_schedule
+        self.opt = _made_optimizer(setup, list(setup.model.parameters()))
+        self.groups = self.opt.param_groups
+        self.sched = None
+        if setup.scheduler is not None:
+            self.sched = setup.scheduler(self.opt)
+            if isinstance(self.sched, torch.optim.lr_scheduler.ReduceLROnPlateau):
+                raise SetupError("scheduler: ReduceLROnPlateau decides from the loss as training goes: culprit needs a "
+                                 "schedule of the step alone (lr_schedule=, or another scheduler)")
+            if not callable(getattr(self.sched, "step", None)):
+                raise SetupError(f"scheduler: the factory returned {type(self.sched).__name__}, not a "
+                                 "torch.optim.lr_scheduler over the optimizer it was given")
+        self.fixed = [self._rest(g) for g in self.groups]
+        self.table = []
+
+    @staticmethod
+    def _rest(group):
+        return {k: v for k, v in group.items() if k not in ("params", "lr", "initial_lr")}
+
+    def lrs(self, step):
+        while len(self.table) < step:
+            self.table.append(self._next(len(self.table)))
+        return self.table[max(step, 1) - 1]
+
+    def _next(self, it):
+        n = len(self.groups)
+        if self.fn is not None:
+            v = self.fn(it)
+            lrs = [float(x) for x in v] if isinstance(v, (list, tuple)) else [float(v)] * n
+            if len(lrs) != n:
+                raise SetupError(f"lr_schedule({it}) gave {len(lrs)} learning rates for {n} parameter groups")
+        else:
+            if it > 0:
+                with warnings.catch_warnings():  # "scheduler.step() before optimizer.step()": no optimizer steps here
+                    warnings.simplefilter("ignore")
+                    self.sched.step()
+            lrs = [float(g["lr"]) for g in self.groups]
+            for g, fixed in zip(self.groups, self.fixed):
+                moved = [k for k in fixed if self._rest(g).get(k) != fixed[k]]
+                if moved:
+                    raise SetupError(f"scheduler: {type(self.sched).__name__} changes '{moved[0]}' as well: culprit "
+                                     "schedules the learning rate alone (cycle_momentum=False, or lr_schedule=)")
+        if not all(math.isfinite(v) and v >= 0 for v in lrs):
+            raise SetupError(f"the schedule gives update {it} the learning rates {lrs}: each must be finite and >= 0")
+        if self.per_group:
+            return lrs
+        if len(set(lrs)) > 1:
+            raise SetupError(f"the schedule gives the parameter groups different learning rates at step {it + 1} "
+                             f"({lrs}), but the run updates with culprit's own optimizer, which schedules one")
+        return lrs[:1]
 
 
 def _script_of(build):
@@ -257,6 +518,18 @@ def _script_of(build):
 
 def _given(args, option):
     return any(a == option or a.startswith(option + "=") for a in args)
+
+
+def _option_int(args, option, default):
+    """The integer value of an option on the command line (culprit's parser checks it later)."""
+    for i, a in enumerate(args):
+        v = args[i + 1] if a == option and i + 1 < len(args) else a[len(option) + 1:] if a.startswith(option + "=") else None
+        if v is not None:
+            try:
+                return int(v)
+            except ValueError:
+                return default
+    return default
 
 
 def _error(msg):
@@ -290,7 +563,12 @@ def main(build, argv=None):
             script = _script_of(build)
             args += ["--model", "python:" + script, "--data", "python",
                      "--script-fingerprint", _culprit.script_fingerprint(script.rsplit(":", 1)[0])]
-            args += _optimizer_args(_checked_setup(_call_build(build)))
+            setup = _checked_setup(_call_build(build))
+            scheduled = [o for o in ("--lr-schedule", "--warmup-steps", "--min-lr") if _given(args, o)]
+            if scheduled and (setup.scheduler is not None or setup.lr_schedule is not None):
+                raise SetupError(f"option '{scheduled[0]}' is culprit's schedule, but the Setup brings its own "
+                                 "(scheduler= or lr_schedule=): give one of them")
+            args += _optimizer_args(setup, _option_int(args, "--steps", 2))
     except SetupError as e:
         return _error(str(e))
     except Exception as e:  # the user's setup function or optimizer factory: one line, not a traceback

@@ -4,13 +4,18 @@
 #include <torch/csrc/autograd/python_variable.h>
 
 #include "py_call.h"
+#include "py_optim.h"
 
 namespace culprit::python {
 
-PyModel::PyModel(py::object module, py::object loss, std::vector<std::string> layers,
-                 std::vector<std::string> embeddings)
-    : module_(std::move(module)),
+PyModel::PyModel(py::object setup, py::object schedule, py::object module, py::object call, py::object loss, bool mean,
+                 std::vector<std::string> layers, std::vector<std::string> embeddings)
+    : setup_(std::move(setup)),
+      schedule_(std::move(schedule)),
+      module_(std::move(module)),
+      call_(std::move(call)),
       loss_(std::move(loss)),
+      mean_(mean),
       layers_(std::move(layers)),
       embeddings_(std::move(embeddings)) {
   try {
@@ -24,7 +29,7 @@ PyModel::PyModel(py::object module, py::object loss, std::vector<std::string> la
 PyModel::~PyModel() {
   py::gil_scoped_acquire gil;
   remove_hooks();
-  module_ = loss_ = py::object();
+  setup_ = schedule_ = module_ = call_ = loss_ = py::object();
 }
 
 void PyModel::remove_hooks() {
@@ -68,12 +73,21 @@ at::Tensor PyModel::forward(const at::Tensor& x) {
   });
 }
 
-at::Tensor PyModel::summed_loss(const at::Tensor& out, const at::Tensor& y) {
-  return call_python("the loss function", [&] {
-    py::object l = loss_(out, y);
+// The forward pass and the loss of its output, whatever the output is (a tensor, a tuple, a dict, a
+// ModelOutput): the loss function takes it whole, so no tensor of it has to be named to culprit.
+at::Tensor PyModel::own_loss(const at::Tensor& x, const at::Tensor& y) {
+  return call_python("the model's forward", [&] {
+    py::object out = call_.is_none() ? module_(x) : call_(module_, x, y);
+    py::object l;
+    try {
+      l = loss_(out, y);
+    } catch (py::error_already_set& e) {
+      throw PythonError("the loss function raised " + exception_text(e));
+    }
     const bool tensor = THPVariable_Check(l.ptr());
     if (!tensor || l.cast<at::Tensor>().dim() != 0)
-      throw PythonError("the loss function must return a 0-dim tensor (the summed loss of the samples), not " +
+      throw PythonError(std::string("the loss function must return a 0-dim tensor (the ") +
+                        (mean_ ? "mean" : "summed") + " loss of the samples), not " +
                         py::str(py::type::of(l)).cast<std::string>() +
                         (tensor ? " of shape " + py::str(l.attr("shape")).cast<std::string>() : ""));
     return l.cast<at::Tensor>();
@@ -100,25 +114,42 @@ void PyModel::set_training(bool on) {
 
 namespace {
 // Sample 0 of the data as a batch of one: the forward pass that finds the layers' call order.
-Status first_sample(const harness::Dataset& d, at::Tensor* x) {
+Status first_sample(const harness::Dataset& d, at::Tensor* x, at::Tensor* y) {
   std::vector<unsigned char> xb(d.x_bytes()), yb(d.y_bytes());
   const std::int64_t i = 0;
   CULPRIT_RETURN_IF_ERROR(d.reader->read(&i, 1, xb.data(), yb.data()));
-  std::vector<std::int64_t> shape{1};
-  shape.insert(shape.end(), d.x_shape.begin(), d.x_shape.end());
-  const auto dtype = d.x_dtype == DType::kInt64 ? at::kLong : at::kFloat;
-  *x = at::from_blob(xb.data(), shape, at::TensorOptions().dtype(dtype)).clone();
+  const auto batch_of_one = [](std::vector<unsigned char>& b, const std::vector<std::int64_t>& sample, DType t) {
+    std::vector<std::int64_t> shape{1};
+    shape.insert(shape.end(), sample.begin(), sample.end());
+    const auto dtype = t == DType::kInt64 ? at::kLong : at::kFloat;
+    return at::from_blob(b.data(), shape, at::TensorOptions().dtype(dtype)).clone();
+  };
+  *x = batch_of_one(xb, d.x_shape, d.x_dtype);
+  *y = batch_of_one(yb, d.y_shape, d.y_dtype);
   return Status::OK();
 }
 }  // namespace
 
-Status make_python_model(const py::object& setup, const harness::Dataset& d, std::unique_ptr<harness::Model>* out) {
-  at::Tensor x;
-  CULPRIT_RETURN_IF_ERROR(first_sample(d, &x));
+std::unique_ptr<harness::ScriptOptimizer> PyModel::make_optimizer(const std::string& state) {
+  return make_script_optimizer(setup_, state);
+}
+
+std::vector<double> PyModel::learning_rates(std::int64_t step) {
+  if (schedule_.is_none()) return {};
+  return call_python("the learning-rate schedule",
+                     [&] { return schedule_.attr("lrs")(step).cast<std::vector<double>>(); });
+}
+
+Status make_python_model(const py::object& setup, const harness::Dataset& d, bool script_optimizer,
+                         std::unique_ptr<harness::Model>* out) {
+  at::Tensor x, y;
+  CULPRIT_RETURN_IF_ERROR(first_sample(d, &x, &y));
   try {
     call_python("the model", [&] {
-      auto facts = setup_module().attr("_model_facts")(setup, x).cast<py::tuple>();
-      *out = std::make_unique<PyModel>(setup.attr("model"), setup.attr("loss"),
+      auto facts = setup_module().attr("_model_facts")(setup, x, y).cast<py::tuple>();
+      py::object schedule = setup_module().attr("_schedule")(setup, script_optimizer);
+      *out = std::make_unique<PyModel>(setup, schedule, setup.attr("model"), setup.attr("forward"), setup.attr("loss"),
+                                       setup.attr("reduction").cast<std::string>() == "mean",
                                        facts[0].cast<std::vector<std::string>>(),
                                        facts[1].cast<std::vector<std::string>>());
     });

@@ -106,7 +106,7 @@ void register_setup(py::object build) {
   s.make_model = [r](const harness::TrainConfig& cfg, const harness::Dataset& d, std::unique_ptr<harness::Model>* out) {
     Held setup;
     CULPRIT_RETURN_IF_ERROR(fresh_setup(r.get(), cfg, &setup));
-    return make_python_model(setup.o, d, out);
+    return make_python_model(setup.o, d, cfg.optim.kind == harness::OptimizerKind::kScript, out);
   };
   // culprit export: the checkpoint's tensors copied into a fresh Setup's model, and its state_dict()
   // (culprit/_setup.py's _state_dict): the names the user's load_state_dict(strict=True) expects.

@@ -205,13 +205,41 @@ Status load_run(const std::string& run_dir, const Comm& comm, RunRecord* out) {
   return agree(comm, trace::read_run(run_dir, &out->trace, out->cfg.run_id));
 }
 
+namespace {
+
+// The steps a replay from checkpoint `from` recomputes must get the learning rates the run used: a
+// script whose schedule now gives others (edited in a module it imports, or a schedule that reads
+// the clock) would replay another run. Format 6 traces record every group's rates (lrs_fp).
+Status check_schedule(const RunRecord& run, std::int64_t from, harness::Engine& engine) {
+  for (const auto& [key, row] : run.trace.steps) {
+    if (key.first != run.trace.ranks.front() || row.step <= from || row.lrs_fp == 0) continue;
+    std::vector<double> lrs;
+    CULPRIT_RETURN_IF_ERROR(engine.learning_rates(row.step, &lrs));
+    if (fingerprint_bytes(lrs.data(), lrs.size() * sizeof(double)) == row.lrs_fp) continue;
+    char buf[64];
+    std::snprintf(buf, sizeof buf, "%.9g", lrs.empty() ? 0.0 : lrs[0]);
+    char rec[64];
+    std::snprintf(rec, sizeof rec, "%.9g", row.lr);
+    return Status::BadInput("the learning-rate schedule now gives step " + std::to_string(row.step) +
+                            " other rates than the run used (group 0: " + buf + ", recorded " + rec + ", over " +
+                            std::to_string(lrs.size()) + " groups): a replay would not reproduce the run; restore the "
+                            "script's schedule (and the modules it imports) as trained");
+  }
+  return Status::OK();
+}
+
+}  // namespace
+
 Status open_engine_before(const RunRecord& run, const Comm& comm, std::int64_t before, ckpt::Pick pick,
                           bool layer_trace, int rotate, std::unique_ptr<harness::Engine>* engine, std::string* path,
                           std::int64_t at_least) {
   ckpt::Checkpoint start;
   CULPRIT_RETURN_IF_ERROR(ckpt::find_valid(comm, run.cfg.run_dir, before, pick, &start, path, at_least));
-  return harness::Engine::open(run.cfg, comm, start, *path, layer_trace, engine, rotate);
+  CULPRIT_RETURN_IF_ERROR(harness::Engine::open(run.cfg, comm, start, *path, layer_trace, engine, rotate));
+  return agree(comm, check_schedule(run, start.step, **engine));
 }
+
+
 
 std::int64_t first_replayable(const trace::RunTrace& rec) {
   return rec.first_step > 1 ? rec.first_step - 1 : 0;

@@ -129,7 +129,28 @@ def matrices_decayed(params):  # AdamW with weight decay on the weight matrices 
     return torch.optim.AdamW(groups, lr=0.003, betas=(0.9, 0.95))
 
 
+class RandomStep(torch.optim.SGD):  # a step that draws from the global generator: not reproducible
+    @torch.no_grad()
+    def step(self, closure=None):
+        super().step()
+        for g in self.param_groups:
+            for p in g["params"]:
+                p.add_(torch.rand(p.shape), alpha=1e-3)
+
+
+class ListState(torch.optim.SGD):  # state culprit cannot checkpoint
+    @torch.no_grad()
+    def step(self, closure=None):
+        super().step()
+        for g in self.param_groups:
+            for p in g["params"]:
+                self.state[p].setdefault("history", []).append(1)
+
+
 OPTIMIZERS = {
+    "random_step": lambda p: RandomStep(p, lr=0.1),
+    "list_state": lambda p: ListState(p, lr=0.1),
+    # run as the script wrote them (--optimizer script)
     "adam": lambda p: torch.optim.Adam(p, lr=0.01),
     "odd_step": odd_sgd,
     # accepted: culprit's update is checked bitwise against these at start
@@ -148,7 +169,14 @@ def build():
     data = Data(noisy=VARIANT == "noisy_data")
     if VARIANT == "batches":  # the same samples as a function from indices to a batch
         data = culprit.IndexedBatches(len(data.x), lambda idx, d=data: (d.x[idx], d.y[idx]))
-    return culprit.Setup(model=model(), loss=loss, data=data, optimizer=opt)
+    schedules = {"plateau": dict(scheduler=lambda o: torch.optim.lr_scheduler.ReduceLROnPlateau(o)),
+                 "two_schedules": dict(scheduler=lambda o: torch.optim.lr_scheduler.StepLR(o, 2),
+                                       lr_schedule=lambda it: 0.1),
+                 "one_cycle": dict(scheduler=lambda o: torch.optim.lr_scheduler.OneCycleLR(o, 0.1, total_steps=10)),
+                 "sum_declared_mean": dict(reduction="mean")}
+    if VARIANT == "one_cycle":
+        opt = OPTIMIZERS["adam"]
+    return culprit.Setup(model=model(), loss=loss, data=data, optimizer=opt, **schedules.get(VARIANT, {}))
 
 
 if __name__ == "__main__":

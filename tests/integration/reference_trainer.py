@@ -61,7 +61,7 @@ def learning_rate(a, step):
     if a.lr_schedule == "cosine":
         span = float(max(1, a.steps - a.warmup_steps))
         progress = float(step - a.warmup_steps) / span
-        return a.lr * (0.5 * (1.0 + math.cos(math.pi * progress)))
+        return a.min_lr + (a.lr - a.min_lr) * (0.5 * (1.0 + math.cos(math.pi * progress)))
     return a.lr
 
 
@@ -84,8 +84,8 @@ def load_model(a, x_all, y_all):
 
 
 def load_script(a):
-    """The Setup a script's build function returns under torch.manual_seed(--seed): (model, x_all,
-    y_all, loss, optimizer factory)."""
+    """The Setup a script's build function returns under torch.manual_seed(--seed): (setup, x_all,
+    y_all)."""
     import importlib.util
     path, func = a.script.rsplit(":", 1)
     spec = importlib.util.spec_from_file_location("culprit_reference_script", path)
@@ -96,7 +96,7 @@ def load_script(a):
     items = [setup.data[i] for i in range(len(setup.data))]
     x_all = torch.stack([torch.as_tensor(x) for x, _ in items])
     y_all = torch.stack([torch.as_tensor(y) for _, y in items])
-    return setup.model, x_all, y_all, setup.loss, setup.optimizer
+    return setup, x_all, y_all
 
 
 def make_optimizer(a, model, named):
@@ -143,6 +143,7 @@ def parse_args():
     p.add_argument("--betas", default="0.9,0.999")
     p.add_argument("--eps", type=float, default=1e-8)
     p.add_argument("--lr-schedule", default="constant")
+    p.add_argument("--min-lr", type=float, default=0.0)
     p.add_argument("--warmup-steps", type=int, default=0)
     p.add_argument("--save-state", help="torch.save the final state dict here")
     return p.parse_args()
@@ -155,9 +156,10 @@ def main():
     torch.use_deterministic_algorithms(True)
     torch._C._set_graph_executor_optimize(False)
 
-    script_loss = None
+    setup = None
     if a.script:
-        model, x_all, y_all, script_loss, factory = load_script(a)
+        setup, x_all, y_all = load_script(a)
+        model = setup.model
     else:
         with h5py.File(a.data, "r") as f:
             x_all = torch.from_numpy(f["x"][...])
@@ -171,18 +173,29 @@ def main():
     params = [t for _, t in named]
     n, B, M = x_all.shape[0], a.global_batch, a.micro_shards
     per_sample = max(1, y_all[0].numel())
-    opt = factory(params) if a.script else make_optimizer(a, model, named)
+    opt = setup.optimizer(params) if a.script else make_optimizer(a, model, named)
+    base_lrs = [g["lr"] for g in opt.param_groups]
     if a.script:
         a.lr = opt.param_groups[0]["lr"]  # the schedule's base: the script's optimizer's (culprit's --lr)
+    # A script's own schedule, as its training loop would run it: a scheduler stepped after each
+    # optimizer step, or lr_schedule(it) written into every group before it.
+    scheduler = setup.scheduler(opt) if setup is not None and setup.scheduler is not None else None
+    lr_schedule = setup.lr_schedule if setup is not None else None
     steps_per_epoch = n // B
     for s in range(1, a.steps + 1):
         epoch, start = (s - 1) // steps_per_epoch, ((s - 1) % steps_per_epoch) * B
         g = torch.Generator()
         g.manual_seed(a.seed + epoch)
         order = torch.randperm(n, generator=g)
-        lr = learning_rate(a, s)
-        for group in opt.param_groups:
-            group["lr"] = lr
+        if lr_schedule is not None:
+            v = lr_schedule(s - 1)
+            for group, lr in zip(opt.param_groups, v if isinstance(v, (list, tuple)) else [v] * len(base_lrs)):
+                group["lr"] = lr
+        elif scheduler is None:
+            lr = learning_rate(a, s)
+            for group, base in zip(opt.param_groups, base_lrs):
+                group["lr"] = lr if base == a.lr else base * (lr / a.lr)
+        lr = opt.param_groups[0]["lr"]
         leaves = []
         for k in range(M):
             idx = order[start + k * (B // M): start + (k + 1) * (B // M)]
@@ -192,13 +205,17 @@ def main():
                 t.grad = None
             # The forward pass, model and loss, under autocast (bf16); the backward outside it.
             with torch.autocast("cpu", dtype=torch.bfloat16, enabled=a.precision == "bf16"):
-                out = model(x)
-                if script_loss is not None:
-                    loss = script_loss(out, y) / (B * per_sample)
+                if setup is not None:
+                    out = model(x) if setup.forward is None else setup.forward(model, x, y)
+                    own = setup.loss(out, y)
+                    # a mean over the micro-shard: / M, as a gradient-accumulation loop divides it
+                    loss = own / (B / x.shape[0]) if setup.reduction == "mean" else own / (B * per_sample)
                 elif classification:
+                    out = model(x)
                     c = out.shape[-1]
                     loss = F.cross_entropy(out.reshape(-1, c), y.reshape(-1), reduction="sum") / (B * per_sample)
                 else:
+                    out = model(x)
                     loss = F.mse_loss(out, y, reduction="sum") / (B * per_sample)
             loss.backward()
             flat = [t.grad.reshape(-1) if t.grad is not None else torch.zeros(t.numel()) for t in params]
@@ -213,6 +230,8 @@ def main():
             norm = torch.nn.utils.clip_grad_norm_(params, a.clip_grad_norm)
             row["clip_factor"] = float(torch.clamp(a.clip_grad_norm / (norm + 1e-6), max=1.0))
         opt.step()
+        if scheduler is not None:
+            scheduler.step()
         row["fingerprint"] = "%016x" % set_fingerprint(named)
         print(json.dumps(row))
     if a.save_state:

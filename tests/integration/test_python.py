@@ -159,20 +159,28 @@ class Python(TempDirTest):
         check_report(self, html, 3, origin="forward " + layer)
 
     def test_optimizers_culprit_maps_train(self):
-        for variant, kind in (("adamw_groups", "adamw"), ("sgd_nesterov_foreach", "sgd")):
+        for variant, kind in (("adamw_groups", "adamw"), ("sgd_nesterov_foreach", "sgd"), ("adam", "script"),
+                              ("odd_step", "script")):
             with self.subTest(variant=variant):
                 r = self.train_script(variant, 2, script=VARIANTS, env=py_env(CULPRIT_VARIANT=variant), steps=2)
                 with open(os.path.join(r, "run.json")) as f:
                     config = json.load(f)["config"]
                 self.assertIn("optimizer = " + kind, config)
-                self.assertIn("weight-decay-params = " + ("matrices" if kind == "adamw" else "all"), config)
+                if kind != "script":
+                    self.assertIn("weight-decay-params = " + ("matrices" if kind == "adamw" else "all"), config)
+                else:  # the script's own object: its class and state recorded, its step() the update
+                    self.assertIn("script-optimizer = " + ("Adam" if variant == "adam" else "SGD"), config)
 
     def test_contract_breaches_are_refused_on_every_rank(self):
         cases = [("noisy_data", "read twice gave different inputs"),
                  ("batchnorm", "updates state in its forward pass ('1.running_mean'"),
                  ("hidden_rng", "gave different initial parameters"),
-                 ("adam", "torch.optim.SGD or torch.optim.AdamW, not Adam"),
-                 ("odd_step", "differ at parameter '0.weight' in two steps"),
+                 ("random_step", "culprit needs a deterministic step"),
+                 ("list_state", "keeps state 'history' as list"),
+                 ("plateau", "ReduceLROnPlateau decides from the loss"),
+                 ("two_schedules", "give scheduler= (a torch.optim.lr_scheduler) or lr_schedule="),
+                 ("one_cycle", "changes 'betas' as well"),
+                 ("sum_declared_mean", "the loss must be the mean over the samples as the Setup declares"),
                  ("vector_loss", "must return a 0-dim tensor"),
                  ("raises", "RuntimeError: the user's loss is broken"),
                  ("inplace_param", "changes its parameter 'fc.weight' in its forward pass"),

@@ -40,7 +40,8 @@ constexpr std::uint64_t kSliceBytes = 1 << 20;
 // world, its reduced chunk's and optimizer state's fingerprints, every sample's fingerprint; 4: the
 // reduced gradient's fingerprint per parameter; 5: the rank's --shard-optimizer slice (column
 // "shard": lo, hi, its parameters' and optimizer state's fingerprints; zeros when not sharded).
-constexpr std::int64_t kTraceVersion = 5;
+// 6: every optimizer group's learning rate (column "lrs_fp": their fingerprint).
+constexpr std::int64_t kTraceVersion = 6;
 constexpr std::int64_t kShardColumns = 4;
 constexpr std::int64_t kTraceOldestReadable = 2;  // read without row checksums (TraceFile::verified)
 constexpr const char* kTraceDir = "trace";

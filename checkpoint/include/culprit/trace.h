@@ -82,6 +82,10 @@ struct StepRow {
                                          // rank holds it (names the layer a reduction fault hit)
   // Format 5 (none in older files and unsharded runs): this rank's slice.
   std::optional<SliceRecord> shard;
+  // Format 6 (0 in older files): the fingerprint of every optimizer group's learning rate at this
+  // step (fingerprint_bytes of the doubles; `lr` is group 0's): a replay refuses a schedule that
+  // now gives other rates.
+  Fingerprint lrs_fp = 0;
 };
 
 // One micro-shard as computed by one rank.

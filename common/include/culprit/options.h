@@ -189,15 +189,19 @@ Option<C> flag(const char* name, bool C::*member, const char* help, unsigned fla
 }
 
 template <class C>
-Option<C> text(const char* name, std::string C::*member, const char* help, unsigned flags = kNone) {
+Option<C> text(const char* name, Field<C, std::string> f, const char* help, unsigned flags = kNone) {
   Option<C> o{name, help, flags, nullptr, nullptr, nullptr};
-  o.set = [member](C* c, const std::string& t) {
-    c->*member = t;
+  o.set = [f](C* c, const std::string& t) {
+    f(*c) = t;
     return Status::OK();
   };
-  o.get = [member](const C& c) -> std::vector<std::string> { return {c.*member}; };
+  o.get = [f](const C& c) -> std::vector<std::string> { return {f(c)}; };
   o.check = [](const C&) { return Status::OK(); };
   return o;
+}
+template <class C>
+Option<C> text(const char* name, std::string C::*member, const char* help, unsigned flags = kNone) {
+  return text<C>(name, field(member), help, flags);
 }
 
 // Every value given, in order (--inject A --inject B; with kPositional: FILE ...; with kMultitoken:

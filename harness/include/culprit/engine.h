@@ -135,6 +135,9 @@ class Engine {
   virtual Status mark() = 0;
   virtual Status rewind() = 0;
   virtual std::vector<std::string> params() const = 0;
+  // Each optimizer group's learning rate at step s as the schedule gives it now (a Python script's
+  // schedule, re-entered; trace::StepRow::lrs_fp recorded the run's).
+  virtual Status learning_rates(std::int64_t step, std::vector<double>* out) = 0;
   virtual std::vector<std::string> layers() const = 0;
 };
 

@@ -34,8 +34,11 @@ constexpr NameTable<SpikeAction> enum_names(SpikeAction) {
   return {kSpikeActionNames, std::size(kSpikeActionNames), "action"};
 }
 
-enum class OptimizerKind { kSgd, kAdamW };
-inline constexpr NameRow<OptimizerKind> kOptimizerNames[] = {{OptimizerKind::kSgd, "sgd"}, {OptimizerKind::kAdamW, "adamw"}};
+// script: the optimizer object of a Python script (the Python package sets it, docs/python.md),
+// stepped as the script wrote it; sgd and adamw: culprit's own update.
+enum class OptimizerKind { kSgd, kAdamW, kScript };
+inline constexpr NameRow<OptimizerKind> kOptimizerNames[] = {
+    {OptimizerKind::kSgd, "sgd"}, {OptimizerKind::kAdamW, "adamw"}, {OptimizerKind::kScript, "script"}};
 constexpr NameTable<OptimizerKind> enum_names(OptimizerKind) {
   return {kOptimizerNames, std::size(kOptimizerNames), "optimizer"};
 }
@@ -57,10 +60,13 @@ constexpr NameTable<Precision> enum_names(Precision) { return {kPrecisionNames, 
 // --weight-decay-params: which parameters weight decay applies to. matrices: weights of 2 or more
 // dimensions that are not embeddings (biases and norms excluded as nanoGPT and Megatron do, and
 // embeddings too, which both of those decay); all: every parameter, as
-// torch.optim.AdamW(model.parameters()) does; auto: matrices for adamw, all for sgd.
-enum class DecayParams { kAuto, kMatrices, kAll };
-inline constexpr NameRow<DecayParams> kDecayParamsNames[] = {
-    {DecayParams::kAuto, "auto"}, {DecayParams::kMatrices, "matrices"}, {DecayParams::kAll, "all"}};
+// torch.optim.AdamW(model.parameters()) does; ndim2: every parameter of 2 or more dimensions,
+// embeddings included (nanoGPT's configure_optimizers); auto: matrices for adamw, all for sgd.
+enum class DecayParams { kAuto, kMatrices, kAll, kNdim2 };
+inline constexpr NameRow<DecayParams> kDecayParamsNames[] = {{DecayParams::kAuto, "auto"},
+                                                             {DecayParams::kMatrices, "matrices"},
+                                                             {DecayParams::kAll, "all"},
+                                                             {DecayParams::kNdim2, "ndim2"}};
 constexpr NameTable<DecayParams> enum_names(DecayParams) {
   return {kDecayParamsNames, std::size(kDecayParamsNames), "parameter set"};
 }
@@ -142,10 +148,18 @@ struct OptimizerOptions {
   double beta1 = 0.9, beta2 = 0.999;
   double eps = 1e-8;
   LrSchedule schedule = LrSchedule::kConstant;
+  double min_lr = 0;  // the cosine schedule's floor
   std::int64_t warmup_steps = 0;
   DecayParams decay_params = DecayParams::kAuto;
   double clip_grad_norm = 0;  // the reduced gradient's global L2 norm at most this (0: no clipping)
-  // Whether weight decay applies to every parameter (sgd's default) or to the weight matrices only.
+  // --optimizer script: the script optimizer's class, and its per-parameter state as NAME:KIND,...
+  // (KIND tensor, int or float), which its checkpoints hold and a resume must find again.
+  std::string script_optimizer, script_state;
+  // Whether weight decay applies to a parameter of `dims` dimensions (an embedding table or not).
+  bool decays(std::int64_t dims, bool embedding) const {
+    if (decay_params == DecayParams::kNdim2) return dims >= 2;
+    return !decay_matrices_only() || (dims >= 2 && !embedding);
+  }
   bool decay_matrices_only() const {
     return decay_params == DecayParams::kMatrices || (decay_params == DecayParams::kAuto && kind == OptimizerKind::kAdamW);
   }

@@ -10,6 +10,7 @@
 #include "culprit/harness.h"
 #include "culprit/status.h"
 #include "culprit/data.h"
+#include "culprit/script_optimizer.h"
 
 namespace culprit::harness {
 
@@ -43,9 +44,21 @@ class Model {
   virtual std::vector<std::string> embeddings() const { return {}; }
   // False when forward is opaque and layers() is only the model's output (kOutputLayer).
   virtual bool per_layer() const { return true; }
-  // The model's own loss: the sum over the samples of `out` of each sample's loss (undefined: none,
-  // culprit's cross entropy or MSE). The trainer divides it by the global batch's target elements.
-  virtual at::Tensor summed_loss(const at::Tensor& out, const at::Tensor& y) { return {}; }
+  // A model that computes its own loss (a Python model: its forward, whatever it returns, and the
+  // user's loss function of that; forward() is then not called): own_loss is the loss of samples x
+  // with targets y, a 0-dim tensor. Otherwise culprit's cross entropy or MSE of forward(x). The
+  // trainer divides a summed loss by the global batch's target elements, a mean
+  // (own_loss_is_mean()) by the global batch over x's samples.
+  virtual bool owns_loss() const { return false; }
+  virtual at::Tensor own_loss(const at::Tensor& x, const at::Tensor& y) { return {}; }
+  // Whether own_loss is the mean over the samples' target elements, not their sum.
+  virtual bool own_loss_is_mean() const { return false; }
+  // The script's optimizer object over the model's parameters as they are now (--optimizer script:
+  // a Python model's); null: none. state: --optimizer-state.
+  virtual std::unique_ptr<ScriptOptimizer> make_optimizer(const std::string& state) { return nullptr; }
+  // The script's learning-rate schedule: each parameter group's learning rate at step s >= 1 (empty:
+  // culprit's --lr-schedule).
+  virtual std::vector<double> learning_rates(std::int64_t step) { return {}; }
   void set_observer(LayerObserver* o) { observer_ = o; }
 
  protected:

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "culprit/harness.h"
+#include "culprit/script_optimizer.h"
 #include "culprit/status.h"
 
 namespace culprit::harness {
@@ -46,14 +47,25 @@ class OptimizerState {
   OptimizerState(const OptimizerOptions& o, const std::vector<at::Tensor>& params, const std::vector<bool>& decays);
   // The same over slots (decays: per parameter): what this rank holds under --shard-optimizer.
   OptimizerState(const OptimizerOptions& o, std::vector<OptimizerSlot> slots, const std::vector<bool>& decays);
+  // --optimizer script: the script's optimizer object over `params` (its own groups and decay).
+  OptimizerState(const OptimizerOptions& o, const std::vector<at::Tensor>& params, std::unique_ptr<ScriptOptimizer> script);
   // The slot of parameter i on this rank (null: none here).
   const OptimizerSlot* slot(std::size_t i) const;
   const std::vector<OptimizerSlot>& slots() const { return slots_; }
   // Bytes of optimizer state this rank holds.
   std::int64_t state_bytes() const;
 
-  void set_lr(double lr);
-  double lr() const;
+  // The number of learning rates set_lrs takes: the script optimizer's parameter groups; culprit's
+  // own optimizer schedules one for all.
+  std::size_t lr_groups() const;
+  // Each group's learning rate before any schedule (culprit's: --lr).
+  std::vector<double> base_lrs() const;
+  void set_lrs(const std::vector<double>& lrs);
+  void set_lr(double lr) { set_lrs(std::vector<double>(lr_groups(), lr)); }
+  double lr() const;                   // group 0's
+  double lr_of(std::size_t param) const;  // the learning rate parameter i is updated with
+  // Whether culprit knows this update (its float64 and exact re-executions): not the script's.
+  bool known() const { return !script_; }
   // SGD: libtorch's step. AdamW: torch.optim.AdamW's (torch 2.x's Python, what a user's eager
   // AdamW computes on the CPU) over libtorch's AdamW state; libtorch's own C++ AdamW differs from
   // it in one rounding (optim_state.cpp).
@@ -76,8 +88,11 @@ class OptimizerState {
 
  private:
   void build(const std::vector<at::Tensor>& tensors, const std::vector<bool>& decays);
+  int param_of(const at::Tensor& p) const;  // state-dict index of a slot's tensor, -1: none
   const OptimizerOptions& o_;
-  double lr_;
+  std::vector<double> lrs_;
+  std::unique_ptr<ScriptOptimizer> script_;
+  std::vector<std::string> script_names_;  // --optimizer-state's names
   std::vector<OptimizerSlot> slots_;
   std::vector<int> slot_of_;  // per parameter: its slot's index, -1: none
   std::unique_ptr<torch::optim::Optimizer> opt_;
