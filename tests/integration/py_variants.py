@@ -148,6 +148,9 @@ class ListState(torch.optim.SGD):  # state culprit cannot checkpoint
 
 
 OPTIMIZERS = {
+    # two groups with their own rates and momenta, a torch scheduler over them (test_recipe.py)
+    "step_lr": lambda p: torch.optim.SGD([{"params": p[:2], "lr": 0.2, "momentum": 0.5},
+                                          {"params": p[2:], "lr": 0.05}], lr=0.1, momentum=0.9),
     "random_step": lambda p: RandomStep(p, lr=0.1),
     "list_state": lambda p: ListState(p, lr=0.1),
     # run as the script wrote them (--optimizer script)
@@ -173,7 +176,8 @@ def build():
                  "two_schedules": dict(scheduler=lambda o: torch.optim.lr_scheduler.StepLR(o, 2),
                                        lr_schedule=lambda it: 0.1),
                  "one_cycle": dict(scheduler=lambda o: torch.optim.lr_scheduler.OneCycleLR(o, 0.1, total_steps=10)),
-                 "sum_declared_mean": dict(reduction="mean")}
+                 "sum_declared_mean": dict(reduction="mean"),
+                 "step_lr": dict(scheduler=lambda o: torch.optim.lr_scheduler.StepLR(o, step_size=2, gamma=0.5))}
     if VARIANT == "one_cycle":
         opt = OPTIMIZERS["adam"]
     return culprit.Setup(model=model(), loss=loss, data=data, optimizer=opt, **schedules.get(VARIANT, {}))
