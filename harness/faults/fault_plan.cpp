@@ -72,12 +72,18 @@ Status FaultPlan::parse(const std::vector<std::string>& texts, const std::vector
     names_.push_back(p.name);
     sizes_.push_back(p.tensor.numel());
   }
-  // Layer names are the model's layers and its parameters' modules.
+  tied_.assign(names_.size(), {});
+  for (const auto& [other, name] : tied_names_)
+    for (std::size_t i = 0; i < names_.size(); ++i)
+      if (names_[i] == name) tied_[i].push_back(other);
+  // Layer names are the model's layers and its parameters' modules (under every name).
   std::vector<std::string> layers = model_layers;
-  for (const auto& p : params) {
-    const std::string prefix = p.name.substr(0, p.name.rfind('.'));
+  const auto add_module_of = [&layers](const std::string& name) {
+    const std::string prefix = name.substr(0, name.rfind('.'));
     if (std::find(layers.begin(), layers.end(), prefix) == layers.end()) layers.push_back(prefix);
-  }
+  };
+  for (const auto& p : params) add_module_of(p.name);
+  for (const auto& t : tied_names_) add_module_of(t.first);
   for (const auto& text : texts) {
     FaultSpec f;
     CULPRIT_RETURN_IF_ERROR(parse_fault(text, layers, &f));
@@ -137,7 +143,11 @@ int FaultPlan::layer_param(const std::string& layer) const {
 }
 
 bool FaultPlan::in_layer(std::size_t i, const std::string& layer) const {
-  return names_[i].rfind(layer + ".", 0) == 0;
+  if (names_[i].rfind(layer + ".", 0) == 0) return true;
+  if (i >= tied_.size()) return false;
+  for (const auto& other : tied_[i])
+    if (other.rfind(layer + ".", 0) == 0) return true;
+  return false;
 }
 
 double FaultPlan::on_lr(const FireContext& c, double lr, double previous_lr) const {

@@ -48,6 +48,9 @@ class FaultPlan {
   // Parses and validates every --inject SPEC. model_layers: the layers forward calls (forward and
   // backward faults land on their outputs); params: state-dict order, with their flat offsets.
   // A fault on a rank outside the world is refused in training and left out in a replay.
+  // A parameter known by more names than its own (a head tied to the embedding: `tied` pairs
+  // (other name, parameter name)): a layer holding it by another name holds it. Before parse().
+  void set_tied(const std::vector<std::pair<std::string, std::string>>& tied) { tied_names_ = tied; }
   Status parse(const std::vector<std::string>& texts, const std::vector<std::string>& model_layers,
                const std::vector<NamedTensor>& params, const std::vector<std::int64_t>& offsets, int world,
                std::uint64_t seed, StepMode mode);
@@ -108,6 +111,8 @@ class FaultPlan {
 
   std::vector<FaultSpec> specs_;
   std::vector<std::string> names_;              // parameters, state-dict order
+  std::vector<std::vector<std::string>> tied_;  // per parameter: its other names (a tied head's)
+  std::vector<std::pair<std::string, std::string>> tied_names_;
   std::vector<std::int64_t> offsets_, sizes_;  // in the flat buffers
   std::uint64_t seed_ = 0;
   // What the last micro-shard used (stale data and rng faults reuse it).

@@ -123,6 +123,7 @@ Status Trainer::init(StepMode mode) {
       });
   detectors_.configure(cfg_, comm_, flat_.names(), probe());
   const std::vector<std::string> model_layers = model_.layers();
+  faults_.set_tied(model_.tied());
   CULPRIT_RETURN_IF_ERROR(faults_.parse(cfg_.inject, model_layers, flat_.params, flat_.offsets, comm_.size, cfg_.seed, mode));
   // A device's optimizer fault lands on the state it holds: with --shard-optimizer, its slice.
   if (sharded() && mode == StepMode::kTrain)

@@ -174,7 +174,19 @@ def _model_facts(setup, x, y):
         for h in hooks:
             h.remove()
     layers = order + [n for n in leaves if n not in order and n not in other]
-    return layers, sorted(_embedding_names(model))
+    return layers, sorted(_embedding_names(model)), _tied(model)
+
+
+def _tied(model):
+    """(other name, parameter name) of every parameter the model holds under more than one name (a
+    head tied to the embedding: named_parameters() gives it once, the state dict twice)."""
+    first, tied = {}, []
+    for n, p in model.named_parameters(remove_duplicate=False):
+        if id(p) in first:
+            tied.append((n, first[id(p)]))
+        else:
+            first[id(p)] = n
+    return tied
 
 
 def _embedding_names(model):

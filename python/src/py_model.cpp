@@ -9,7 +9,8 @@
 namespace culprit::python {
 
 PyModel::PyModel(py::object setup, py::object schedule, py::object module, py::object call, py::object loss, bool mean,
-                 std::vector<std::string> layers, std::vector<std::string> embeddings)
+                 std::vector<std::string> layers, std::vector<std::string> embeddings,
+                 std::vector<std::pair<std::string, std::string>> tied)
     : setup_(std::move(setup)),
       schedule_(std::move(schedule)),
       module_(std::move(module)),
@@ -17,7 +18,8 @@ PyModel::PyModel(py::object setup, py::object schedule, py::object module, py::o
       loss_(std::move(loss)),
       mean_(mean),
       layers_(std::move(layers)),
-      embeddings_(std::move(embeddings)) {
+      embeddings_(std::move(embeddings)),
+      tied_(std::move(tied)) {
   try {
     hook_layers();
   } catch (...) {
@@ -151,7 +153,8 @@ Status make_python_model(const py::object& setup, const harness::Dataset& d, boo
       *out = std::make_unique<PyModel>(setup, schedule, setup.attr("model"), setup.attr("forward"), setup.attr("loss"),
                                        setup.attr("reduction").cast<std::string>() == "mean",
                                        facts[0].cast<std::vector<std::string>>(),
-                                       facts[1].cast<std::vector<std::string>>());
+                                       facts[1].cast<std::vector<std::string>>(),
+                                       facts[2].cast<std::vector<std::pair<std::string, std::string>>>());
     });
   } catch (const std::exception& e) {
     return Status::BadInput(e.what());

@@ -23,7 +23,8 @@ class PyModel : public harness::Model {
   // culprit._setup._model_facts's (leaf modules in call order; embedding weights).
   // setup: the culprit.Setup (its optimizer factory); schedule: culprit._setup._Schedule or None.
   PyModel(py::object setup, py::object schedule, py::object module, py::object call, py::object loss, bool mean,
-          std::vector<std::string> layers, std::vector<std::string> embeddings);
+          std::vector<std::string> layers, std::vector<std::string> embeddings,
+          std::vector<std::pair<std::string, std::string>> tied);
   ~PyModel() override;
   at::Tensor forward(const at::Tensor& x) override;
   std::vector<harness::NamedTensor> parameters() override;
@@ -31,6 +32,7 @@ class PyModel : public harness::Model {
   void set_training(bool on) override;
   std::vector<std::string> layers() const override { return layers_; }
   std::vector<std::string> embeddings() const override { return embeddings_; }
+  std::vector<std::pair<std::string, std::string>> tied() const override { return tied_; }
   bool owns_loss() const override { return true; }
   at::Tensor own_loss(const at::Tensor& x, const at::Tensor& y) override;
   bool own_loss_is_mean() const override { return mean_; }
@@ -43,6 +45,7 @@ class PyModel : public harness::Model {
   py::object setup_, schedule_, module_, call_, loss_;
   bool mean_;
   std::vector<std::string> layers_, embeddings_;
+  std::vector<std::pair<std::string, std::string>> tied_;
   std::vector<py::object> handles_;  // the hooks' RemovableHandles
 };
 

@@ -100,6 +100,13 @@ class Recipes(TempDirTest):
         proc = subprocess.run([PY, "-c", probe], capture_output=True, text=True, timeout=TIMEOUT, env=py_env())
         self.assertEqual(proc.returncode, 0, proc.stderr)
         self.assertEqual(proc.stdout.split(), ["True", "True"])
+        # A fault injected at the layer that holds the tied weight by its other name (lm_head) lands
+        # on that weight, and the bisection names it by its own name's layer.
+        spec = "step=3,rank=1,layer=lm_head,index=9,phase=param,kind=bitflip,bit=21"
+        bad = self.train(NANOGPT, "tied_fault", 2, clip + ["--trace", "layer", "--on-detect", "warn", "--inject", spec],
+                         steps=4)
+        d = self.bisect(bad, 2, "hardware-transient", env=py_env())
+        self.assertEqual((d["step"], d["phase"], d["layer"], d["rank"]), (3, "param", "transformer.wte", 1), d)
 
     def test_nanochat_muon_adamw_bitwise_resumable_and_bisected(self):
         runs = {w: self.train(NANOCHAT, "chat%d" % w, w, ["--trace", "layer"]) for w in (1, 2, 4)}

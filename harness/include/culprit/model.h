@@ -42,6 +42,9 @@ class Model {
   // The parameters that are embedding tables (weight decay skips them with --weight-decay-params
   // matrices).
   virtual std::vector<std::string> embeddings() const { return {}; }
+  // Parameters known by more names than named_parameters() gives (a head tied to the embedding):
+  // (other name, the parameter's name). The state dict has both.
+  virtual std::vector<std::pair<std::string, std::string>> tied() const { return {}; }
   // False when forward is opaque and layers() is only the model's output (kOutputLayer).
   virtual bool per_layer() const { return true; }
   // A model that computes its own loss (a Python model: its forward, whatever it returns, and the
