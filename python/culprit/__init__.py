@@ -6,6 +6,9 @@ with culprit's fingerprints, trace, checkpoints, detectors, replay and bisection
     def build():                      # module-level: replays re-enter the script and call it again
         return culprit.Setup(model=Net(), loss=summed_loss, data=MyDataset(),
                              optimizer=lambda params: torch.optim.SGD(params, lr=0.1, momentum=0.9))
+        # any output type (the loss gets it whole), a mean loss, your optimizer and schedule as written:
+        # Setup(..., forward=lambda m, x, y: m(x, y), loss=lambda out, y: out[1], reduction="mean",
+        #       optimizer=lambda params: model.configure_optimizers(...), lr_schedule=get_lr)
 
     if __name__ == "__main__":
         raise SystemExit(culprit.main(build))

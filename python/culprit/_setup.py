@@ -315,14 +315,14 @@ def _probe(opt, model, grads):
     return after, ",".join(f"{n}:{k}" for n, k in kinds.items())
 
 
-def _mapped_args(opt, model, first_lrs):
+def _mapped_args(opt, model, uniform):
     """culprit's own options for an SGD or AdamW it implements (what checkpoints, --shard-optimizer
     and the bisection's float64 and exact update checks know), or None where its update is not
     culprit's: another class, a group hyperparameter that differs from the first group's, a weight
     decay over a set of parameters culprit cannot name."""
     groups = opt.param_groups
     g0 = groups[0]
-    if isinstance(opt, Optimizers) or len({float(v) for v in first_lrs}) > 1 or g0.get("maximize", False):
+    if isinstance(opt, Optimizers) or not uniform or g0.get("maximize", False):
         return None
     if type(opt) is torch.optim.SGD:
         if any(g["dampening"] != 0 or g["momentum"] != g0["momentum"] or g["nesterov"] != g0["nesterov"]
@@ -365,16 +365,18 @@ def _optimizer_args(setup, steps=2):
         raise SetupError("the model has no parameters to train")
     wide = [n for n, p in model.named_parameters() if p.dtype != torch.float32]
     if wide:
-        raise SetupError(f"parameter '{wide[0]}' is not float32; culprit trains float32 parameters")
+        raise SetupError(f"parameter '{wide[0]}' is not float32; culprit trains float32 parameters (build the model "
+                         "in float32, e.g. model.float(); --precision bf16 computes the forward pass in bfloat16)")
     opt = _made_optimizer(setup, params)
     schedule = _schedule(setup, True)
     if schedule:  # the run's rates computed once now: a schedule that breaks does so before training
         schedule.lrs(max(2, min(steps, 100000)))
-    first = schedule.lrs(1) if schedule else [g["lr"] for g in opt.param_groups]
+    # One rate for every group at every step: culprit's own update can take the schedule.
+    uniform = all(len(set(v)) == 1 for v in schedule.table) if schedule else True
     g = torch.Generator().manual_seed(0)
     grads = [[torch.randn(p.shape, generator=g) for p in params] for _ in range(2)]
     theirs, state = _probe(opt, model, grads)
-    args = _mapped_args(opt, model, first)
+    args = _mapped_args(opt, model, uniform)
     if args is not None:
         start = [p.detach().clone() for p in params]
         which = args[args.index("--weight-decay-params") + 1]
@@ -514,7 +516,9 @@ class _Schedule:
             return lrs
         if len(set(lrs)) > 1:
             raise SetupError(f"the schedule gives the parameter groups different learning rates at step {it + 1} "
-                             f"({lrs}), but the run updates with culprit's own optimizer, which schedules one")
+                             f"({lrs}), but the run updates with culprit's own optimizer, which schedules one (the "
+                             "start check computes the schedule for --steps: train with the full --steps from the "
+                             "start)")
         return lrs[:1]
 
 
