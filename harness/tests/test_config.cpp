@@ -210,8 +210,9 @@ TEST(Config, EveryRecordedOptionRoundTripsThroughIni) {
   EXPECT_EQ(table.critical(), (std::vector<std::string>{"trace", "global-batch", "micro-shards", "seed", "model", "script-fingerprint", "data",
                                                         "token-dtype", "shuffle", "hidden", "samples", "sample-shape", "classes", "layers", "width",
                                                         "heads", "seq-len", "vocab", "tie-head", "init", "precision", "optimizer",
+                                                        "script-optimizer", "optimizer-state",
                                                         "lr", "momentum", "nesterov", "weight-decay", "weight-decay-params",
-                                                        "clip-grad-norm", "betas", "eps", "lr-schedule", "warmup-steps",
+                                                        "clip-grad-norm", "betas", "eps", "lr-schedule", "min-lr", "warmup-steps",
                                                         "threads"}));
 }
 
@@ -316,7 +317,13 @@ TEST(Config, RecipeOptionsNameTheProblem) {
   EXPECT_EQ(msg({"--clip-grad-norm", "-1"}), "option '--clip-grad-norm' must be a finite number in [0, 1000000000000], got -1");
   EXPECT_EQ(msg({"--precision", "fp8"}), "option '--precision': unknown precision 'fp8' (valid: fp32, bf16)");
   EXPECT_EQ(msg({"--weight-decay-params", "some"}),
-            "option '--weight-decay-params': unknown parameter set 'some' (valid: auto, matrices, all)");
+            "option '--weight-decay-params': unknown parameter set 'some' (valid: auto, matrices, all, ndim2)");
+  EXPECT_EQ(msg({"--min-lr", "0.01"}), "option '--min-lr' is the floor of --lr-schedule cosine: give that schedule too");
+  EXPECT_EQ(msg({"--lr-schedule", "cosine", "--lr", "0.01", "--min-lr", "0.1"}),
+            "option '--min-lr' exceeds --lr: the cosine decays from --lr down to --min-lr");
+  EXPECT_EQ(msg({"--optimizer", "script"}),
+            "option '--optimizer script' is the optimizer object of a Python script: it comes with "
+            "--model python:SCRIPT:FUNCTION (the Python package sets both, docs/python.md)");
   EXPECT_EQ(msg({"--model", "gpt", "--layers", "12", "--width", "96", "--heads", "12", "--seq-len", "64", "--vocab",
                  "500", "--tie-head", "--precision", "bf16", "--clip-grad-norm", "1", "--samples", "64"}),
             "");
@@ -365,4 +372,9 @@ TEST(LearningRate, WarmupThenCosine) {
   EXPECT_DOUBLE_EQ(culprit::harness::learning_rate(c, 2), 1.0);
   EXPECT_NEAR(culprit::harness::learning_rate(c, 6), 0.5, 1e-12);
   EXPECT_NEAR(culprit::harness::learning_rate(c, 10), 0.0, 1e-12);
+  // --min-lr: the cosine's floor (nanoGPT's min_lr), reached at the last step; halfway it is the mean.
+  c.optim.min_lr = 0.1;
+  EXPECT_DOUBLE_EQ(culprit::harness::learning_rate(c, 2), 1.0);
+  EXPECT_NEAR(culprit::harness::learning_rate(c, 6), 0.55, 1e-12);
+  EXPECT_NEAR(culprit::harness::learning_rate(c, 10), 0.1, 1e-12);
 }
