@@ -388,7 +388,9 @@ Status validate(const TrainConfig& c, int world) {
   if (!(o.eps > 0)) return Status::BadInput("option '--eps' must be > 0");
   if (o.min_lr > 0 && o.schedule != LrSchedule::kCosine)
     return Status::BadInput("option '--min-lr' is the floor of --lr-schedule cosine: give that schedule too");
-  if (o.min_lr > o.lr) return Status::BadInput("option '--min-lr' exceeds --lr: the cosine decays from --lr down to --min-lr");
+  if (o.min_lr > o.lr)
+    return Status::BadInput("option '--min-lr' exceeds --lr (a Python run's: its optimizer's first group's rate): the "
+                            "cosine decays from --lr down to --min-lr");
   const bool script = o.kind == OptimizerKind::kScript;
   if (script && c.model.kind != ModelKind::kPython)
     return Status::BadInput("option '--optimizer script' is the optimizer object of a Python script: it comes with "

@@ -320,7 +320,7 @@ TEST(Config, RecipeOptionsNameTheProblem) {
             "option '--weight-decay-params': unknown parameter set 'some' (valid: auto, matrices, all, ndim2)");
   EXPECT_EQ(msg({"--min-lr", "0.01"}), "option '--min-lr' is the floor of --lr-schedule cosine: give that schedule too");
   EXPECT_EQ(msg({"--lr-schedule", "cosine", "--lr", "0.01", "--min-lr", "0.1"}),
-            "option '--min-lr' exceeds --lr: the cosine decays from --lr down to --min-lr");
+            "option '--min-lr' exceeds --lr (a Python run's: its optimizer's first group's rate): the cosine decays from --lr down to --min-lr");
   EXPECT_EQ(msg({"--optimizer", "script"}),
             "option '--optimizer script' is the optimizer object of a Python script: it comes with "
             "--model python:SCRIPT:FUNCTION (the Python package sets both, docs/python.md)");

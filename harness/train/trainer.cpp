@@ -239,7 +239,14 @@ std::vector<double> Trainer::learning_rates(std::int64_t s) {
   }
   const double lr = learning_rate(cfg_, s);
   lrs = opt_->base_lrs();
-  for (double& v : lrs) v = v == cfg_.optim.lr ? lr : v * (lr / cfg_.optim.lr);
+  if (lrs.size() == 1) return {lr};
+  // Another group's rate follows the schedule's multiplier (--lr 1, --min-lr as its share of --lr),
+  // also where group 0's rate is 0.
+  TrainConfig unit = cfg_;
+  unit.optim.lr = 1;
+  unit.optim.min_lr = cfg_.optim.lr > 0 ? cfg_.optim.min_lr / cfg_.optim.lr : 0;
+  const double multiplier = learning_rate(unit, s);
+  for (double& v : lrs) v = v == cfg_.optim.lr ? lr : v * multiplier;
   return lrs;
 }
 
@@ -298,9 +305,9 @@ Fingerprint Trainer::record(double lr, trace::StepRow* row) {
   f.param_fps = row->param_fps;
   if (cfg_.detect.invariants) {
     Stopwatch sw(&f.seconds);
-    std::vector<double> param_lrs;
-    if (!opt_->known())
-      for (std::size_t i = 0; i < flat_.params.size(); ++i) param_lrs.push_back(opt_->lr_of(i));
+    // The script's optimizer: its update is no rate x gradient (Adam's, Muon's), so "a gradient but
+    // no change" would be a guess; the schedule's check stays.
+    const std::vector<double> param_lrs(opt_->known() ? 0 : flat_.params.size(), 0.0);
     detectors_.check_update(f, lr, opt_->lr(), flat_.offsets, flat_.sizes, param_lrs);
   }
   if (cfg_.tracing() || step_.fire.mode == StepMode::kReplay) {

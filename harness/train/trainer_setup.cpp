@@ -92,7 +92,7 @@ Status Trainer::init(StepMode mode) {
     // The script's own optimizer object, built now over the parameters as views of the flat buffer.
     std::unique_ptr<ScriptOptimizer> script;
     CULPRIT_RETURN_IF_ERROR(guarded(StatusCode::kBadInput, "the script's optimizer", [&] {
-      script = model_.make_optimizer(cfg_.optim.script_state);
+      script = model_.make_optimizer(cfg_.optim.script_optimizer, cfg_.optim.script_state);
       return script ? Status::OK()
                     : Status::BadInput("--optimizer script: model " + cfg_.model.text() + " brings no optimizer object");
     }));
@@ -235,7 +235,8 @@ Status Trainer::check_model(StepMode mode) {
   if (mode != StepMode::kTrain || !model_.owns_loss()) return Status::OK();
   // Outside autocast (the check compares forward passes of different batch sizes), once the
   // forward pass is known to change no parameter.
-  const std::int64_t n = std::min<std::int64_t>(data_.n, cfg_.global_batch / cfg_.micro_shards);
+  // At least two samples, whatever a micro-shard holds: the check is of the loss, not of the shard.
+  const std::int64_t n = std::min<std::int64_t>(data_.n, std::max<std::int64_t>(2, cfg_.global_batch / cfg_.micro_shards));
   return guarded(StatusCode::kBadInput, "model " + cfg_.model.text() + ": its loss", [&] {
     const auto [x, y] = first_samples(n);
     return check_own_loss(x.to(device_), y.to(device_));

@@ -21,6 +21,9 @@ void Trainer::update(double lr) {
     Stopwatch sw(&step_.clip_seconds);
     grads = clip(grads);
   }
+  // The script's step() gets gradients of its own, as eager PyTorch's are: one that changes them in
+  // place must not change the reduced gradient the trace and the detectors see.
+  if (!opt_->known() && grads.data_ptr() == static_cast<void*>(reduced_.data())) grads = grads.clone();
   // Each slot is a parameter, or with --shard-optimizer this rank's slice of one.
   for (const auto& s : opt_->slots()) {
     auto t = s.tensor;

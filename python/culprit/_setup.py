@@ -260,9 +260,21 @@ def _class_name(opt):
     return "+".join(type(o).__name__ for o in _leaf_optimizers(opt))
 
 
+# Every optimizer object a factory returned (alive): a second call must build a new one.
+_OPTIMIZERS = weakref.WeakSet()
+
+
 def _made_optimizer(setup, params):
-    """setup.optimizer(params), checked: parameter groups holding every parameter of the model once."""
+    """setup.optimizer(params), checked: a new object, parameter groups holding every parameter of
+    the model once."""
     opt = setup.optimizer(params)
+    if any(o in _OPTIMIZERS for o in _leaf_optimizers(opt)):
+        raise SetupError("optimizer: the factory returned an optimizer object it had returned before: build it in "
+                         "the factory (culprit builds one to step, one for the schedule and one for the start check)")
+    try:
+        _OPTIMIZERS.update(_leaf_optimizers(opt))
+    except TypeError:
+        pass  # an object without weak references: not tracked
     if not all(hasattr(o, a) for o in _leaf_optimizers(opt) for a in ("param_groups", "step", "state")):
         raise SetupError(f"optimizer: the factory returned {type(opt).__name__}, not a torch.optim.Optimizer "
                          "(several: culprit.Optimizers(a, b))")
@@ -281,6 +293,9 @@ def _state_kind(name, v, cls):
         raise SetupError(f"optimizer: {cls} keeps state named {name!r}: culprit checkpoints state whose names are "
                          "letters, digits and _")
     if isinstance(v, torch.Tensor):
+        if v.dtype not in _STATE_DTYPES or type(v) is not torch.Tensor and not isinstance(v, torch.nn.Parameter):
+            raise SetupError(f"optimizer: {cls} keeps state '{name}' as a {v.dtype} {type(v).__name__}: culprit "
+                             "checkpoints float32/64, bfloat16, float16, int64/32, uint8 and bool tensors")
         return "tensor"
     if isinstance(v, bool) or not isinstance(v, (int, float)):
         raise SetupError(f"optimizer: {cls} keeps state '{name}' as {type(v).__name__}: culprit checkpoints "
@@ -288,31 +303,57 @@ def _state_kind(name, v, cls):
     return "int" if isinstance(v, int) else "float"
 
 
+_PROBE_LR = 1e-3  # a group's rate in the start check where the script built it with 0 (a schedule sets it)
+_STATE_DTYPES = (torch.float32, torch.float64, torch.int64, torch.int32, torch.uint8, torch.bfloat16, torch.float16,
+                 torch.bool)
+
+
+def _group_entries(opt):
+    return [{k: v for k, v in g.items() if k not in ("params", "lr", "initial_lr")} for g in opt.param_groups]
+
+
 def _probe(opt, model, grads):
-    """The parameters after opt steps once per entry of grads (seeded random gradients), and the
-    state it keeps as NAME:KIND,...; the parameters and the state are put back afterwards (their
-    storage may be shared beyond this Setup: a module-level backbone)."""
+    """What opt does in one step per entry of grads (seeded random gradients): the parameters and
+    its state after them (to compare), and the state's names and kinds as NAME:KIND,... A group
+    built with rate 0 steps at _PROBE_LR (a step that moves nothing would prove nothing). The
+    parameters, rates and state are put back afterwards (their storage may be shared beyond this
+    Setup: a module-level backbone)."""
     params = list(model.parameters())
     start = [p.detach().clone() for p in params]
+    rates = [g["lr"] for g in opt.param_groups]
+    entries = _group_entries(opt)
     cls = _class_name(opt)
     try:
+        for g in opt.param_groups:
+            g["lr"] = g["lr"] or _PROBE_LR
         for step in grads:
             for p, grad in zip(params, step):
                 p.grad = grad.clone()
             opt.step()
         after = [p.detach().clone() for p in params]
-        kinds = {}
+        kinds, state = {}, []
         for p in params:
             for name, v in _state_of(opt, p).items():
-                kinds.setdefault(name, _state_kind(name, v, cls))
+                kind = _state_kind(name, v, cls)
+                if kinds.setdefault(name, kind) != kind:
+                    raise SetupError(f"optimizer: {cls} keeps state '{name}' as a {kinds[name]} for one parameter and "
+                                     f"a {kind} for another: give them one kind (or different names)")
+                state.append(v.detach().clone() if kind == "tensor" else torch.tensor(v))
+        moved = [k for e, now in zip(entries, _group_entries(opt)) for k in e if now.get(k) != e[k]]
+        if moved:
+            raise SetupError(f"optimizer: {cls}.step() changes its parameter groups' '{moved[0]}': culprit checkpoints "
+                             "the per-parameter state (opt.state[p]) and sets the rates; keep what changes there")
     finally:
         with torch.no_grad():
             for p, s in zip(params, start):
                 p.copy_(s)
                 p.grad = None
+        for g, lr, e in zip(opt.param_groups, rates, entries):
+            g.update(e)
+            g["lr"] = lr
         for o in _leaf_optimizers(opt):
             o.state.clear()
-    return after, ",".join(f"{n}:{k}" for n, k in kinds.items())
+    return after + state, ",".join(f"{n}:{k}" for n, k in kinds.items())
 
 
 def _mapped_args(opt, model, uniform):
@@ -380,14 +421,18 @@ def _optimizer_args(setup, steps=2):
     if args is not None:
         start = [p.detach().clone() for p in params]
         which = args[args.index("--weight-decay-params") + 1]
-        ours = _culprit.reference_update(args, start, _decays(model, which), grads)
+        probed = list(args)
+        probed[probed.index("--lr") + 1] = repr(float(opt.param_groups[0]["lr"] or _PROBE_LR))
+        ours = _culprit.reference_update(probed, start, _decays(model, which), grads)
         if all(torch.equal(a, b) for a, b in zip(theirs, ours)):
             return args
     again, _ = _probe(opt, model, grads)
-    for (name, _p), a, b in zip(model.named_parameters(), theirs, again):
-        if not torch.equal(a, b):
+    names = [n for n, _p in model.named_parameters()]
+    for k, (a, b) in enumerate(zip(theirs, again)):
+        if a.shape != b.shape or not torch.equal(a, b):
+            what = f"parameter '{names[k]}'" if k < len(names) else "optimizer state"
             raise SetupError(f"optimizer: two runs of {_class_name(opt)}.step() from the same state and gradients "
-                             f"gave different '{name}': culprit needs a deterministic step (no random numbers or "
+                             f"gave a different {what}: culprit needs a deterministic step (no random numbers or "
                              "clock of its own)")
     return ["--optimizer", "script", "--script-optimizer", _class_name(opt), "--optimizer-state", state,
             "--lr", repr(float(opt.param_groups[0]["lr"]))]
@@ -399,9 +444,12 @@ class _ScriptOptimizer:
     its per-parameter state as named tensors (ints and floats as 0-dim int64 and float64 tensors,
     put back as numbers) for culprit's checkpoints."""
 
-    def __init__(self, setup, state):
+    def __init__(self, setup, state, recorded_class):
         self.params = list(setup.model.parameters())
         self.opt = _made_optimizer(setup, self.params)
+        if _class_name(self.opt) != recorded_class:
+            raise SetupError(f"optimizer: the setup function now builds {_class_name(self.opt)}, the run was trained "
+                             f"with {recorded_class}: restore the script's optimizer (and the modules it imports)")
         self.kinds = dict(item.split(":", 1) for item in state.split(",") if item)
         self._groups = self.opt.param_groups
         index = {id(p): i for i, p in enumerate(self.params)}
@@ -426,14 +474,21 @@ class _ScriptOptimizer:
     def step(self):
         with torch.no_grad():
             self.opt.step()
+        # Checked here, on the step's thread (state() also runs on the checkpoint writer's).
+        for p in self.params:
+            new = [n for n in _state_of(self.opt, p) if n not in self.kinds]
+            if new:
+                raise SetupError(f"optimizer: {_class_name(self.opt)} keeps state '{new[0]}' that its first two "
+                                 "steps did not (culprit's checkpoints hold the state the start check found): create "
+                                 "every state entry on a parameter's first step")
 
     def state(self, i):
         out = []
-        for name, v in _state_of(self.opt, self.params[i]).items():
-            kind = self.kinds.get(name)
-            if kind is None:
-                raise SetupError(f"optimizer: {_class_name(self.opt)} keeps state '{name}' that its first two steps "
-                                 "did not (culprit's checkpoints hold the state the start check found)")
+        st = _state_of(self.opt, self.params[i])
+        for name, kind in self.kinds.items():  # --optimizer-state's order, after a restore as before
+            if name not in st:
+                continue
+            v = st[name]
             if kind == "tensor":
                 out.append((name, v))
             else:
@@ -473,6 +528,9 @@ class _Schedule:
         self.groups = self.opt.param_groups
         self.sched = None
         if setup.scheduler is not None:
+            if isinstance(self.opt, Optimizers):
+                raise SetupError("scheduler: a torch.optim.lr_scheduler steps one torch.optim.Optimizer, and the "
+                                 "factory gives culprit.Optimizers: give lr_schedule= a list of rates, one per group")
             self.sched = setup.scheduler(self.opt)
             if isinstance(self.sched, torch.optim.lr_scheduler.ReduceLROnPlateau):
                 raise SetupError("scheduler: ReduceLROnPlateau decides from the loss as training goes: culprit needs a "
@@ -584,7 +642,7 @@ def main(build, argv=None):
             if scheduled and (setup.scheduler is not None or setup.lr_schedule is not None):
                 raise SetupError(f"option '{scheduled[0]}' is culprit's schedule, but the Setup brings its own "
                                  "(scheduler= or lr_schedule=): give one of them")
-            args += _optimizer_args(setup, _option_int(args, "--steps", 2))
+            args += _optimizer_args(setup, _option_int(args, "--steps", 20))  # culprit train's default --steps
     except SetupError as e:
         return _error(str(e))
     except Exception as e:  # the user's setup function or optimizer factory: one line, not a traceback

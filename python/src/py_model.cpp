@@ -132,8 +132,8 @@ Status first_sample(const harness::Dataset& d, at::Tensor* x, at::Tensor* y) {
 }
 }  // namespace
 
-std::unique_ptr<harness::ScriptOptimizer> PyModel::make_optimizer(const std::string& state) {
-  return make_script_optimizer(setup_, state);
+std::unique_ptr<harness::ScriptOptimizer> PyModel::make_optimizer(const std::string& cls, const std::string& state) {
+  return make_script_optimizer(setup_, cls, state);
 }
 
 std::vector<double> PyModel::learning_rates(std::int64_t step) {

@@ -36,7 +36,7 @@ class PyModel : public harness::Model {
   bool owns_loss() const override { return true; }
   at::Tensor own_loss(const at::Tensor& x, const at::Tensor& y) override;
   bool own_loss_is_mean() const override { return mean_; }
-  std::unique_ptr<harness::ScriptOptimizer> make_optimizer(const std::string& state) override;
+  std::unique_ptr<harness::ScriptOptimizer> make_optimizer(const std::string& cls, const std::string& state) override;
   std::vector<double> learning_rates(std::int64_t step) override;
 
  private:

@@ -56,9 +56,10 @@ class PyScriptOptimizer : public harness::ScriptOptimizer {
 
 }  // namespace
 
-std::unique_ptr<harness::ScriptOptimizer> make_script_optimizer(const py::object& setup, const std::string& state) {
+std::unique_ptr<harness::ScriptOptimizer> make_script_optimizer(const py::object& setup, const std::string& cls,
+                                                                const std::string& state) {
   return call_python("the setup's optimizer", [&] {
-    return std::make_unique<PyScriptOptimizer>(setup_module().attr("_ScriptOptimizer")(setup, state));
+    return std::make_unique<PyScriptOptimizer>(setup_module().attr("_ScriptOptimizer")(setup, state, cls));
   });
 }
 

@@ -23,8 +23,10 @@ Status reference_update(std::vector<std::string> args, const std::vector<at::Ten
                         std::vector<at::Tensor>* out);
 
 // The optimizer object setup.optimizer(model.parameters()) gives, built now (the model's parameters
-// are views of culprit's flat buffer), as culprit's ScriptOptimizer; state: --optimizer-state.
+// are views of culprit's flat buffer), as culprit's ScriptOptimizer; cls, state: --script-optimizer
+// and --optimizer-state as recorded.
 // Raises PythonError.
-std::unique_ptr<harness::ScriptOptimizer> make_script_optimizer(const pybind11::object& setup, const std::string& state);
+std::unique_ptr<harness::ScriptOptimizer> make_script_optimizer(const pybind11::object& setup, const std::string& cls,
+                                                                const std::string& state);
 
 }  // namespace culprit::python

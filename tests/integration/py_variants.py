@@ -147,7 +147,22 @@ class ListState(torch.optim.SGD):  # state culprit cannot checkpoint
                 self.state[p].setdefault("history", []).append(1)
 
 
+class Counted(torch.optim.Optimizer):  # a user's own optimizer whose state holds Python numbers
+    def __init__(self, params, lr=0.1):
+        super().__init__(params, dict(lr=lr))
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        for g in self.param_groups:
+            for p in g["params"]:
+                st = self.state[p]
+                st["count"] = st.get("count", 0) + 1            # an int
+                st["scale"] = 0.9 * st.get("scale", 1.0) + 0.1  # a float
+                p.add_(p.grad, alpha=-g["lr"] * st["scale"] / st["count"] ** 0.5)
+
+
 OPTIMIZERS = {
+    "number_state": lambda p: Counted(p, lr=0.2),
     # two groups with their own rates and momenta, a torch scheduler over them (test_recipe.py)
     "step_lr": lambda p: torch.optim.SGD([{"params": p[:2], "lr": 0.2, "momentum": 0.5},
                                           {"params": p[2:], "lr": 0.05}], lr=0.1, momentum=0.9),

@@ -193,8 +193,9 @@ def main():
                 group["lr"] = lr
         elif scheduler is None:
             lr = learning_rate(a, s)
+            unit = argparse.Namespace(**dict(vars(a), lr=1.0, min_lr=a.min_lr / a.lr if a.lr > 0 else 0.0))
             for group, base in zip(opt.param_groups, base_lrs):
-                group["lr"] = lr if base == a.lr else base * (lr / a.lr)
+                group["lr"] = lr if base == a.lr else base * learning_rate(unit, s)
         lr = opt.param_groups[0]["lr"]
         leaves = []
         for k in range(M):

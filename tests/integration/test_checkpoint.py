@@ -3,6 +3,7 @@ state in the checkpoint pipeline: harness/tests/test_checkpoint_copy.cpp, throug
 import glob
 import json
 import os
+import struct
 import subprocess
 import sys
 import unittest
@@ -193,10 +194,14 @@ class Trace(TempDirTest):
         for name in ("w1", "w4"):
             for p in sorted(glob.glob(os.path.join(self.path(name), "trace", "rank-*.h5"))):
                 with h5py.File(p, "r") as f:
-                    self.assertEqual(int(f.attrs["format_version"]), 5)
+                    self.assertEqual(int(f.attrs["format_version"]), 6)
                     n = int(f.attrs["steps_committed"])
                     # Format 5's slice column: zeros in a run without --shard-optimizer.
                     self.assertFalse(f["steps"]["shard"][:n].any())
+                    # Format 6's learning rates: fp1 of the step's one group's rate as a float64
+                    # (docs/checkpoint-format.md), computed here from the lr column.
+                    for lr, fp in zip(f["steps"]["lr"][:n], f["steps"]["lrs_fp"][:n]):
+                        self.assertEqual(int(fp), ref.fingerprint_bytes(struct.pack("<d", float(lr))))
                     rows = [tuple(int(x) for x in f["steps"]["reduced_fp"][i]) for i in range(n)]
                     self.assertEqual(len(rows[0]), len(str(f.attrs["params"]).split("\n")) if not isinstance(
                         f.attrs["params"], bytes) else len(f.attrs["params"].decode().split("\n")))

@@ -149,6 +149,39 @@ class Recipes(TempDirTest):
         self.assertEqual(codes, [2, 2], out + err)
         self.assertIn("the learning-rate schedule now gives step 6 other rates than the run used (group 0: 0.05, recorded 0.0375", err)
 
+    def test_an_optimizer_of_numbers_resumes_and_refusals(self):
+        env = py_env(CULPRIT_VARIANT="number_state")
+        whole = self.train(VARIANTS, "numbers", 2, env=env)
+        self.assertIn("optimizer-state = count:int,scale:float", config(whole))
+        # Its int and float state through a checkpoint: resumed at W = 1 from step 4, the same bits.
+        part = self.train(VARIANTS, "numbers_part", 2, env=env, steps=4)
+        codes, out, err = run_each_rank_code(["--run-dir", part, "--resume", "--steps", str(STEPS), "--quiet"], 1,
+                                             self.tmp, cwd=self.tmp, program=[PY, VARIANTS], env=env)
+        self.assertEqual(codes, [0], out + err)
+        self.assertEqual(metrics(part), metrics(whole))
+        # The checkpoint holds them as the optimizer computed them (truth: its recurrence), typed.
+        import h5py
+        with h5py.File(os.path.join(part, "checkpoints", "step-00000004.h5"), "r") as f:
+            for name in ("0.weight", "2.bias"):
+                count, scale = f["optimizer"][name]["count"], f["optimizer"][name]["scale"]
+                self.assertEqual((count.dtype.name, int(count[()])), ("int64", 4))
+                want = 1.0
+                for _ in range(4):
+                    want = 0.9 * want + 0.1
+                self.assertEqual((scale.dtype.name, float(scale[()])), ("float64", want))
+        # Refusals, one line each: --shard-optimizer with the script's own optimizer; a mean loss
+        # declared a sum, also when a micro-shard holds one sample.
+        for variant, extra, said in (
+                ("number_state", ["--shard-optimizer"], "option '--shard-optimizer' needs culprit's own update"),
+                ("mean_loss", ["--global-batch", "4", "--micro-shards", "4"],
+                 "the loss must be the sum over the samples as the Setup declares")):
+            codes, out, err = run_each_rank_code(["--run-dir", self.path("no-" + variant), "--steps", "2"] + extra, 2,
+                                                 self.tmp, cwd=self.tmp, program=[PY, VARIANTS],
+                                                 env=py_env(CULPRIT_VARIANT=variant))
+            self.assertEqual(codes, [2, 2], out + err)
+            self.assertIn(said, err)
+            self.assertEqual(len([l for l in err.splitlines() if l.startswith("culprit: error:")]), 1, err)  # rank 0 says it
+
     def test_a_torch_scheduler_drives_each_group(self):
         env = py_env(CULPRIT_VARIANT="step_lr")
         runs = {w: self.train(VARIANTS, "steplr%d" % w, w, env=env) for w in (1, 2)}

@@ -57,8 +57,11 @@ class Model {
   // Whether own_loss is the mean over the samples' target elements, not their sum.
   virtual bool own_loss_is_mean() const { return false; }
   // The script's optimizer object over the model's parameters as they are now (--optimizer script:
-  // a Python model's); null: none. state: --optimizer-state.
-  virtual std::unique_ptr<ScriptOptimizer> make_optimizer(const std::string& state) { return nullptr; }
+  // a Python model's); null: none. cls, state: --script-optimizer and --optimizer-state, as recorded
+  // (an object of another class is refused).
+  virtual std::unique_ptr<ScriptOptimizer> make_optimizer(const std::string& cls, const std::string& state) {
+    return nullptr;
+  }
   // The script's learning-rate schedule: each parameter group's learning rate at step s >= 1 (empty:
   // culprit's --lr-schedule).
   virtual std::vector<double> learning_rates(std::int64_t step) { return {}; }
