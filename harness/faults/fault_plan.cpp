@@ -150,9 +150,10 @@ bool FaultPlan::in_layer(std::size_t i, const std::string& layer) const {
   return false;
 }
 
-double FaultPlan::on_lr(const FireContext& c, double lr, double previous_lr) const {
+double FaultPlan::on_lr(const FireContext& c, double lr, double previous_lr, bool* stale) const {
   for (const auto& f : specs_) {
     if (!hits(f, Phase::kLr, c, 0, false)) continue;
+    if (stale && f.kind == FaultKind::kStale) *stale = true;
     lr = f.kind == FaultKind::kStale ? previous_lr : corrupt_value(f, static_cast<float>(lr));
   }
   return lr;

@@ -69,7 +69,8 @@ class FaultPlan {
 
   // ---- the hooks, in the order a step calls them ----
   // lr: the learning rate this rank uses (stale: the previous step's schedule value).
-  double on_lr(const FireContext& c, double lr, double previous_lr) const;
+  // *stale (optional): a stale-learning-rate fault fired (the previous step's rates apply).
+  double on_lr(const FireContext& c, double lr, double previous_lr, bool* stale = nullptr) const;
   // data (stale) and rng: the samples and dropout seed micro-shard k uses.
   void on_inputs(const FireContext& c, int k, at::Tensor* samples, std::uint64_t* seed);
   // data: the loaded micro-shard batch.

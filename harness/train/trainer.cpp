@@ -217,10 +217,13 @@ double Trainer::begin_step(std::int64_t s, StepMode mode) {
   // An --inject ...,phase=lr fault changes group 0's rate; the other groups' follow it (a stale one:
   // the previous step's rates).
   const std::vector<double> prev = learning_rates(s - 1);
-  const double lr = lrs.at(0), used = faults_.on_lr(step_.fire, lr, prev.at(0));
-  std::vector<double> set = lrs;
-  if (used != lr)
-    for (std::size_t g = 0; g < set.size(); ++g) set[g] = used == prev[0] ? prev[g] : lr != 0 ? lrs[g] * (used / lr) : used;
+  bool stale = false;
+  const double lr = lrs.at(0), used = faults_.on_lr(step_.fire, lr, prev.at(0), &stale);
+  std::vector<double> set = stale ? prev : lrs;
+  if (!stale && used != lr) {  // group 0 gets the faulty rate itself, the others its ratio
+    for (std::size_t g = 1; g < set.size(); ++g) set[g] = lr != 0 ? lrs[g] * (used / lr) : used;
+    set[0] = used;
+  }
   opt_->set_lrs(set);
   step_.lrs = lrs;
   return lr;
