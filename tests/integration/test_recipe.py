@@ -128,12 +128,20 @@ class Recipes(TempDirTest):
                                              self.tmp, cwd=self.tmp, program=[PY, NANOCHAT], env=py_env())
         self.assertEqual(codes, [0] * 4, out + err)
         self.assertEqual(metrics(part), got[1])
-        # A fault in the update of the optimizer culprit does not know (Muon's matrix), named exactly.
-        spec = "step=5,rank=1,layer=blocks.0.mlp.c_fc,index=7,phase=param,kind=bitflip,bit=20"
-        bad = self.train(NANOCHAT, "bad", 2, ["--trace", "layer", "--on-detect", "warn", "--inject", spec])
-        d = self.bisect(bad, 2, "hardware-transient", env=py_env())
-        self.assertEqual((d["verdict"], d["step"], d["phase"], d["layer"], d["rank"]),
-                         ("hardware-transient", 5, "param", "blocks.0.mlp.c_fc", 1), d)
+        # Faults around the update of the optimizer culprit does not know (Muon's matrices): in a
+        # parameter it wrote, in its momentum, in the reduction it was handed; each named exactly.
+        for name, spec, step, phase, layer, rank in (
+                ("param", "step=5,rank=1,layer=blocks.0.mlp.c_fc,index=7,phase=param,kind=bitflip,bit=20",
+                 5, "param", "blocks.0.mlp.c_fc", 1),
+                ("state", "step=3,rank=0,layer=blocks.1.mlp.c_fc,index=11,phase=optimizer,kind=bitflip,bit=24",
+                 3, "optimizer", "blocks.1.mlp.c_fc", 0),
+                ("comm", "step=4,rank=1,layer=blocks.0.attn.c_v,index=3,phase=comm,kind=bitflip,bit=30",
+                 4, "comm", "blocks.0.attn.c_v", 1)):
+            bad = self.train(NANOCHAT, "bad_" + name, 2, ["--trace", "layer", "--on-detect", "warn", "--inject", spec],
+                             steps=6)
+            d = self.bisect(bad, 2, "hardware-transient", env=py_env())
+            self.assertEqual((d["verdict"], d["step"], d["phase"], d["layer"], d["rank"]),
+                             ("hardware-transient", step, phase, layer, rank), d)
         # And a fault in one of its layers' forward pass.
         spec = "step=3,rank=0,layer=blocks.1.attn.c_q,index=5,phase=forward,kind=bitflip,bit=22"
         bad = self.train(NANOCHAT, "bad_fwd", 2, ["--trace", "layer", "--on-detect", "warn", "--inject", spec])
