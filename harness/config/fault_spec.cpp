@@ -58,7 +58,7 @@ bool takes_stale(Phase p) {
 }
 
 Status check_fault_text(const std::string& text) {
-  static const char* const keys[] = {"step", "rank", "layer", "index", "phase", "kind", "bit", "factor", "seconds", "mode", "p"};
+  static const char* const keys[] = {"step", "rank", "host", "layer", "index", "phase", "kind", "bit", "factor", "seconds", "mode", "p"};
   std::vector<std::string> seen;
   std::size_t at = 0;
   for (;;) {
@@ -71,14 +71,15 @@ Status check_fault_text(const std::string& text) {
     const std::string key = item.substr(0, eq);
     if (std::find(std::begin(keys), std::end(keys), key) == std::end(keys))
       return Status::BadInput("--inject: unknown key '" + key +
-                              "' (valid: step, rank, layer, index, phase, kind, bit, factor, seconds, mode, p)");
+                              "' (valid: step, rank, host, layer, index, phase, kind, bit, factor, seconds, mode, p)");
     if (std::find(seen.begin(), seen.end(), key) != seen.end())
       return Status::BadInput("--inject: key '" + key + "' is given twice in '" + text.substr(0, 200) +
                               (text.size() > 200 ? "..." : "") + "' (each key once)");
     seen.push_back(key);
     const std::string value = item.substr(eq + 1);
     double ignored = 0;
-    if (key != "layer" && key != "phase" && key != "kind" && key != "mode" && !(key == "rank" && value == "all"))
+    if (key != "layer" && key != "phase" && key != "kind" && key != "mode" && key != "host" &&
+        !(key == "rank" && value == "all"))
       CULPRIT_RETURN_IF_ERROR(number(key, value, &ignored));  // its range: parse_fault's
     if (comma == std::string::npos) return Status::OK();
     at = comma + 1;
@@ -102,7 +103,7 @@ Status parse_fault(const std::string& text, const std::vector<std::string>& laye
   *out = FaultSpec();
   CULPRIT_RETURN_IF_ERROR(check_fault_text(text));
   out->text = text;
-  bool have_phase = false, have_layer = false;
+  bool have_phase = false, have_layer = false, have_rank = false;
   std::stringstream ss(text);
   std::string item;
   while (std::getline(ss, item, ',')) {
@@ -110,8 +111,17 @@ Status parse_fault(const std::string& text, const std::vector<std::string>& laye
     if (eq == std::string::npos) return Status::BadInput("--inject: '" + item + "' is not key=value");
     const std::string key = item.substr(0, eq), value = item.substr(eq + 1);
     double v = 0;
+    have_rank = have_rank || key == "rank";
     if (key == "rank" && value == "all") {
       out->rank = -1;
+    } else if (key == "host") {
+      // A plain host name, as gethostname() returns it: the fault belongs to that node's devices.
+      if (value.empty() || value.size() > 255 || !std::isalnum(static_cast<unsigned char>(value[0])) ||
+          value.find_first_not_of("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._-") !=
+              std::string::npos)
+        return Status::BadInput("--inject: host '" + value.substr(0, 64) +
+                                "' is not a plain host name (letters, digits, '.', '_', '-')");
+      out->host = value;
     } else if (key == "step") {
       CULPRIT_RETURN_IF_ERROR(bounded(key, value, 1, static_cast<double>(kMaxSteps), true, &v));
       out->step = static_cast<std::int64_t>(v);
@@ -143,10 +153,12 @@ Status parse_fault(const std::string& text, const std::vector<std::string>& laye
       CULPRIT_RETURN_IF_ERROR(lookup(key, value, &out->mode));
     } else {
       return Status::BadInput("--inject: unknown key '" + key +
-                           "' (valid: step, rank, layer, index, phase, kind, bit, factor, seconds, mode, p)");
+                           "' (valid: step, rank, host, layer, index, phase, kind, bit, factor, seconds, mode, p)");
     }
   }
   if (!have_phase) return Status::BadInput("--inject: '" + text + "' needs phase=");
+  // host= without rank=: every rank on that host (one device a node in the usual layout).
+  if (!out->host.empty() && !have_rank) out->rank = -1;
   if (out->step < 1) return Status::BadInput("--inject: step must be at least 1");
   const Phase ph = out->phase;
   if (out->kind == FaultKind::kStale && !takes_stale(ph))
@@ -170,8 +182,9 @@ Status parse_fault(const std::string& text, const std::vector<std::string>& laye
 }
 
 bool fault_fires(const FaultSpec& s, int rank, std::int64_t step, bool replay, std::uint64_t seed,
-                 std::uint64_t occurrence) {
+                 std::uint64_t occurrence, const std::string& host) {
   if (s.rank >= 0 && rank != s.rank) return false;
+  if (!s.host.empty() && host != s.host) return false;
   switch (s.mode) {
     case FaultMode::kTransient: return !replay && step == s.step;
     case FaultMode::kPersistent: return step >= s.step;

@@ -8,6 +8,8 @@
 #include <cstdio>
 #include <thread>
 
+#include <unistd.h>
+
 #include "culprit/optim_state.h"
 
 namespace culprit::harness {
@@ -67,6 +69,9 @@ Status FaultPlan::parse(const std::vector<std::string>& texts, const std::vector
                         const std::vector<NamedTensor>& params, const std::vector<std::int64_t>& offsets, int world,
                         std::uint64_t seed, StepMode mode) {
   seed_ = seed;
+  char host[256] = {0};
+  ::gethostname(host, sizeof host - 1);
+  host_ = host;
   offsets_ = offsets;
   for (const auto& p : params) {
     names_.push_back(p.name);
@@ -118,7 +123,7 @@ bool FaultPlan::fires(const FaultSpec& f, Phase phase, const FireContext& c, int
   const bool replay = c.mode == StepMode::kReplay;
   const std::uint64_t occ = static_cast<std::uint64_t>(occurrence) +
                             1000003ULL * static_cast<std::uint64_t>(c.attempt + (replay ? 3 + c.round : 0));
-  return fault_fires(f, c.rank, c.step, /*replay=*/c.attempt > 0 || replay, seed_, occ);
+  return fault_fires(f, c.rank, c.step, /*replay=*/c.attempt > 0 || replay, seed_, occ, host_);
 }
 
 void FaultPlan::stall(const FaultSpec& f, const FireContext& c) const {

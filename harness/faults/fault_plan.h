@@ -116,6 +116,9 @@ class FaultPlan {
   std::vector<std::pair<std::string, std::string>> tied_names_;
   std::vector<std::int64_t> offsets_, sizes_;  // in the flat buffers
   std::uint64_t seed_ = 0;
+  // This process's host name: a spec with host= fires only on that node (every rank keeps every
+  // spec, so what the ranks agree on about the plan stays the same everywhere).
+  std::string host_;  // set by parse()
   // What the last micro-shard used (stale data and rng faults reuse it).
   at::Tensor last_samples_;
   std::uint64_t last_seed_ = 0;

@@ -225,6 +225,25 @@ TEST(Inject, FiringByMode) {
   EXPECT_FALSE(h::fault_fires(f, 0, 3, false, 42, 0));  // not before its step
 }
 
+TEST(Inject, HostBoundFault) {
+  h::FaultSpec f;
+  // host= without rank=: every rank on that node, no rank elsewhere.
+  ASSERT_TRUE(h::parse_fault("step=2,host=node2,layer=fc1,phase=grad,mode=persistent", {"fc1"}, &f).ok());
+  EXPECT_EQ(f.host, "node2");
+  EXPECT_EQ(f.rank, -1);
+  EXPECT_TRUE(h::fault_fires(f, 5, 3, false, 0, 0, "node2"));
+  EXPECT_FALSE(h::fault_fires(f, 5, 3, false, 0, 0, "node3"));
+  EXPECT_FALSE(h::fault_fires(f, 5, 3, false, 0, 0, ""));
+  ASSERT_TRUE(h::parse_fault("step=2,rank=1,host=node2,layer=fc1,phase=grad", {"fc1"}, &f).ok());
+  EXPECT_TRUE(h::fault_fires(f, 1, 2, false, 0, 0, "node2"));
+  EXPECT_FALSE(h::fault_fires(f, 0, 2, false, 0, 0, "node2"));  // rank= still narrows it
+  for (const char* bad : {"host=node[1-4]", "host=a,b", "host=-x", "host="}) {
+    const std::string spec = std::string("step=2,phase=data,") + bad;
+    const culprit::Status st = h::parse_fault(spec, {"fc1"}, &f);
+    EXPECT_FALSE(st.ok()) << spec;
+  }
+}
+
 TEST(Inject, CorruptValue) {
   h::FaultSpec f;
   f.kind = h::FaultKind::kBitflip;

@@ -38,6 +38,7 @@ constexpr NameTable<FaultMode> enum_names(FaultMode) { return {kFaultModeNames, 
 struct FaultSpec {
   std::int64_t step = 1;
   int rank = 0;       // -1: every rank (a software bug rather than a device)
+  std::string host;   // only on this host (its gethostname()): a faulty node; "" every host
   std::string layer;  // a module's dotted name (state-dict prefix); data: unused
   std::int64_t index = 0;
   Phase phase = Phase::kForward;
@@ -73,9 +74,10 @@ Status check_fault_texts(const std::vector<std::string>& texts);
 
 // Whether `spec` fires for this computation. `replay` is true when a step is being recomputed
 // (transient faults fire only in the original run). `occurrence` distinguishes repeated executions
-// of the same computation (intermittent faults draw from (seed, step, occurrence)).
+// of the same computation (intermittent faults draw from (seed, step, occurrence)). `host`: the
+// computing process's host name (a spec with host= fires only there).
 bool fault_fires(const FaultSpec& spec, int rank, std::int64_t step, bool replay, std::uint64_t seed,
-                 std::uint64_t occurrence);
+                 std::uint64_t occurrence, const std::string& host = "");
 
 // Applies the fault to one float32 value.
 float corrupt_value(const FaultSpec& spec, float v);
