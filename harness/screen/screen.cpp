@@ -1,3 +1,5 @@
+#include <unistd.h>
+
 #include "culprit/screen.h"
 
 #include <torch/torch.h>
@@ -49,8 +51,11 @@ static_assert(std::size(kKernels) == 3, "the GPU screen and its CPU reference (s
 // repetitions its spec fires (step = a repetition).
 struct ScreenFault {
   int kernel = 0;  // index in kKernels
-  FaultSpec spec;  // kind, element (index), bit or value, rank, step, mode
-  bool fires(int rank, std::int64_t rep) const { return fault_fires(spec, rank, rep, /*replay=*/false, 1, 0); }
+  FaultSpec spec;  // kind, element (index), bit or value, rank or host, step, mode
+  std::string host;  // this process's host name (a spec with host= fires only there)
+  bool fires(int rank, std::int64_t rep) const {
+    return fault_fires(spec, rank, rep, /*replay=*/false, 1, 0, host);
+  }
 };
 
 std::string kernel_names(const char* sep) {
@@ -129,7 +134,9 @@ Status parse_faults(const ScreenOptions& opt, const std::vector<std::string>& te
     if (opt.device == DeviceKind::kCuda && f.kind != FaultKind::kBitflip)
       return Status::BadInput("--inject '" + text + "': the GPU screen injects kind=bitflip only");
     const int kernel = static_cast<int>(std::find(tests.begin(), tests.end(), f.layer) - tests.begin());
-    faults->push_back({kernel, f});
+    char host[256] = {0};
+    ::gethostname(host, sizeof host - 1);
+    faults->push_back({kernel, f, host});
   }
   return Status::OK();
 }
