@@ -89,8 +89,8 @@ struct Context {
   }
   // The first incident names a rank of this world at step s.
   bool incident_names(std::int64_t s) const;
-  // Where rank r ran in the original run (its first micro-shard's record).
-  void placement(int r, std::string* host, std::string* device) const;
+  // Where rank r ran at step `step` (the resumed part of a run may have other hosts).
+  void placement(int r, std::int64_t step, std::string* host, std::string* device) const;
 };
 
 // Where the search stands.

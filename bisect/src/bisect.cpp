@@ -25,7 +25,7 @@ void Context::replay_fault(std::int64_t s, int r, const std::string& what) {
   f.step = s;
   f.rank = r;
   f.what = what;
-  placement(r, &f.host, &f.device);
+  placement(r, s, &f.host, &f.device);
   d->replay_faults.push_back(f);
 }
 
@@ -44,13 +44,21 @@ bool Context::incident_names(std::int64_t s) const {
   return first && first->step == s && first->rank >= 0 && first->rank < W;
 }
 
-void Context::placement(int r, std::string* host, std::string* device) const {
-  for (const auto& [key, row] : run.trace.shards)
-    if (row.rank == r) {
-      *host = row.host;
-      *device = row.device;
-      return;
-    }
+void Context::placement(int r, std::int64_t s, std::string* host, std::string* device) const {
+  // Rank r's host at step s: a run resumed on other nodes (a node excluded, a smaller world) gives
+  // its ranks other hosts from the resumed step on, so the rows of that step say where r ran, not
+  // the run's first rows (which would name a node r left behind: a healthy one excluded). Rows are
+  // ordered by step: the last one of rank r at or before s, else its first after.
+  const trace::ShardRow* at = nullptr;
+  for (const auto& [key, row] : run.trace.shards) {
+    if (row.rank != r) continue;
+    if (key.first > s && at) break;
+    at = &row;
+    if (key.first >= s) break;
+  }
+  if (!at) return;
+  *host = at->host;
+  *device = at->device;
 }
 
 // The engine from a checkpoint after which every step has a record when there is one (a

@@ -361,7 +361,7 @@ void conclude(const Context& ctx, const Finding& f, Verdict v, Diagnosis* d) {
     d->layer = f.layer;
   }
   if (v == Verdict::kData) d->phase = Phase::kData;
-  if (f.blamed >= 0) ctx.placement(f.blamed, &d->host, &d->device);
+  if (f.blamed >= 0) ctx.placement(f.blamed, f.step, &d->host, &d->device);
 }
 
 Status write_html(const Context& ctx, const Diagnosis& d) {

@@ -172,24 +172,31 @@ class MultiNode(TempDirTest):
         same = run(["diff", os.path.join(twin, final), os.path.join(run_dir, final)])
         self.assertEqual(same.code, 0, "the chain's final state is not the clean run's: " + same.out + same.err)
 
-    # ---- d: no spare node ----
-    def test_no_spare_node_continues_on_three_with_the_clean_bits(self):
+    # ---- d: no spare node (and two bad nodes, one after the other) ----
+    def test_no_spare_node_continues_on_fewer_nodes_with_the_clean_bits(self):
         run_dir = self.path("run")
-        first = self.train(run_dir, ["-N4", "--ntasks-per-node=1"], fault("node2", 5))
+        # node2 fails at step 5; in the follow-up on node1,3,4 node4 (rank 3 of the first job, rank 2
+        # now: rank 2 was node3 before) fails at step 7.
+        first = self.train(run_dir, ["-N4", "--ntasks-per-node=1"], fault("node2", 5) + fault("node4", 7))
         self.wait_queue_empty()
         log = self.outputs()
-        (d1, j1), (d2, j2) = self.chain(run_dir)
+        (d1, j1), (d2, j2), (d3, j3) = self.chain(run_dir)
         self.assertEqual(d1["slurm_job_id"], first)
         self.assertEqual((j1["JobState"], j1["ExitCode"], j1["hosts"]), ("FAILED", "21:0", NODES), log)
-        diag = json.load(open(os.path.join(run_dir, "diagnosis.json")))
-        self.assertEqual((diag["verdict"], diag["step"], diag["host"]), ("hardware-persistent", 5, "node2"), diag)
-        self.assertEqual((d1["decision"], d1["host"], d1["exclude"]), ("requeue", "node2", "node2"), d1)
+        self.assertEqual((d1["decision"], d1["host"], d1["exclude"], d1["step"]), ("requeue", "node2", "node2", 5), d1)
         self.assertIn("shrunk from 4 to 3 node(s)", d1["message"])
         self.assertTrue(d1["resume_from"].endswith("step-00000004.h5"), d1)
         self.assertEqual(d2["slurm_job_id"], d1["next_job"])
         self.assertEqual((j2["JobState"], j2["hosts"], j2["NumTasks"], j2["ExcNodeList"]),
-                         ("COMPLETED", ["node1", "node3", "node4"], "3", "node2"), log)
-        self.assertEqual(d2["decision"], "done")
+                         ("FAILED", ["node1", "node3", "node4"], "3", "node2"), log)
+        # The host where the faulty rank ran at step 7, not where that rank number ran at first.
+        diag = json.load(open(os.path.join(run_dir, "diagnosis.json")))
+        self.assertEqual((diag["verdict"], diag["step"], diag["rank"], diag["host"]),
+                         ("hardware-persistent", 7, 2, "node4"), diag)
+        self.assertEqual((d2["decision"], d2["host"], d2["exclude"]), ("requeue", "node4", "node2,node4"), d2)
+        self.assertIn("shrunk from 3 to 2 node(s)", d2["message"])
+        self.assertEqual((j3["JobState"], j3["hosts"], j3["NumTasks"], d3["decision"]),
+                         ("COMPLETED", ["node1", "node3"], "2", "done"), log)
         self.assert_clean_bits(run_dir)
         # Negative control: the same fault left in (detection off) does not end with the clean bits.
         faulty = self.path("faulty")
@@ -254,9 +261,205 @@ class MultiNode(TempDirTest):
 @unittest.skipIf(SKIP or not ALL, "the long multi-node scenarios: CULPRIT_MULTINODE_ALL=1")
 class MultiNodeLong(MultiNode):
     # The default-suite scenarios run once, in MultiNode.
-    test_no_spare_node_continues_on_three_with_the_clean_bits = None
+    test_no_spare_node_continues_on_fewer_nodes_with_the_clean_bits = None
     test_the_floor_stops_a_chain_that_would_shrink_below_it = None
     test_two_jobs_record_at_once_drain_and_a_new_job_avoids_the_drained = None
+
+    def wait_for_output(self, text, timeout=120):
+        end = time.time() + timeout
+        while time.time() < end:
+            if text in self.outputs():
+                return
+            time.sleep(0.1)
+        raise AssertionError("no %r in the jobs' output: %s" % (text, self.outputs()))
+
+    def culprit_pid_on(self, node):
+        """The culprit rank running in node's namespaces."""
+        ns = "%s-%s" % (CLUSTER_ENV["CULPRIT_CLUSTER_NAME"], node)
+        for pid in subprocess.run(["ip", "netns", "pids", ns], capture_output=True, text=True).stdout.split():
+            try:
+                if open("/proc/%s/comm" % pid).read().strip() == "culprit":
+                    return int(pid)
+            except OSError:
+                pass
+        raise AssertionError("no culprit process on " + node)
+
+    def stall(self, host, step=3, seconds=4):
+        """A 4 s stall of host's rank in `step` (within the collective timeout: nothing detects it),
+        during which the scenario strikes; it changes no value."""
+        return ["--collective-timeout", "10", "--inject",
+                "step=%d,host=%s,layer=fc1,phase=forward,kind=hang,seconds=%d" % (step, host, seconds)]
+
+    def assert_lost_node_chain(self, run_dir, lost, first):
+        log = self.outputs()
+        (d1, j1), (d2, j2) = self.chain(run_dir)
+        self.assertEqual((d1["slurm_job_id"], d1["exit_code"], d1["decision"]), (first, 13, "requeue"), log)
+        # The dead (or stopped) node is named, not one of the healthy ones that waited for it.
+        self.assertEqual((d1["host"], d1["exclude"]), (lost, lost), d1)
+        with open(os.path.join(run_dir, "incidents.jsonl")) as f:
+            incident = [j for j in map(json.loads, f) if j["detector"] == "collective-timeout"][-1]
+        self.assertEqual((incident["host"], incident["step"]), (lost, 3), incident)
+        # The newest checkpoint before step 3 that verifies (step 2's, unless the node died before
+        # every rank had committed it).
+        self.assertRegex(d1["resume_from"], r"step-0000000[02]\.h5$", d1)
+        self.assertIn("shrunk from 4 to 3 node(s)", d1["message"])
+        self.assertEqual((d2["decision"], j2["JobState"], len(j2["hosts"])), ("done", "COMPLETED", 3), log)
+        self.assertNotIn(lost, j2["hosts"])
+        self.assert_clean_bits(run_dir)
+
+    # ---- a: a persistent fault with a spare node ----
+    def test_persistent_fault_excluded_the_spare_takes_its_place(self):
+        run_dir = self.path("run")
+        first = self.train(run_dir, ["-N3", "--ntasks-per-node=1"], fault("node2", 5))
+        self.wait_queue_empty()
+        log = self.outputs()
+        (d1, j1), (d2, j2) = self.chain(run_dir)
+        self.assertEqual((d1["slurm_job_id"], j1["hosts"], d1["exit_code"]), (first, NODES[:3], 21), log)
+        self.assertEqual((d1["host"], d1["exclude"]), ("node2", "node2"), d1)
+        self.assertNotIn("shrunk", d1["message"])
+        self.assertEqual((j2["hosts"], j2["NumTasks"], d2["decision"]), (["node1", "node3", "node4"], "3", "done"), log)
+        self.assert_clean_bits(run_dir)
+
+    # ---- b: a node dies mid-step ----
+    def test_a_node_dies_mid_step_and_is_named(self):
+        run_dir = self.path("run")
+        first = self.train(run_dir, ["-N4", "--ntasks-per-node=1"], self.stall("node3"))
+        self.wait_for_output("hangs for")
+        crashed = cluster("crash", "node3")
+        self.assertEqual(crashed.returncode, 0, crashed.stderr)
+        self.wait_queue_empty(timeout=240)  # the follow-up waits until Slurm has node3 down (~40 s)
+        self.assert_lost_node_chain(run_dir, "node3", first)
+
+    # ---- c: a rank stuck ----
+    def test_a_stopped_rank_is_named_within_the_collective_timeout(self):
+        run_dir = self.path("run")
+        first = self.train(run_dir, ["-N4", "--ntasks-per-node=1"], self.stall("node3"))
+        self.wait_for_output("hangs for")
+        pid = self.culprit_pid_on("node3")
+        os.kill(pid, signal.SIGSTOP)
+        t0 = time.time()
+        self.wait_queue_empty()
+        self.assertLess(time.time() - t0, 120)
+        self.assert_lost_node_chain(run_dir, "node3", first)
+
+    # ---- e: transient verdicts ----
+    def test_a_transient_is_retried_on_the_same_nodes_and_a_repeat_excluded(self):
+        run_dir = self.path("run")
+        self.train(run_dir, ["-N4", "--ntasks-per-node=1"], fault("node2", 5, mode="transient"))
+        self.wait_queue_empty()
+        log = self.outputs()
+        (d1, j1), (d2, j2), (d3, j3) = self.chain(run_dir)
+        # The first: kept (the fault did not recur when recomputed); the follow-up on the same nodes.
+        self.assertEqual((d1["exit_code"], d1["decision"], d1["host"], d1["exclude"]),
+                         (20, "requeue", "node2", ""), log)
+        self.assertIn("a first transient verdict on node2", d1["message"])
+        self.assertEqual(j2["hosts"], NODES, log)
+        # node2 fails again: a repeat offender, excluded; the chain shrinks and finishes.
+        self.assertEqual((d2["exit_code"], d2["decision"], d2["host"], d2["exclude"]),
+                         (20, "requeue", "node2", "node2"), log)
+        self.assertIn("a repeat", d2["message"])
+        self.assertEqual((d3["decision"], j3["hosts"]), ("done", ["node1", "node3", "node4"]), log)
+        self.assert_clean_bits(run_dir)
+
+    def test_transient_policy_exclude_excludes_at_once(self):
+        run_dir = self.path("run")
+        self.train(run_dir, ["-N3", "--ntasks-per-node=1"], fault("node2", 5, mode="transient"),
+                   extra={"CULPRIT_TRANSIENT": "exclude"})
+        self.wait_queue_empty()
+        (d1, _), (d2, j2) = self.chain(run_dir)
+        self.assertEqual((d1["exit_code"], d1["exclude"]), (20, "node2"), d1)
+        self.assertEqual((d2["decision"], j2["hosts"]), ("done", ["node1", "node3", "node4"]))
+        self.assert_clean_bits(run_dir)
+
+    # ---- f: two bad nodes, the first the batch host ----
+    def test_two_bad_nodes_one_after_the_other_the_first_the_batch_host(self):
+        run_dir = self.path("run")
+        self.train(run_dir, ["-N4", "--ntasks-per-node=1"], fault("node1", 3) + fault("node3", 6))
+        self.wait_queue_empty()
+        log = self.outputs()
+        (d1, j1), (d2, j2), (d3, j3) = self.chain(run_dir)
+        self.assertEqual(j1["BatchHost"], "node1")
+        self.assertEqual((d1["host"], d1["exclude"], d1["step"]), ("node1", "node1", 3), log)
+        self.assertEqual(j2["hosts"], ["node2", "node3", "node4"], log)
+        self.assertEqual((d2["host"], d2["exclude"], d2["step"]), ("node3", "node1,node3", 6), log)
+        self.assertIn("shrunk from 3 to 2 node(s)", d2["message"])
+        self.assertEqual((d3["decision"], j3["hosts"], j3["NumTasks"]), ("done", ["node2", "node4"], "2"), log)
+        self.assert_clean_bits(run_dir)
+
+    # ---- g: the shared filesystem fails ----
+    def mount_shared(self, name, size):
+        where = os.path.join(self.shared, name)
+        os.makedirs(where, exist_ok=True)
+        subprocess.run(["mount", "-t", "tmpfs", "-o", "size=%s" % size, "tmpfs", where], check=True)
+        self.addCleanup(subprocess.run, ["umount", "-l", where])
+        return where
+
+    def assert_stopped_for_io(self, run_dir, job):
+        log = self.outputs()
+        [(d, j)] = self.chain(run_dir)
+        self.assertEqual((d["slurm_job_id"], j["ExitCode"], d["decision"], d["host"], d["exclude"], d["next_job"]),
+                         (job, "6:0", "stop", "", "", ""), log)
+        self.assertIn("never hardware; nobody excluded", d["message"])
+
+    def test_a_read_only_shared_filesystem_stops_the_chain_nobody_excluded(self):
+        fs = self.mount_shared("ro", "64m")
+        run_dir = os.path.join(fs, "run")
+        job = self.train(run_dir, ["-N3", "--ntasks-per-node=1"], self.stall("node2", step=5))
+        self.wait_for_output("hangs for")
+        subprocess.run(["mount", "-o", "remount,ro", fs], check=True)
+        self.wait_queue_empty()
+        subprocess.run(["mount", "-o", "remount,rw", fs], check=True)
+        self.assert_stopped_for_io(run_dir, job)
+
+    def test_a_full_shared_filesystem_stops_and_the_resubmitted_job_finishes(self):
+        fs = self.mount_shared("full", "64m")
+        run_dir = os.path.join(fs, "run")
+        job = self.train(run_dir, ["-N3", "--ntasks-per-node=1"], self.stall("node2", step=5))
+        self.wait_for_output("hangs for")
+        filler = os.path.join(fs, "filler")
+        subprocess.run(["dd", "if=/dev/zero", "of=" + filler, "bs=1M"], capture_output=True)
+        self.wait_queue_empty()
+        self.assert_stopped_for_io(run_dir, job)
+        # Space freed, the same job again resumes from the newest checkpoint and ends clean.
+        os.unlink(filler)
+        again = self.train(run_dir, ["-N3", "--ntasks-per-node=1"], [])
+        self.wait_queue_empty()
+        self.assertEqual(self.job(again)["JobState"], "COMPLETED", self.outputs())
+        self.assert_clean_bits(run_dir)
+
+    # ---- h: the audit array and the screen across the nodes ----
+    def test_the_audit_array_spreads_over_the_nodes_and_merges(self):
+        run_dir = self.path("audited")
+        res = run(["train"] + SHAPE[:-2] + ["--checkpoint-every", "1", "--on-detect", "warn", "--inject",
+                   "step=6,rank=1,layer=fc2,index=1,phase=forward,kind=bitflip,bit=20"], world=2, run_dir=run_dir)
+        self.assertEqual(res.code, 0, res.err)
+        out = x([os.path.join(JOBS, "submit-audit.sh"), run_dir, "4", "--exclusive", "-o", self.path("job-%j.out")])
+        self.assertEqual(out.returncode, 0, out.stderr)
+        ids = dict(kv.split("=") for kv in out.stdout.split())
+        self.wait_queue_empty()
+        merge = self.job(ids["merge"])
+        self.assertEqual((merge["JobState"], merge["ExitCode"]), ("FAILED", "5:0"), self.outputs())
+        hosts = set()
+        for task in range(4):
+            hosts.update(self.job("%s_%d" % (ids["array"], task))["hosts"])
+        self.assertGreaterEqual(len(hosts), 2, hosts)
+        report = json.load(open(os.path.join(run_dir, "audit.json")))
+        self.assertEqual(report["shares"], 4)
+        self.assertEqual([(i["from"], i["to"]) for i in report["intervals"]], [(s, s + 1) for s in range(8)])
+        bad = [(i["from"], i["to"]) for i in report["intervals"] if i["verdict"] != "reproduced"]
+        self.assertEqual(bad, [(5, 6)], report)  # negative control: the other intervals reproduce
+
+    def test_the_screen_across_the_nodes_names_the_bad_one(self):
+        screen = os.path.join(JOBS, "screen.sbatch")
+        env = {"CULPRIT_SCREEN_SECONDS": "1"}
+        good = self.sbatch(["-N4", "--chdir", self.tmp, screen], env)
+        bad = self.sbatch(["-N4", "--chdir", self.tmp, screen, "--inject",
+                           "host=node3,layer=matmul,step=2,kind=bitflip,bit=2,index=9"], env)
+        self.wait_queue_empty()
+        self.assertEqual(self.job(good)["ExitCode"], "0:0", self.outputs())
+        self.assertEqual(open(self.path("job-%s.out" % good)).read().splitlines()[-1], "--exclude=")
+        self.assertEqual(self.job(bad)["ExitCode"], "10:0", self.outputs())
+        self.assertEqual(open(self.path("job-%s.out" % bad)).read().splitlines()[-1], "--exclude=node3")
 
 
 if __name__ == "__main__":
