@@ -3,6 +3,7 @@
 #include "culprit/ledger.h"
 
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cctype>
@@ -48,6 +49,10 @@ Status check_file(const std::string& db, bool must_exist) {
     if (!parent.empty() && !fs::is_directory(parent, ec))
       return Status::BadInput("the directory of ledger '" + db + "' does not exist: create it first ('culprit ledger "
                               "record' creates the file, not its directory)");
+    // Asked here for the OS's own reason: SQLite, refused, retries read-only and reports that
+    // attempt's ENOENT instead of EROFS or EACCES.
+    if (::access(parent.empty() ? "." : parent.c_str(), W_OK) != 0)
+      return Status::IoError("could not create ledger '" + db + "': " + std::strerror(errno));
     return Status::OK();
   }
   if (S_ISDIR(st.st_mode)) return Status::BadInput("ledger '" + db + "' is a directory: give the ledger's file");

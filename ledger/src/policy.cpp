@@ -85,11 +85,17 @@ std::vector<HostSummary> summarize(const std::vector<Entry>& rows, const Policy&
     decide(policy, &a.s);
     out.push_back(std::move(a.s));
   }
-  // Over the policy first, then the most findings for the policy's sake, the most rows, the latest.
-  std::sort(out.begin(), out.end(), [](const HostSummary& x, const HostSummary& y) {
+  // Over the policy first, then the most findings for the policy's sake, the most findings of any
+  // kind, the latest.
+  const auto total = [](const HostSummary& h) {
+    int n = 0;
+    for (const auto& f : h.findings) n += f.second;
+    return n;
+  };
+  std::sort(out.begin(), out.end(), [&](const HostSummary& x, const HostSummary& y) {
     if (x.drain != y.drain) return x.drain;
     if (x.score != y.score) return x.score > y.score;
-    if (x.rows != y.rows) return x.rows > y.rows;
+    if (total(x) != total(y)) return total(x) > total(y);
     if (x.last != y.last) return x.last > y.last;
     return x.host < y.host;
   });

@@ -77,7 +77,7 @@ Status record(const std::string& db, Entry entry, const Options& options);
 Status read(const std::string& db, const std::string& host, const Options& options, std::vector<Entry>* out);
 
 // The hosts' standing under `policy`, most suspicious first: over the policy first, then by score,
-// rows, latest verdict, name. Pure.
+// findings, latest verdict, name. Pure.
 std::vector<HostSummary> summarize(const std::vector<Entry>& rows, const Policy& policy);
 
 // `culprit ledger record|list|explain|suspects|check`.
