@@ -2,8 +2,8 @@
 # bench/gpu-deps.sh: fetches, as Debian 12 packages, what bench/gpu-check.sh needs on a GPU machine that
 # cannot install packages or reach a mirror, into ./gpu-deps/debs (kept out of git; about 33 MB):
 #   core/     the kernel check's xxhash and GoogleTest sources; for GPU training (bench/gpu-train.sh)
-#             Open MPI, PMIx, parallel HDF5, Boost.Program_options and nlohmann-json, development
-#             files and runtime;
+#             Open MPI, PMIx, parallel HDF5, Boost.Program_options, nlohmann-json and SQLite (the
+#             ledger), development files and runtime;
 #   support/  the shared libraries those link (libevent, hwloc, libfabric, UCX, libcurl, ...), used
 #             there only where the machine has no library of that name.
 # Run it here, then carry gpu-deps/debs along (the device tool: carry ["gpu-deps/debs"]);
@@ -14,7 +14,8 @@ cd "$(dirname "$0")/.."
 core=(libxxhash-dev libxxhash0 googletest nlohmann-json3-dev
       libopenmpi3 libopenmpi-dev openmpi-bin openmpi-common libpmix2
       libhdf5-openmpi-103-1 libhdf5-openmpi-dev
-      libboost-program-options1.74.0 libboost-program-options1.74-dev libboost1.74-dev)
+      libboost-program-options1.74.0 libboost-program-options1.74-dev libboost1.74-dev
+      libsqlite3-0 libsqlite3-dev)
 support=(libevent-core-2.1-7 libevent-pthreads-2.1-7 libhwloc15 libudev1 libfabric1 libucx0 libibverbs1 librdmacm1
          libnl-3-200 libnl-route-3-200 libnuma1 libpsm-infinipath1 libpsm2-2 libmunge2 libatomic1
          libaec0 libsz2 libcurl4 libssl3 libzstd1 libbrotli1 libnghttp2-14 libpsl5 librtmp1 libssh2-1

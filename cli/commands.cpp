@@ -12,6 +12,7 @@
 #include "culprit/data.h"
 #include "culprit/export.h"
 #include "culprit/harness.h"
+#include "culprit/ledger.h"
 #include "culprit/train.h"
 #include "culprit/replay.h"
 #include "culprit/screen.h"
@@ -33,6 +34,7 @@ std::vector<Command> commands() {
   };
   for (auto& t : ckpt::commands()) all.push_back(std::move(t));
   all.push_back(harness::export_command());
+  all.push_back(ledger::ledger_command());
   return all;
 }
 

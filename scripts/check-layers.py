@@ -21,11 +21,12 @@ import re
 import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-LIBRARIES = ["common", "reduce", "checkpoint", "harness/config", "harness/data", "harness/detect", "harness/model",
+LIBRARIES = ["common", "reduce", "checkpoint", "ledger", "harness/config", "harness/data", "harness/detect", "harness/model",
              "harness/optim", "harness/faults", "harness/screen", "harness/export",
              "harness/train", "replay", "bisect", "cli", "python"]
 # Where each library keeps its public headers (include/culprit/).
 PUBLIC_DIRS = {"common": "common/include", "reduce": "reduce/include", "checkpoint": "checkpoint/include",
+               "ledger": "ledger/include",
                "replay": "replay/include", "bisect": "bisect/include", "cli": "cli/include"}
 TORCH_HEADER = re.compile(r'#\s*include\s*<(torch|ATen|c10)/')
 QUOTED = re.compile(r'#\s*include\s*"([^"]+)"')

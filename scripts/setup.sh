@@ -17,6 +17,8 @@ PACKAGES=(
   libhdf5-openmpi-dev hdf5-tools      # parallel HDF5 1.10, h5ls
   libboost-program-options-dev
   libxxhash-dev nlohmann-json3-dev
+  libsqlite3-dev                      # the suspicion ledger (ledger/, docs/ledger.md); sqlite3 to query it
+  sqlite3
   googletest libgtest-dev
   clang libclang-rt-14-dev           # libFuzzer target (tests/fuzz)
   python3-venv python3-dev pybind11-dev  # .venv (torch, tests) and the Python package (docs/python.md)
