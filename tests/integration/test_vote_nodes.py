@@ -18,7 +18,7 @@ BASE = ["--model", "mlp", "--steps", "5", "--global-batch", "16", "--micro-shard
 FAULTS = {
     "clean": [],
     "nan": ["--inject", "step=3,rank=2,layer=fc2,phase=forward,kind=nan"],
-    "comm": ["--inject", "step=3,rank=1,layer=fc2,index=5,phase=comm,kind=bitflip,bit=3"],
+    "comm": ["--inject", "step=3,rank=2,layer=fc2,index=5,phase=comm,kind=bitflip,bit=3"],  # rank 1 owns its chunk,
     "replica": ["--inject", "step=3,rank=3,layer=fc2,index=5,phase=param,kind=bitflip,bit=3"],
     "invariant": ["--inject", "step=3,rank=1,phase=lr,kind=scale,factor=2"],
 }
