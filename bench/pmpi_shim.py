@@ -1,6 +1,14 @@
 """bench/scale.py's PMPI shim: a C library preloaded into every rank (LD_PRELOAD) that counts the
-bytes each collective call contributes and receives, and writes /proc/self/status and smaps_rollup
-before MPI_Finalize and at exit; built here with mpicc, read back with parse_dump."""
+bytes each collective call contributes and receives, by communicator name, and writes
+/proc/self/status and smaps_rollup before MPI_Finalize and at exit; built here with mpicc, read back
+with parse_dump.
+
+The counts are per call, from its arguments, not from the wire: "contributed" is the data the rank
+hands MPI for the others (once), "received" the bytes of other ranks' data that reach its result,
+counted once per source rank — what a flat algorithm moves: Iallgather own / own (n - 1); Iallreduce
+n / n (n - 1); Ireduce n from a non-root, n (n - 1) into the root; Ibcast n from the root, n into the
+others. Open MPI's trees (binomial, recursive doubling) move log2(n) instead of n - 1 to the busiest
+rank: the counts are an upper bound there, exact for the all-gather."""
 import os
 import subprocess
 
@@ -14,18 +22,32 @@ SHIM_C = r'''
 #include <stdlib.h>
 #include <unistd.h>
 #define NKEYS 512
-static struct { const char* fn; long long send, recv, calls; } keys[NKEYS];
+#include <string.h>
+static struct { const char* fn; char comm[MPI_MAX_OBJECT_NAME]; long long send, recv, calls; } keys[NKEYS];
 static int nkeys;
 static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
-static void note(const char* fn, long long send, long long recv) {
+/* The communicator's name (MPI_Comm_set_name; culprit names the vote's), one word; "-" when none. */
+static void comm_name(MPI_Comm c, char* out) {
+  int n = 0;
+  out[0] = 0;
+  PMPI_Comm_get_name(c, out, &n);
+  if (!out[0]) strcpy(out, "-");
+  for (char* p = out; *p; ++p) if (*p == ' ' || *p == '\t') *p = '_';
+}
+static void note_on(const char* fn, MPI_Comm c, long long send, long long recv) {
+  char name[MPI_MAX_OBJECT_NAME];
+  comm_name(c, name);
   pthread_mutex_lock(&mu);
   int i;
   for (i = 0; i < nkeys; ++i)
-    if (keys[i].fn == fn && keys[i].send == send && keys[i].recv == recv) break;
-  if (i == nkeys && nkeys < NKEYS) { keys[i].fn = fn; keys[i].send = send; keys[i].recv = recv; keys[i].calls = 0; ++nkeys; }
+    if (keys[i].fn == fn && keys[i].send == send && keys[i].recv == recv && !strcmp(keys[i].comm, name)) break;
+  if (i == nkeys && nkeys < NKEYS) {
+    keys[i].fn = fn; strcpy(keys[i].comm, name); keys[i].send = send; keys[i].recv = recv; keys[i].calls = 0; ++nkeys;
+  }
   if (i < NKEYS) keys[i].calls++;
   pthread_mutex_unlock(&mu);
 }
+#define note(fn, send, recv) note_on(fn, c, send, recv)
 static long long tsize(MPI_Datatype t) { int s = 0; if (t != MPI_DATATYPE_NULL) PMPI_Type_size(t, &s); return s; }
 static int me(MPI_Comm c) { int r = 0; PMPI_Comm_rank(c, &r); return r; }
 static int nprocs(MPI_Comm c) { int n = 1; PMPI_Comm_size(c, &n); return n; }
@@ -54,12 +76,17 @@ int MPI_Ialltoallv(const void* sb, const int scs[], const int sd[], MPI_Datatype
   return PMPI_Ialltoallv(sb, scs, sd, st, rb, rcs, rd, rt, c, q);
 }
 int MPI_Iallreduce(const void* sb, void* rb, int n, MPI_Datatype t, MPI_Op o, MPI_Comm c, MPI_Request* q) {
-  note("Iallreduce", n * tsize(t), n * tsize(t));
+  note("Iallreduce", n * tsize(t), n * tsize(t) * (nprocs(c) - 1));
   return PMPI_Iallreduce(sb, rb, n, t, o, c, q);
 }
 int MPI_Allreduce(const void* sb, void* rb, int n, MPI_Datatype t, MPI_Op o, MPI_Comm c) {
-  note("Allreduce", n * tsize(t), n * tsize(t));
+  note("Allreduce", n * tsize(t), n * tsize(t) * (nprocs(c) - 1));
   return PMPI_Allreduce(sb, rb, n, t, o, c);
+}
+int MPI_Ireduce(const void* sb, void* rb, int n, MPI_Datatype t, MPI_Op o, int root, MPI_Comm c, MPI_Request* q) {
+  int root_here = me(c) == root;
+  note("Ireduce", root_here ? 0 : n * tsize(t), root_here ? n * tsize(t) * (nprocs(c) - 1) : 0);
+  return PMPI_Ireduce(sb, rb, n, t, o, root, c, q);
 }
 int MPI_Ibcast(void* b, int n, MPI_Datatype t, int root, MPI_Comm c, MPI_Request* q) {
   note("Ibcast", me(c) == root ? n * tsize(t) : 0, me(c) == root ? 0 : n * tsize(t));
@@ -85,7 +112,8 @@ static void dump(const char* when) {
   FILE* out = fopen(path, "w");
   if (!out) return;
   pthread_mutex_lock(&mu);
-  for (int i = 0; i < nkeys; ++i) fprintf(out, "mpi %s %lld %lld %lld\n", keys[i].fn, keys[i].send, keys[i].recv, keys[i].calls);
+  for (int i = 0; i < nkeys; ++i)
+    fprintf(out, "mpi %s %lld %lld %lld %s\n", keys[i].fn, keys[i].send, keys[i].recv, keys[i].calls, keys[i].comm);
   pthread_mutex_unlock(&mu);
   copy(out, "/proc/self/status");
   copy(out, "/proc/self/smaps_rollup");
@@ -108,12 +136,12 @@ def build_shim(work):
 
 
 def parse_dump(path):
-    """A shim dump: {'mpi': {(fn, send, recv): calls}, 'status': {field: kB or text}}."""
+    """A shim dump: {'mpi': {(fn, send, recv, communicator name): calls}, 'status': {field: kB or text}}."""
     out = {"mpi": {}, "status": {}}
     for line in open(path):
         if line.startswith("mpi "):
-            _, fn, s, r, n = line.split()
-            out["mpi"][(fn, int(s), int(r))] = int(n)
+            _, fn, s, r, n, comm = line.split()
+            out["mpi"][(fn, int(s), int(r), comm)] = int(n)
             continue
         if ":" not in line:
             continue

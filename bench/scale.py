@@ -73,7 +73,7 @@ import h5py
 import numpy as np
 
 from pmpi_shim import build_shim, parse_dump
-from scale_tables import tables
+from scale_tables import tables, vote_table
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 CULPRIT = os.environ.get("CULPRIT_BIN", os.path.join(HERE, "..", "build", "culprit"))
@@ -255,32 +255,105 @@ def memory_of(job):
             "ranks_measured": len(rss), "job_mem_drop_mib": job["mem_drop_mib"]}
 
 
+VOTE_COMMS = ("culprit-vote-node", "culprit-vote-leaders")  # the vote's summary (node_topology.cpp names them)
+
+
+def vote_bytes(dump, steps):
+    """One rank's vote per step from its shim dump: the summary's collectives (on the vote's node and
+    leaders communicators) and the all-gather of records (the second round, or every step before)."""
+    mpi = dump["mpi"]
+    summary = [(k, n) for k, n in mpi.items() if k[3] in VOTE_COMMS]
+    gather = [(k, n) for k, n in mpi.items() if k[0] == "Iallgather"]
+    per_step = lambda keys, i: sum(k[i] * n for k, n in keys) / max(1, steps)
+    leader = any(k[3] == "culprit-vote-leaders" or (k[0] == "Ireduce" and k[2] > 0) for k, _ in summary) or not summary
+    return {"leader": leader, "summary_send": per_step(summary, 1), "summary_recv": per_step(summary, 2),
+            "summary_calls": sum(n for _, n in summary),
+            "gather_calls": sum(n for _, n in gather),
+            "gather_send": gather[0][0][1] if gather else 0, "gather_recv": gather[0][0][2] if gather else 0}
+
+
 def collectives(job, steps):
-    """Per-step bytes from the shim (rank 0's dump before finalize): the vote and the reduction. The
-    reduction's totals over the run / steps (a bucketed reduction makes several calls a step)."""
-    d = job["dumps"].get(0, {})
-    d = d.get("finalize", d.get("exit"))
-    if not d:
+    """Per-step bytes from the shim (every rank's dump before finalize): the vote, by role (the node
+    leaders and the other ranks: the busiest of each), and the reduction (rank 0's). The reduction's
+    totals over the run / steps (a bucketed reduction makes several calls a step)."""
+    dumps = {r: d.get("finalize", d.get("exit")) for r, d in job["dumps"].items()}
+    dumps = {r: d for r, d in dumps.items() if d}
+    if 0 not in dumps:
         return {}
-    mpi = d["mpi"]
+    mpi = dumps[0]["mpi"]
     pick = lambda fn: [(k[1], k[2], n) for k, n in mpi.items() if k[0] == fn]
-    vote = pick("Iallgather")
     per_step = lambda keys, i: sum(k[i] * k[2] for k in keys) / max(1, steps)
-    return {
-        "vote_keys": vote,  # [(bytes contributed, bytes received, calls)]: one key, one call per step
-        "vote_send_bytes": vote[0][0] if len(vote) == 1 else None,
-        "vote_recv_bytes": vote[0][1] if len(vote) == 1 else None,
-        "vote_calls": sum(n for _, _, n in vote),
+    votes = {r: vote_bytes(d, steps) for r, d in dumps.items()}
+    out = {
         "reduction_sent_bytes": per_step(pick("Ialltoallv"), 0),
         "reduction_gather_recv_bytes": per_step(pick("Iallgatherv"), 1),
         "reduction_calls": sum(n for _, _, n in pick("Ialltoallv")),
-        "small_collectives": sum(n for k, n in mpi.items() if k[0] in ("Iallreduce", "Allreduce", "Ibcast", "Bcast")),
+        "small_collectives": sum(n for k, n in mpi.items() if k[0] in ("Iallreduce", "Allreduce", "Ibcast", "Bcast")
+                                 and k[3] not in VOTE_COMMS),
+        "vote_ranks": len(votes),
+        "vote_leaders": sum(v["leader"] for v in votes.values()),
+        "vote_gather_calls": votes[0]["gather_calls"],
+        "vote_gather_send_bytes": votes[0]["gather_send"],  # per call, the same on every rank
+        "vote_gather_recv_bytes": votes[0]["gather_recv"],
     }
+    for role, leader in (("leader", True), ("other", False)):
+        vs = [v for v in votes.values() if v["leader"] == leader]
+        for f in ("summary_send", "summary_recv"):
+            out["vote_%s_%s_bytes" % (role, f)] = max(v[f] for v in vs) if vs else None
+    # The old columns: what a rank sends and receives in the vote per step, all collectives together.
+    out["vote_send_bytes"] = max((v["summary_send"] + v["gather_send"] * v["gather_calls"] / max(1, steps))
+                                 for v in votes.values())
+    out["vote_recv_bytes"] = max((v["summary_recv"] + v["gather_recv"] * v["gather_calls"] / max(1, steps))
+                                 for v in votes.values())
+    return out
+
+
+def math_of(run_dir):
+    """The math libraries and thread counts the run recorded (run.json)."""
+    try:
+        j = json.load(open(os.path.join(run_dir, "run.json")))
+    except (OSError, ValueError):
+        return {}
+    return {k: j.get(k) for k in ("blas", "intra_op_threads", "math", "mpi_thread_level", "versions")}
+
+
+def incidents_of(run_dir):
+    """incidents.jsonl without its times: what the decisions were."""
+    path = os.path.join(run_dir, "incidents.jsonl")
+    if not os.path.exists(path):
+        return []
+    return [{k: v for k, v in json.loads(l).items() if k != "time"} for l in open(path) if l.endswith("\n")]
+
+
+def vote_arrangements(work, world, shim):
+    """The faulty run three ways (docs/scale.md 2.1): the vote before the summary (CULPRIT_VOTE_GATHER:
+    one all-gather of records a step), the summary over 4 "nodes" of W/4 ranks (CULPRIT_NODE_SPLIT),
+    and over what MPI_COMM_TYPE_SHARED gives on this machine (one node). Bytes per rank per step by
+    role, and whether the incidents and every step's fingerprint and loss are the same bits."""
+    _, _, inject = faults(world)
+    out = {"world": world}
+    ref = None
+    for name, env in (("before", {"CULPRIT_VOTE_GATHER": "1"}),
+                      ("nodes4", {"CULPRIT_NODE_SPLIT": str(max(1, world // 4))}),
+                      ("shared", {})):
+        run_dir = os.path.join(work, "w%d-%s" % (world, name))
+        shutil.rmtree(run_dir, ignore_errors=True)
+        job = run_ranks(work, "w%d-%s" % (world, name), world, ["train", "--run-dir", run_dir] + MODEL + inject, shim,
+                        env=env)
+        rows = [json.loads(l) for l in open(os.path.join(run_dir, "metrics.jsonl"))]
+        facts = {"incidents": incidents_of(run_dir), "steps": [(r["step"], r["loss"], r["fingerprint"]) for r in rows]}
+        ref = ref or facts
+        out[name] = {"codes": sorted(set(job["codes"].values()), key=str), "collectives": collectives(job, len(rows)),
+                     "steps": len(rows), "same_decisions_and_bits": facts == ref, "math": math_of(run_dir)}
+        if set(job["codes"].values()) != {11}:
+            out[name]["out"] = job["out"]
+    return out
 
 
 def formulas(world, t_params, n_layers, spm, p_params):
     return {
-        "vote_words": 3 + 3 * world + 4 * M + 2 * t_params,
+        "vote_words": 3 + 3 * world + 4 * M + 2 * t_params,  # one record (the second round's all-gather)
+        "summary_words": 3 + 1 + 4 * M + 1 + 2 * 2 * t_params,  # vote_summary.h: flat in W
         "vote_send_bytes": 8 * (3 + 3 * world + 4 * M + 2 * t_params),
         "vote_recv_bytes": 8 * (3 + 3 * world + 4 * M + 2 * t_params) * (world - 1),
         "reduction_bytes": 2 * (world - 1) * 4 * (p_params + 1) / world,
@@ -307,7 +380,7 @@ def one_world(work, world, shim, twin):
     job = run_ranks(work, "w%d-train" % world, world, ["train", "--run-dir", run_dir] + MODEL + inject, shim)
     rows = [json.loads(l) for l in open(os.path.join(run_dir, "metrics.jsonl"))]
     res["train"] = {"codes": sorted(set(job["codes"].values()), key=str), "wall": job["wall"],
-                    "memory": memory_of(job), "collectives": collectives(job, len(rows))}
+                    "memory": memory_of(job), "collectives": collectives(job, len(rows)), "math": math_of(run_dir)}
     if set(job["codes"].values()) != {11}:
         res["train"]["out"] = job["out"]
     mid = [r for r in rows if 2 <= r["step"] < S_DETECTED]
@@ -413,6 +486,8 @@ def main():
     ap.add_argument("--no-twin", action="store_true", help="skip the clean twins (truth from the spec alone)")
     ap.add_argument("--env-variants", type=int, default=0, metavar="W",
                     help="also train at W ranks under each environment variant (memory per rank)")
+    ap.add_argument("--vote-only", action="store_true",
+                    help="only the vote's arrangements (before / 4 nodes / shared) of the faulty run per W")
     ap.add_argument("--mib-per-rank", type=int, default=200,
                     help="refuse a W unless MemAvailable holds W x this + 1 GiB (default 200)")
     a = ap.parse_args()
@@ -435,6 +510,15 @@ def main():
                 print("W=%d skipped: MemAvailable %.0f MiB < %d MiB" % (w, avail, need), flush=True)
                 continue
             t0, load1 = time.time(), os.getloadavg()[0]
+            if a.vote_only:
+                r = vote_arrangements(work, w, shim)
+                r["bench_seconds"] = time.time() - t0
+                results.append(r)
+                same = all(r[n]["same_decisions_and_bits"] and r[n]["codes"] == [11] for n in ("before", "nodes4", "shared"))
+                r["score"] = {"exact": same}
+                print("W=%2d done in %.0f s: %s" % (w, r["bench_seconds"], "same decisions and bits" if same else
+                                                    "DIFFERENT: %s" % json.dumps(r, default=str)[:3000]), flush=True)
+                continue
             r = one_world(work, w, shim, not a.no_twin)
             r["loadavg_1min_before"] = load1
             r["bench_seconds"] = time.time() - t0
@@ -449,7 +533,7 @@ def main():
             print("environment variants, clean training at W=%d:" % a.env_variants, flush=True)
             out["env_variants"] = env_variants(work, a.env_variants, shim)
         print()
-        print(tables(results, load, K, S_DETECTED, S_SILENT))
+        print(vote_table(results) if a.vote_only else tables(results, load, K, S_DETECTED, S_SILENT))
     finally:
         if a.json:
             with open(a.json, "w") as f:

@@ -59,3 +59,30 @@ def tables(results, load, K, S_DETECTED, S_SILENT):
             "all equal (%s) at W = %s" % (fps.pop(), ", ".join(str(r["world"]) for r in results)) if len(fps) == 1
             else "DIFFER: %s" % sorted(fps)))
     return "\n".join(lines)
+
+
+def vote_table(results):
+    """--vote-only: the vote's bytes per rank per step, before (one all-gather of records a step) and
+    after (the summary over 4 nodes of W/4 ranks, and over MPI_COMM_TYPE_SHARED's one node here), by role."""
+    lines = ["vote bytes per rank per step (shim: contributed / received; the summary every step, the all-gather of",
+             "records in the second round only: calls in 10 steps; leaders = node rank 0)"]
+    lines.append("%3s %17s | %5s %17s %17s %7s | %17s %17s %7s | %s" % (
+        "W", "before all ranks", "K x N", "4 nodes: leader", "4 nodes: others", "2nd rd", "shared: leader",
+        "shared: others", "2nd rd", "same decisions & bits"))
+    for r in results:
+        b, n, s = (r[k]["collectives"] for k in ("before", "nodes4", "shared"))
+        pair = lambda c, role: "%d / %d" % (c["vote_%s_summary_send_bytes" % role] or 0,
+                                            c["vote_%s_summary_recv_bytes" % role] or 0) \
+            if c.get("vote_%s_summary_send_bytes" % role) is not None else "-"
+        w = r["world"]
+        lines.append("%3d %17s | %5s %17s %17s %7s | %17s %17s %7s | %s" % (
+            w, "%d / %d" % (b["vote_gather_send_bytes"], b["vote_gather_recv_bytes"]),
+            "%dx%d" % (max(1, w // 4), n["vote_leaders"]), pair(n, "leader"), pair(n, "other"),
+            n["vote_gather_calls"], pair(s, "leader"), pair(s, "other"), s["vote_gather_calls"],
+            "yes" if all(r[k]["same_decisions_and_bits"] for k in ("nodes4", "shared")) else "NO"))
+    m = results[0]["before"].get("math") if results else None
+    if m:
+        lines.append("math: %s; BLAS %s, threads %s; intra-op threads %s" % (
+            m.get("math"), (m.get("blas") or {}).get("library"), (m.get("blas") or {}).get("threads"),
+            m.get("intra_op_threads")))
+    return "\n".join(lines)

@@ -103,23 +103,19 @@ void StepDetectors::vote(StepFacts& f) {
     layout.micro_shards = f.shards.micro_shards();
     mine.facts = f.shards;
   }
-  const auto votes = exchange_votes(*comm_, mine, layout, "the detector vote");
+  const Votes v = exchange_votes(*comm_, mine, layout, "the detector vote");
+  // Every rank's record when the summary showed something; empty when every rank was clean, where
+  // each check below finds nothing, as it would have in the records.
+  const std::vector<VoteRecord>& votes = v.records;
   if (comm_check) check_comm(f, votes);
   if (cfg_->detect.nonfinite) check_nonfinite(f, votes);
   if (cfg_->detect.invariants) {
-    if (shard_facts) {
-      // Each micro-shard's facts come from its owner: every slot is set on one rank only.
-      std::vector<Fingerprint> all(4 * static_cast<std::size_t>(layout.micro_shards), 0);
-      for (const auto& v : votes) {
-        const auto flat = v.facts.flat();
-        for (std::size_t i = 0; i < all.size(); ++i) all[i] |= flat[i];
-      }
-      f.shards.assign(all.data(), layout.micro_shards);
-    }
+    // Each micro-shard's facts come from its owner: every slot is set on one rank only; the vote ORs them.
+    if (shard_facts) f.shards.assign(v.facts.data(), layout.micro_shards);
     check_invariants(f, votes);
   }
   if (cfg_->detect.spike_window > 0) check_spikes(f);
-  if (replicas) check_replicas(f, votes);
+  if (replicas && !votes.empty()) check_replicas(f, votes);
 }
 
 void StepDetectors::check_comm(const StepFacts& f, const std::vector<VoteRecord>& votes) {
@@ -167,9 +163,9 @@ void StepDetectors::check_nonfinite(const StepFacts& f, const std::vector<VoteRe
 }
 
 void StepDetectors::check_invariants(StepFacts& f, const std::vector<VoteRecord>& votes) {
-  const int W = comm_->size;
+  const int W = comm_->size, n = static_cast<int>(votes.size());  // n: W, or 0 when all were clean
   int vr = -1, count = 0;
-  for (int r = 0; r < W; ++r)
+  for (int r = 0; r < n; ++r)
     if (votes[r].violated) {
       if (vr < 0) vr = r;
       ++count;
@@ -182,7 +178,7 @@ void StepDetectors::check_invariants(StepFacts& f, const std::vector<VoteRecord>
                                         : "rank " + std::to_string(vr);
     Incident inc = make_incident(f.step, Detector::kInvariant, IncidentClass::kInvariant, vr, who + ": " + msg);
     inc.ranks.clear();
-    for (int r = 0; r < W; ++r)
+    for (int r = 0; r < n; ++r)
       if (votes[r].violated) inc.ranks.push_back(r);
     incident(inc);
   }

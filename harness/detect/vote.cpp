@@ -3,6 +3,8 @@
 #include <stdexcept>
 
 #include "culprit/watchdog.h"
+#include "detect/node_topology.h"
+#include "detect/vote_summary.h"
 
 namespace culprit::harness {
 
@@ -74,7 +76,10 @@ VoteRecord unpack(const Fingerprint* rec, const VoteLayout& layout) {
   return r;
 }
 
-std::vector<VoteRecord> exchange_votes(const Comm& comm, const VoteRecord& mine, const VoteLayout& layout,
+namespace {
+
+// Every rank's record, by rank: one all-gather of the packed records.
+std::vector<VoteRecord> gather_records(const Comm& comm, const VoteRecord& mine, const VoteLayout& layout,
                                        const char* what) {
   const std::vector<Fingerprint> rec = pack(mine, layout);
   const std::size_t len = rec.size();
@@ -90,6 +95,26 @@ std::vector<VoteRecord> exchange_votes(const Comm& comm, const VoteRecord& mine,
   out.reserve(static_cast<std::size_t>(comm.size));
   for (int r = 0; r < comm.size; ++r) out.push_back(unpack(all.data() + static_cast<std::size_t>(r) * len, layout));
   return out;
+}
+
+}  // namespace
+
+Votes exchange_votes(const Comm& comm, const VoteRecord& mine, const VoteLayout& layout, const char* what) {
+  Votes v;
+  VoteSummary s = summarize(mine, layout, comm.rank);
+  if (comm.size == 1 || node_topology(comm).gather_always) {
+    // The records themselves (one rank: its own; the seam: the old vote, every step), and the
+    // summary combined from them here, as the reduction would have.
+    v.records = gather_records(comm, mine, layout, what);
+    for (int r = 0; r < comm.size; ++r)
+      if (r != comm.rank) combine(summarize(v.records[r], layout, r).words.data(), s.words.data());
+  } else {
+    agree_summary(comm, &s, what);
+    // The second round: the decisions that name ranks read the very records they read before.
+    if (s.shows_something()) v.records = gather_records(comm, mine, layout, what);
+  }
+  v.facts.assign(s.facts(), s.facts() + 4 * static_cast<std::size_t>(layout.micro_shards));
+  return v;
 }
 
 std::vector<CommCheck> comm_checks(const std::vector<VoteRecord>& votes) {

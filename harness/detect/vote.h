@@ -1,7 +1,9 @@
-// The detectors' vote: every rank contributes one record to a single all-gather per step, and every
-// decision is then taken from the same data on every rank (so all ranks act alike). The record's
-// layout lives here, named, for training (StepDetectors) and replay (the engine's comm check) alike.
-// No libtorch here.
+// The detectors' vote: every rank contributes one record per step, and every decision is then taken
+// from the same data on every rank (so all ranks act alike). The record's layout lives here, named,
+// for training (StepDetectors) and replay (the engine's comm check) alike. The records travel only
+// when a step shows something: first the ranks agree on a summary of them (vote_summary.h, reduced
+// per node and then across nodes: flat in W), and gather the records in a second round only when
+// the summary asks for it. No libtorch here.
 #pragma once
 #include <cstddef>
 #include <cstdint>
@@ -52,9 +54,19 @@ struct VoteLayout {
 std::vector<Fingerprint> pack(const VoteRecord& r, const VoteLayout& layout);
 VoteRecord unpack(const Fingerprint* rec, const VoteLayout& layout);
 
-// Collective over comm (through its watchdog, if any): every rank's record, by rank.
-std::vector<VoteRecord> exchange_votes(const Comm& comm, const VoteRecord& mine, const VoteLayout& layout,
-                                       const char* what);
+// What a vote hands back, the same on every rank.
+struct Votes {
+  std::vector<Fingerprint> facts;   // the micro-shard facts, OR-ed over every rank (4M; empty: none)
+  // Every rank's record, by rank, when the summary showed something (one rank: its own; the
+  // CULPRIT_VOTE_GATHER seam: always). Empty: every rank was clean — no flag, no mismatched
+  // message, equal replicas — and a decision read from the records would have found nothing.
+  std::vector<VoteRecord> records;
+};
+
+// Collective over comm (through its watchdog, if any): the summary's agreement, then, when it shows
+// something, the all-gather of every rank's record (the vote before the summary, unchanged). One
+// rank: its record, no MPI call.
+Votes exchange_votes(const Comm& comm, const VoteRecord& mine, const VoteLayout& layout, const char* what);
 
 // The CommChecks of every rank in a vote, for comm_mismatches.
 std::vector<CommCheck> comm_checks(const std::vector<VoteRecord>& votes);

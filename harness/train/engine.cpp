@@ -77,7 +77,8 @@ void Trainer::replay_step(StepResult* out, int round) {
     VoteLayout layout;
     layout.world = W;
     layout.comm = true;
-    const auto votes = exchange_votes(comm_, mine, layout, "the replay's message check");
+    // Records only when a message arrived unlike it was sent (the summary's digest); none: no fault.
+    const auto votes = exchange_votes(comm_, mine, layout, "the replay's message check").records;
     const int rot = (self() - comm_.rank + W) % W;  // layout rank -> the process's own rank
     for (const auto& [from, to] : comm_mismatches(comm_checks(votes)))
       out->comm_faults.push_back({(from + rot) % W, (to + rot) % W});

@@ -92,8 +92,10 @@ TEST(Vote, OneRankExchangeIsLocal) {
   r.facts.reset(2);
   r.facts.rng[1] = 7;
   r.replica = {9};
-  const auto votes = h::exchange_votes(one, r, layout, "test");
+  const auto v = h::exchange_votes(one, r, layout, "test");
+  const auto& votes = v.records;
   ASSERT_EQ(votes.size(), 1u);
+  EXPECT_EQ(v.facts, r.facts.flat());
   EXPECT_EQ(votes[0].facts.rng[1], 7u);
   EXPECT_EQ(votes[0].replica, std::vector<Fingerprint>{9});
 }
