@@ -106,6 +106,7 @@ static void copy(FILE* out, const char* path) {
 static void dump(const char* when) {
   const char* base = getenv("SCALE_SHIM_OUT");
   const char* rank = getenv("OMPI_COMM_WORLD_RANK");
+  if (!rank) rank = getenv("SLURM_PROCID"); /* srun's direct launch (scale.py --cluster) */
   char path[4096];
   if (!base) return;
   snprintf(path, sizeof path, "%s-%s-%d.%s", base, rank ? rank : "x", (int)getpid(), when);

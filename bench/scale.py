@@ -121,6 +121,13 @@ class MemSampler(threading.Thread):
         return (self.before - self.lowest) / 1024.0
 
 
+# --cluster: the ranks start with srun over the 4 nodes of scripts/slurm-cluster.sh instead of mpirun.
+CLUSTER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "scripts", "slurm-cluster.sh")
+CLUSTER_ENV = {"CULPRIT_CLUSTER_NAME": "scale", "CULPRIT_CLUSTER_NET": "127.204.0",
+               "CULPRIT_CLUSTER_DIR": "/tmp/scale-cluster", "CULPRIT_CLUSTER_NODES": "4"}
+CLUSTER_LAUNCH = None
+
+
 def run_ranks(work, tag, world, args, shim, env=None, mca=()):
     """mpirun -np world culprit ARGS, each rank under GNU time (and the shim): every rank's exit code,
     peak RSS (KiB) and shim dumps; the wall time; the machine's memory drop."""
@@ -135,11 +142,15 @@ def run_ranks(work, tag, world, args, shim, env=None, mca=()):
     # otherwise make mpirun kill the others before their GNU time wrote its line.
     wrap = ('/usr/bin/time -o "$0.rss-$OMPI_COMM_WORLD_RANK" -f %M env ' + " ".join(assigns) + ' "$@"; '
             'echo $? > "$0.code-$OMPI_COMM_WORLD_RANK"')
-    cmd = MPIRUN + list(mca) + ["-np", str(world), "bash", "-c", wrap, prefix, CULPRIT] + args
+    if CLUSTER_LAUNCH:
+        cmd = CLUSTER_LAUNCH + ["-n", str(world), "bash", "-c", wrap.replace("OMPI_COMM_WORLD_RANK", "SLURM_PROCID"),
+                                prefix, CULPRIT] + args
+    else:
+        cmd = MPIRUN + list(mca) + ["-np", str(world), "bash", "-c", wrap, prefix, CULPRIT] + args
     sampler = MemSampler()
     sampler.start()
     t0 = time.time()
-    p = subprocess.run(cmd, capture_output=True, text=True)
+    p = subprocess.run(cmd, capture_output=True, text=True, env=dict(os.environ, **CLUSTER_ENV))
     wall = time.time() - t0
     drop = sampler.stop()
     codes, rss, dumps = {}, {}, {}
@@ -488,10 +499,22 @@ def main():
                     help="also train at W ranks under each environment variant (memory per rank)")
     ap.add_argument("--vote-only", action="store_true",
                     help="only the vote's arrangements (before / 4 nodes / shared) of the faulty run per W")
+    ap.add_argument("--cluster", action="store_true",
+                    help="with --vote-only: start the ranks with srun over the 4 real nodes of scripts/slurm-cluster.sh "
+                         "(started and stopped here; root): the 'shared' arrangement is then 4 nodes of W/4 ranks")
     ap.add_argument("--mib-per-rank", type=int, default=200,
                     help="refuse a W unless MemAvailable holds W x this + 1 GiB (default 200)")
     a = ap.parse_args()
     worlds = [int(w) for w in a.worlds.split(",")]
+    if a.cluster and not a.vote_only:
+        ap.error("--cluster goes with --vote-only")
+    global CLUSTER_LAUNCH
+    if a.cluster:
+        env = dict(os.environ, **CLUSTER_ENV)
+        subprocess.run([CLUSTER, "stop"], env=env, capture_output=True)
+        subprocess.run([CLUSTER, "start"], env=env, check=True)
+        CLUSTER_LAUNCH = [CLUSTER, "exec", "srun", "-N4", "-O", "--mpi=pmix", "--kill-on-bad-exit=0",
+                          "--distribution=block"]
     if any(w < 2 or w > M or M % w for w in worlds):
         ap.error("worlds must divide %d and be at least 2" % M)
     work = os.path.abspath(a.keep) if a.keep else tempfile.mkdtemp(prefix="culprit-scale-")
@@ -533,13 +556,15 @@ def main():
             print("environment variants, clean training at W=%d:" % a.env_variants, flush=True)
             out["env_variants"] = env_variants(work, a.env_variants, shim)
         print()
-        print(vote_table(results) if a.vote_only else tables(results, load, K, S_DETECTED, S_SILENT))
+        print(vote_table(results, a.cluster) if a.vote_only else tables(results, load, K, S_DETECTED, S_SILENT))
     finally:
         if a.json:
             with open(a.json, "w") as f:
                 json.dump(out, f, indent=1, default=str)
         if not a.keep:
             shutil.rmtree(work, ignore_errors=True)
+        if a.cluster:
+            subprocess.run([CLUSTER, "stop"], env=dict(os.environ, **CLUSTER_ENV), capture_output=True)
     return 0 if results and all(r["score"]["exact"] for r in results) else 1
 
 

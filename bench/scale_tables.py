@@ -61,11 +61,14 @@ def tables(results, load, K, S_DETECTED, S_SILENT):
     return "\n".join(lines)
 
 
-def vote_table(results):
+def vote_table(results, cluster=False):
     """--vote-only: the vote's bytes per rank per step, before (one all-gather of records a step) and
-    after (the summary over 4 nodes of W/4 ranks, and over MPI_COMM_TYPE_SHARED's one node here), by role."""
+    after (the summary over 4 nodes of W/4 ranks, and over MPI_COMM_TYPE_SHARED's nodes: one here
+    under mpirun, the 4 real nodes of the namespaced cluster with --cluster), by role."""
     lines = ["vote bytes per rank per step (shim: contributed / received; the summary every step, the all-gather of",
-             "records in the second round only: calls in 10 steps; leaders = node rank 0)"]
+             "records in the second round only: calls in 10 steps; leaders = node rank 0)",
+             "'shared': MPI_COMM_TYPE_SHARED's nodes: " + ("4 real nodes (srun over scripts/slurm-cluster.sh)"
+                                                         if cluster else "one node (mpirun on this machine)")]
     lines.append("%3s %17s | %5s %17s %17s %7s | %17s %17s %7s | %s" % (
         "W", "before all ranks", "K x N", "4 nodes: leader", "4 nodes: others", "2nd rd", "shared: leader",
         "shared: others", "2nd rd", "same decisions & bits"))
