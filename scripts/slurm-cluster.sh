@@ -62,6 +62,20 @@ fail() {
 now() { date +%s.%N; }
 since() { awk -v a="$1" -v b="$(now)" 'BEGIN { printf "%.1f", b - a }'; }
 alive() { [ -s "$1" ] && kill -0 "$(cat "$1")" 2>/dev/null; }
+ours_ns() { [[ $1 =~ ^$NAME-(login|node[0-9]+)$ ]]; } # a namespace name this script makes
+# in_netns PID NS: whether process PID runs in our network namespace NS (a PID file may be stale and
+# its number taken by another process since: never signal that one).
+in_netns() {
+  local a b
+  a=$(stat -L -c %i "/proc/$1/ns/net" 2>/dev/null) && b=$(stat -L -c %i "/run/netns/$2" 2>/dev/null) && [ "$a" = "$b" ]
+}
+# daemon_pid FILE NS: the PID in FILE when that process lives in NS.
+daemon_pid() {
+  local pid
+  alive "$1" || return 1
+  pid=$(cat "$1")
+  [[ $pid =~ ^[0-9]+$ ]] && in_netns "$pid" "$2" && echo "$pid"
+}
 nodes_started() {
   local n=0
   [ -s "$NSLIST" ] && n=$(grep -c "^$NAME-node" "$NSLIST" || true)
@@ -151,8 +165,24 @@ EOF
   echo "PartitionName=main Nodes=ALL Default=YES MaxTime=INFINITE State=UP"
 }
 
+# DIR holds the cluster's keys and configuration, written and run by root: an absolute path that is
+# not a system directory, and when it exists already, root's and writable by root only (a directory
+# another user made in /tmp beforehand could be swapped under us).
+check_dir() {
+  [[ $D == /?* && $D != *'/../'* && $D != *'/..' ]] || fail "CULPRIT_CLUSTER_DIR=$D: an absolute path other than /, without .."
+  case ${D%/} in
+    / | /bin | /boot | /dev | /etc | /home | /lib* | /opt | /proc | /root | /run | /sbin | /srv | /sys | /tmp | /usr | /var)
+      fail "CULPRIT_CLUSTER_DIR=$D is a system directory: give a directory of its own (default /tmp/$NAME-cluster)" ;;
+  esac
+  if [ -e "$D" ] || [ -L "$D" ]; then
+    [ -d "$D" ] && [ ! -L "$D" ] || fail "CULPRIT_CLUSTER_DIR=$D exists and is not a directory (or is a link)"
+    [ "$(stat -c %u "$D")" = 0 ] && [ $((0$(stat -c %a "$D") & 022)) -eq 0 ] ||
+      fail "CULPRIT_CLUSTER_DIR=$D is not root's alone (owner $(stat -c %U "$D"), mode $(stat -c %a "$D")): remove it or give another"
+  fi
+}
+
 write_files() {
-  mkdir -p "$D"
+  mkdir -p -m 0755 "$D"
   rm -rf "${D:?}"/{etc,munge,state,run,log,spool,tmp}
   mkdir -p "$D"/{etc,munge,state,run,log,spool,tmp}
   chmod 0755 "$D/munge" # munged wants its socket's directory searchable by every job's user
@@ -183,9 +213,12 @@ EOF
 # after start would stay invisible to the nodes.
 make_shared_dir() {
   mkdir -p "$D/shared"
+  echo shared >"$D/run/mounts" # first: stop unmounts it even when a step below fails
   mount --bind "$D/shared" "$D/shared"
+  # Its own peer group: on a host whose / is shared (systemd's default) the bind mount would join
+  # /'s, and a test's mounts under it would spread into every namespace of the host.
+  mount --make-private "$D/shared"
   mount --make-shared "$D/shared"
-  echo shared >"$D/run/mounts"
 }
 
 # add_ns NAME: a network namespace whose lo keeps 127.0.0.1 only (/32), so that NET.x can live on its
@@ -290,6 +323,7 @@ ns_pids() { # [GLOB]: every process in our namespaces (whose namespace name matc
   local ns
   [ -s "$NSLIST" ] || return 0
   while read -r ns; do
+    ours_ns "$ns" || continue
     # shellcheck disable=SC2254 # a glob on purpose
     case $ns in ${1:-*}) ;; *) continue ;; esac
     [ -e "/run/netns/$ns" ] && ip netns pids "$ns" 2>/dev/null
@@ -323,21 +357,31 @@ stop() {
       done
     fi
   fi
-  # 2. The daemons by their PID files: slurmd's and slurmctld together (each takes ~2 s), then munged.
-  for f in "$D"/run/slurmd.*.pid "$D/run/slurmctld.pid"; do alive "$f" && pids+=("$(cat "$f")"); done
+  # 2. The daemons by their PID files, each only while it runs in our namespace: slurmd's and
+  # slurmctld together (each takes ~2 s), then munged.
+  local p n
+  for f in "$D"/run/slurmd.node*.pid; do
+    n=${f##*/slurmd.}
+    n=${n%.pid}
+    p=$(daemon_pid "$f" "$NAME-$n") && pids+=("$p")
+  done
+  p=$(daemon_pid "$D/run/slurmctld.pid" "$HUB") && pids+=("$p")
   stop_pids "${pids[@]}"
-  alive "$D/run/munged.pid" && stop_pids "$(cat "$D/run/munged.pid")"
+  p=$(daemon_pid "$D/run/munged.pid" "$HUB") && stop_pids "$p"
   # 3. Anything still running in our namespaces (a step that outlived its slurmd, a client).
   mapfile -t pids < <(ns_pids)
   [ "${#pids[@]}" -eq 0 ] || stop_pids "${pids[@]}"
   # 4. DIR/shared and whatever a test mounted under it; then the namespaces (their veths and the
   # bridge go with them).
   if [ -s "$D/run/mounts" ]; then
-    umount -R "$D/shared" 2>/dev/null || umount -R -l "$D/shared" 2>/dev/null || say "could not unmount $D/shared"
-    rm -f "$D/run/mounts"
+    if umount -R "$D/shared" 2>/dev/null || umount -R -l "$D/shared" 2>/dev/null; then
+      rm -f "$D/run/mounts"
+    else
+      say "could not unmount $D/shared (kept $D/run/mounts: stop again to retry)"
+    fi
   fi
   while read -r ns; do
-    [ -e "/run/netns/$ns" ] && ip netns del "$ns"
+    ours_ns "$ns" && [ -e "/run/netns/$ns" ] && ip netns del "$ns"
   done <"$NSLIST"
   rm -f "$NSLIST" "$D"/run/*.pid
   say "stopped in $(since "$t0") s"
@@ -349,6 +393,7 @@ crash() { # NODE
   ip -n "$HUB" link set "veth$i" down
   mapfile -t pids < <(ip netns pids "$NAME-node$i")
   [ "${#pids[@]}" -eq 0 ] || kill -9 "${pids[@]}" 2>/dev/null || true
+  rm -f "$D/run/slurmd.node$i.pid" # dead: its number may be reused by another process
   say "node$i crashed: link down, ${#pids[@]} process(es) SIGKILLed; DOWN in slurmctld within ~40 s"
 }
 
@@ -371,15 +416,15 @@ status() {
     echo "not running"
     return 0
   }
-  for f in "$D"/run/*.pid; do
-    [ -e "$f" ] || continue
-    if alive "$f"; then echo "$(basename "$f" .pid) $(cat "$f")"; else echo "$(basename "$f" .pid) dead"; fi
+  for f in munged slurmctld $(seq -f 'slurmd.node%g' 1 "$(nodes_started)"); do
+    if alive "$D/run/$f.pid"; then echo "$f $(cat "$D/run/$f.pid")"; else echo "$f dead"; fi
   done
   client sinfo -N -o '%N %T %C %m %E'
 }
 
 running() { [ -s "$NSLIST" ] || fail "not running: $self start"; }
 
+case "${1:-}" in start | stop | status | exec | on | crash | boot | env | shared) check_dir ;; esac
 case "${1:-}" in
   start) start ;;
   stop) stop ;;
