@@ -216,7 +216,7 @@ class MultiNode(TempDirTest):
         [(d, j)] = self.chain(run_dir)
         self.assertEqual((d["slurm_job_id"], d["decision"], d["host"], d["next_job"]), (job, "stop", "node3", ""), d)
         # sbatch's own words: four nodes without node3 do not exist here.
-        self.assertIn("resubmitting (--nodes=4 --ntasks=4, excluding node3) failed", d["message"])
+        self.assertIn("resubmitting (--nodes=4 --ntasks=4 --ntasks-per-node=1, excluding node3) failed", d["message"])
         self.assertIn("node configuration is not available", d["message"])
 
     # ---- the ledger and drain ----
@@ -238,9 +238,10 @@ class MultiNode(TempDirTest):
             self.assert_clean_bits(run_dir)
         # Both jobs' verdicts, written by two jobs running at once, are in the one ledger.
         with sqlite3.connect(ledger) as db:
-            rows = db.execute("SELECT host, verdict, slurm_job_id, action FROM verdicts ORDER BY host").fetchall()
-        self.assertEqual(rows, [("node2", "hardware-persistent", ja, "excluded"),
-                                ("node4", "hardware-persistent", jb, "excluded")], rows)
+            rows = db.execute("SELECT host, verdict, slurm_job_id, action FROM verdicts ORDER BY host, id").fetchall()
+        self.assertEqual(rows, [("node2", "hardware-persistent", ja, "excluded"), ("node2", "hardware-persistent", ja, "drained"),
+                                ("node4", "hardware-persistent", jb, "excluded"), ("node4", "hardware-persistent", jb, "drained")],
+                         rows)
         listed = subprocess.run([CULPRIT, "ledger", "list", ledger], capture_output=True, text=True)
         self.assertEqual(listed.returncode, 0, listed.stderr)
         self.assertIn("node2", listed.stdout)
