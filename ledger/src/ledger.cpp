@@ -183,6 +183,12 @@ Status record(const std::string& path, Entry entry, const Options& options) {
   CULPRIT_RETURN_IF_ERROR(check_file(path, /*must_exist=*/false));
   std::unique_ptr<Db> db;
   CULPRIT_RETURN_IF_ERROR(Db::open(path, Db::Mode::kWrite, options.busy_timeout_s, &db));
+  // What the file is, before anything in it changes: another program's database is refused as one.
+  CULPRIT_RETURN_IF_ERROR(db->transaction(/*write=*/false, [&] {
+    bool fresh = false;
+    return check_schema(*db, &fresh);
+  }));
+  CULPRIT_RETURN_IF_ERROR(db->check_rollback_journal());
   return db->transaction(/*write=*/true, [&] {
     bool fresh = false;
     CULPRIT_RETURN_IF_ERROR(check_schema(*db, &fresh));
@@ -200,6 +206,7 @@ Status read(const std::string& path, const std::string& host, const Options& opt
     bool fresh = false;
     CULPRIT_RETURN_IF_ERROR(check_schema(*db, &fresh));
     if (fresh) return Status::OK();
+    CULPRIT_RETURN_IF_ERROR(db->check_rollback_journal());
     Stmt s;
     CULPRIT_RETURN_IF_ERROR(s.prepare(*db, host.empty() ? schema::kSelectAll : schema::kSelectHost));
     if (!host.empty()) CULPRIT_RETURN_IF_ERROR(s.bind(1, host));

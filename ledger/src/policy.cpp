@@ -26,10 +26,8 @@ const std::vector<Kind>& kinds() {
   return k;
 }
 
-// One finding per (verdict, run, step): the same fault recorded twice — a job script that retried
-// its `record`, a post-mortem bisection repeating the in-job diagnosis — is one fault, not a
-// pattern. Without a step (a silent rank), one per (verdict, run, job).
-std::string finding_key(const Entry& e) {
+// The fault a row is about: (verdict, run, step); without a step (a silent rank), (verdict, run, job).
+std::string fault_key(const Entry& e) {
   return e.verdict + '\x1f' + e.run + '\x1f' + (e.step >= 0 ? "s" + std::to_string(e.step) : "j" + e.job);
 }
 
@@ -58,7 +56,12 @@ void decide(const Policy& policy, HostSummary* h) {
 std::vector<HostSummary> summarize(const std::vector<Entry>& rows, const Policy& policy) {
   struct Acc {
     HostSummary s;
-    std::set<std::string> keys, runs, jobs, devices;
+    // Findings: a job's own verdict (an action other than none) is one per (fault, job): a fault
+    // that recurs at the same step of the same run in the next job of a chain (a transient retried
+    // on the same node) is a second finding, which is the pattern the policy is for. A row without
+    // an action (a post-mortem bisection repeating the in-job diagnosis, a record by hand) is the
+    // same fault as any other row about it, and counts only when nothing else does.
+    std::set<std::string> job_findings, faults_by_jobs, faults_by_others, runs, jobs, devices;
     std::int64_t last_id = -1;
   };
   std::map<std::string, Acc> by_host;
@@ -66,7 +69,13 @@ std::vector<HostSummary> summarize(const std::vector<Entry>& rows, const Policy&
     Acc& a = by_host[e.host];
     a.s.host = e.host;
     ++a.s.rows;
-    if (a.keys.insert(finding_key(e)).second) ++a.s.findings[e.verdict];
+    const std::string fault = fault_key(e);
+    if (e.action != "none") {
+      a.faults_by_jobs.insert(fault);
+      if (a.job_findings.insert(fault + '\x1f' + e.job).second) ++a.s.findings[e.verdict];
+    } else {
+      a.faults_by_others.insert(fault + '\x1e' + e.verdict);
+    }
     a.runs.insert(e.run);
     if (!e.job.empty()) a.jobs.insert(e.job);
     if (!e.device.empty()) a.devices.insert(e.device);
@@ -79,6 +88,10 @@ std::vector<HostSummary> summarize(const std::vector<Entry>& rows, const Policy&
   }
   std::vector<HostSummary> out;
   for (auto& [host, a] : by_host) {
+    for (const auto& k : a.faults_by_others) {
+      const auto sep = k.rfind('\x1e');
+      if (!a.faults_by_jobs.count(k.substr(0, sep))) ++a.s.findings[k.substr(sep + 1)];
+    }
     a.s.runs = static_cast<int>(a.runs.size());
     a.s.jobs = static_cast<int>(a.jobs.size());
     a.s.devices.assign(a.devices.begin(), a.devices.end());

@@ -67,19 +67,6 @@ Status Db::open(const std::string& path, Mode mode, int busy_timeout_s, std::uni
   // like a ledger must not run functions from triggers or views, nor let SQL damage the file format.
   sqlite3_db_config(raw, SQLITE_DBCONFIG_DEFENSIVE, 1, nullptr);
   CULPRIT_RETURN_IF_ERROR(db->exec("PRAGMA trusted_schema = OFF", "open"));
-  // The rollback journal, never WAL: WAL keeps its index in shared memory (the -shm file, mmap-ed),
-  // which hosts cannot share over NFS or Lustre, and writers on two hosts would corrupt the file.
-  // A rollback journal needs only POSIX advisory locks, which those filesystems provide.
-  Stmt mode_stmt;
-  CULPRIT_RETURN_IF_ERROR(mode_stmt.prepare(*db, "PRAGMA journal_mode = DELETE"));
-  bool row = false;
-  CULPRIT_RETURN_IF_ERROR(mode_stmt.step(&row));
-  const std::string journal = row ? mode_stmt.text(0) : "";
-  if (journal != "delete")
-    return Status::IoError(quoted(path) + " is in journal mode '" + journal +
-                           "' and could not be switched to the rollback journal the ledger needs (WAL does not work "
-                           "on network filesystems; docs/ledger.md): run sqlite3 FILE 'PRAGMA journal_mode=DELETE' "
-                           "where no job uses it");
   // Every commit reaches the disk before COMMIT returns: a verdict recorded is a verdict kept.
   CULPRIT_RETURN_IF_ERROR(db->exec("PRAGMA synchronous = FULL", "open"));
   *out = std::move(db);
@@ -87,6 +74,23 @@ Status Db::open(const std::string& path, Mode mode, int busy_timeout_s, std::uni
 }
 
 Db::~Db() { sqlite3_close_v2(db_); }
+
+Status Db::check_rollback_journal() {
+  // The rollback journal, never WAL: WAL keeps its index in shared memory (the -shm file, mmap-ed),
+  // which hosts cannot share over NFS or Lustre, and writers on two hosts would corrupt the file.
+  // A rollback journal needs only POSIX advisory locks, which those filesystems provide. A new file
+  // has one (SQLite's default); the mode is only read here, never changed: a file in another mode
+  // was put there by someone, and is left as it is.
+  Stmt mode_stmt;
+  CULPRIT_RETURN_IF_ERROR(mode_stmt.prepare(*this, "PRAGMA journal_mode"));
+  bool row = false;
+  CULPRIT_RETURN_IF_ERROR(mode_stmt.step(&row));
+  const std::string journal = row ? mode_stmt.text(0) : "";
+  if (journal == "delete" || journal == "truncate" || journal == "persist") return Status::OK();
+  return Status::IoError(quoted(path()) + " is in journal mode '" + journal +
+                         "', not the rollback journal the ledger needs (WAL does not work on network filesystems; "
+                         "docs/ledger.md): run sqlite3 FILE 'PRAGMA journal_mode=DELETE' where no job uses it");
+}
 
 Status Db::exec(const std::string& sql, const std::string& doing) {
   const int rc = sqlite3_exec(db_, sql.c_str(), nullptr, nullptr, nullptr);

@@ -29,6 +29,9 @@ class Db {
 
   // One statement without results (or whose results are ignored).
   Status exec(const std::string& sql, const std::string& doing);
+  // Whether the file keeps a rollback journal (delete, truncate, persist): never WAL (NFS, Lustre).
+  // Asked after the file has shown it is a ledger: another program's file is refused as such.
+  Status check_rollback_journal();
   // The one integer a statement returns (PRAGMA user_version, count(*)).
   Status integer(const std::string& sql, std::int64_t* out);
   // fn inside BEGIN IMMEDIATE (write: the write lock is taken first, so two writers never deadlock

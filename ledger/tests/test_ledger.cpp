@@ -242,6 +242,39 @@ TEST_F(Ledger, AnotherProgramsDatabaseIsRefusedByName) {
   EXPECT_EQ(l::read(db, "", l::Options{}, &rows).code(), StatusCode::kDamaged);
 }
 
+// The journal mode is read, never changed: another program's WAL database stays as it was (and is
+// refused as another program's), a ledger someone switched to WAL is refused by name (I/O, 6).
+std::string journal_mode(sqlite3* h) {
+  sqlite3_stmt* s = nullptr;
+  EXPECT_EQ(sqlite3_prepare_v2(h, "PRAGMA journal_mode", -1, &s, nullptr), SQLITE_OK);
+  EXPECT_EQ(sqlite3_step(s), SQLITE_ROW);
+  std::string mode = reinterpret_cast<const char*>(sqlite3_column_text(s, 0));
+  sqlite3_finalize(s);
+  return mode;
+}
+
+TEST_F(Ledger, AFileInWalModeIsNeverConverted) {
+  sqlite3* h = raw(db);
+  ASSERT_EQ(sqlite3_exec(h, "PRAGMA journal_mode = WAL; CREATE TABLE other (x)", nullptr, nullptr, nullptr), SQLITE_OK);
+  sqlite3_close(h);
+  auto st = l::record(db, verdict("node1", 1), l::Options{});
+  EXPECT_EQ(st.code(), StatusCode::kDamaged) << st.message();
+  h = raw(db);
+  EXPECT_EQ(journal_mode(h), "wal");
+  sqlite3_close(h);
+  fs::remove(db);
+  ASSERT_TRUE(l::record(db, verdict("node1", 1), l::Options{}).ok());
+  h = raw(db);
+  ASSERT_EQ(sqlite3_exec(h, "PRAGMA journal_mode = WAL", nullptr, nullptr, nullptr), SQLITE_OK);
+  sqlite3_close(h);
+  st = l::record(db, verdict("node1", 2), l::Options{});
+  EXPECT_EQ(st.code(), StatusCode::kIo) << st.message();
+  EXPECT_NE(st.message().find("journal mode 'wal'"), std::string::npos) << st.message();
+  h = raw(db);
+  EXPECT_EQ(journal_mode(h), "wal");
+  sqlite3_close(h);
+}
+
 TEST_F(Ledger, AnotherSchemaVersionIsRefusedByName) {
   ASSERT_TRUE(l::record(db, verdict("node1", 1), l::Options{}).ok());
   sqlite3* h = raw(db);

@@ -54,11 +54,28 @@ TEST(Policy, TheSameFaultRecordedTwiceIsOneFinding) {
   EXPECT_FALSE(s[0].drain);
   EXPECT_EQ(s[0].rows, 2);
   EXPECT_EQ(s[0].findings.at("hardware-transient"), 1);
+  // A job's verdict and a post-mortem's of the same fault: one.
+  const auto pm = l::summarize({row("n1", "hardware-transient", "/r/a", 5, "1", "retried"),
+                                row("n1", "hardware-transient", "/r/a", 5, "9")}, l::Policy{});
+  EXPECT_EQ(pm[0].findings.at("hardware-transient"), 1);
+  // The job's script recording twice: one.
+  const auto twice = l::summarize({row("n1", "hardware-transient", "/r/a", 5, "1", "retried"),
+                                   row("n1", "hardware-transient", "/r/a", 5, "1", "retried")}, l::Policy{});
+  EXPECT_EQ(twice[0].findings.at("hardware-transient"), 1);
   // Without a step, the job tells them apart: two silent-rank jobs of one run are two findings.
   const auto silent = l::summarize({row("n1", "silent-rank", "/r/a", -1, "1"), row("n1", "silent-rank", "/r/a", -1, "2"),
                                     row("n1", "silent-rank", "/r/a", -1, "2")}, l::Policy{});
   EXPECT_EQ(silent[0].findings.at("silent-rank"), 2);
   EXPECT_TRUE(silent[0].drain);
+}
+
+TEST(Policy, AFaultThatRecursInTheNextJobIsASecondFinding) {
+  // A transient retried on the same node fails again at the same step of the same run, in the
+  // chain's next job: the pattern the policy is for.
+  const auto s = l::summarize({row("n1", "hardware-transient", "/r/a", 5, "1", "retried"),
+                               row("n1", "hardware-transient", "/r/a", 5, "2", "excluded")}, l::Policy{});
+  EXPECT_EQ(s[0].findings.at("hardware-transient"), 2);
+  EXPECT_TRUE(s[0].drain);
 }
 
 TEST(Policy, HardwareCountsAsUnconfirmedAndOtherVerdictsNotAtAll) {

@@ -96,8 +96,8 @@ class Recording(LedgerTest):
 
 class Outputs(Ledger, unittest.TestCase):
     """One ledger for the class (it is only read): node17 has two transient verdicts in two runs (a
-    pattern); node03 one persistent (proof); node09 one transient (maybe a cosmic ray), recorded twice
-    for the same fault."""
+    pattern); node03 one persistent (proof); node09 one transient (maybe a cosmic ray), recorded again
+    by a post-mortem of the same fault (action none: the same finding)."""
 
     @classmethod
     def setUpClass(cls):
@@ -107,7 +107,7 @@ class Outputs(Ledger, unittest.TestCase):
                       {"device": "cuda:1", "evidence": "step 42, layer fc1, forward"}),
                      ("node03", "hardware-persistent", "/scratch/runs/c", 100, "1003", "excluded", {"device": "cuda:0"}),
                      ("node09", "hardware-transient", "/scratch/runs/c", 5, "1004", "retried", {}),
-                     ("node09", "hardware-transient", "/scratch/runs/c", 5, "1005", "retried", {}),
+                     ("node09", "hardware-transient", "/scratch/runs/c", 5, "1005", "none", {}),
                      ("node17", "hardware-transient", "/scratch/runs/b", 7, "1002", "excluded",
                       {"device": "cuda:1", "evidence": "step 7, layer attn"})):
             res = run(["ledger"] + [str(a) for a in record_args(cls.db, *args[:6], **args[6])])
