@@ -89,8 +89,12 @@ struct Context {
   }
   // The first incident names a rank of this world at step s.
   bool incident_names(std::int64_t s) const;
-  // Where rank r ran at step `step` (the resumed part of a run may have other hosts).
+  // Where rank r ran at step `step` of the recorded run (the resumed part of a run may have other
+  // hosts): for a blamed recorded rank.
   void placement(int r, std::int64_t step, std::string* host, std::string* device) const;
+  // The host of each rank of this bisection (its own replay's faults ran there, which after a
+  // shrink or in a post-mortem job is not where that rank number ran in training).
+  std::vector<std::string> hosts_now;
 };
 
 // Where the search stands.

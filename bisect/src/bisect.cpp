@@ -25,7 +25,13 @@ void Context::replay_fault(std::int64_t s, int r, const std::string& what) {
   f.step = s;
   f.rank = r;
   f.what = what;
+  // This bisection's rank r computed it, on this bisection's host; the recorded row's device only
+  // when that is the same host (the device name of a rank here is not otherwise known).
   placement(r, s, &f.host, &f.device);
+  if (r >= 0 && r < static_cast<int>(hosts_now.size()) && f.host != hosts_now[r]) {
+    f.host = hosts_now[r];
+    f.device.clear();
+  }
   d->replay_faults.push_back(f);
 }
 
@@ -59,6 +65,18 @@ void Context::placement(int r, std::int64_t s, std::string* host, std::string* d
   if (!at) return;
   *host = at->host;
   *device = at->device;
+}
+
+// Context::hosts_now: every rank's host name, through the watchdog.
+Status gather_hosts_now(Context* ctx) {
+  constexpr int kLen = 256;
+  const Comm& comm = ctx->comm;
+  std::vector<char> mine(kLen, 0), all(static_cast<std::size_t>(kLen) * comm.size, 0);
+  std::snprintf(mine.data(), kLen, "%s", comm.host.c_str());
+  CULPRIT_COLLECTIVE(comm, "the bisection",
+                     MPI_Iallgather(mine.data(), kLen, MPI_CHAR, all.data(), kLen, MPI_CHAR, comm.comm, &_culprit_req));
+  for (int r = 0; r < comm.size; ++r) ctx->hosts_now.emplace_back(all.data() + static_cast<std::size_t>(r) * kLen);
+  return Status::OK();
 }
 
 // The engine from a checkpoint after which every step has a record when there is one (a
@@ -295,6 +313,7 @@ Status run(const Options& opt, const Comm& given, records::Diagnosis* d) {
   *d = records::Diagnosis();
   CULPRIT_RETURN_IF_ERROR(agree(comm, comm.rank == 0 ? lock_run(opt.run_dir, "bisect") : Status::OK()));
   Context ctx(opt, comm, d);
+  CULPRIT_RETURN_IF_ERROR(gather_hosts_now(&ctx));
   const Status opened = open_context(&ctx);
   if (opened.code() == StatusCode::kDamaged) return damaged_record(ctx, opened);
   CULPRIT_RETURN_IF_ERROR(opened);
