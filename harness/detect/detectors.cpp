@@ -1,4 +1,5 @@
 #include "detect/detectors.h"
+#include "detect/node_topology.h"
 
 #include <algorithm>
 #include <chrono>
@@ -29,6 +30,10 @@ void StepDetectors::configure(const TrainConfig& cfg, const Comm& comm, std::vec
   probe_ = std::move(probe);
   loss_spikes_.configure(cfg.detect.spike_window, cfg.detect.spike_z, cfg.detect.spike_ratio);
   grad_spikes_.configure(cfg.detect.spike_window, cfg.detect.spike_z, cfg.detect.spike_ratio);
+  // The vote's node communicators now, at start-up, not at the first vote: their splits block (MPI
+  // has no nonblocking split), and a rank lost in the middle of training must meet only watched
+  // collectives. Start-up's other collectives block as well.
+  if (comm.size > 1) node_topology(comm);
 }
 
 void StepDetectors::set_placement(std::vector<std::string> hosts, std::vector<std::string> devices) {
