@@ -191,7 +191,8 @@ class MultiNode(TempDirTest):
         self.assertEqual((j2["JobState"], j2["hosts"], j2["NumTasks"], j2["ExcNodeList"]),
                          ("FAILED", ["node1", "node3", "node4"], "3", "node2"), log)
         # The host where the faulty rank ran at step 7, not where that rank number ran at first.
-        diag = json.load(open(os.path.join(run_dir, "diagnosis.json")))
+        with open(os.path.join(run_dir, "diagnosis.json")) as f:
+            diag = json.load(f)
         self.assertEqual((diag["verdict"], diag["step"], diag["rank"], diag["host"]),
                          ("hardware-persistent", 7, 2, "node4"), diag)
         self.assertEqual((d2["decision"], d2["host"], d2["exclude"]), ("requeue", "node4", "node2,node4"), d2)
@@ -363,6 +364,26 @@ class MultiNodeLong(MultiNode):
         self.assertEqual((d3["decision"], j3["hosts"]), ("done", ["node1", "node3", "node4"]), log)
         self.assert_clean_bits(run_dir)
 
+    def test_a_transient_on_a_host_the_ledger_knows_is_excluded_and_drained(self):
+        # Another job, another run, last week: a transient verdict on node2 in the fleet's ledger.
+        ledger = self.path("ledger.db")
+        rec = subprocess.run([CULPRIT, "ledger", "record", ledger, "--host", "node2", "--verdict",
+                              "hardware-transient", "--run", "/scratch/runs/other", "--step", "9", "--job", "77",
+                              "--action", "retried"], capture_output=True, text=True)
+        self.assertEqual(rec.returncode, 0, rec.stderr)
+        run_dir = self.path("run")
+        self.train(run_dir, ["-N3", "--ntasks-per-node=1"], fault("node2", 5, mode="transient"),
+                   extra={"CULPRIT_LEDGER": ledger, "CULPRIT_DRAIN": "1"})
+        self.wait_queue_empty()
+        log = self.outputs()
+        (d1, _), (d2, j2) = self.chain(run_dir)
+        self.assertEqual((d1["exit_code"], d1["exclude"]), (20, "node2"), log)
+        self.assertIn("a repeat offender in the ledger", d1["message"])
+        self.assertIn("drained node2", d1["message"])
+        self.assertEqual((d2["decision"], j2["hosts"]), ("done", ["node1", "node3", "node4"]), log)
+        self.assertTrue(x(["sinfo", "-h", "-n", "node2", "-o", "%T"]).stdout.startswith("drain"))
+        self.assert_clean_bits(run_dir)
+
     def test_transient_policy_exclude_excludes_at_once(self):
         run_dir = self.path("run")
         self.train(run_dir, ["-N3", "--ntasks-per-node=1"], fault("node2", 5, mode="transient"),
@@ -452,7 +473,8 @@ class MultiNodeLong(MultiNode):
         for task in range(4):
             hosts.update(self.job("%s_%d" % (ids["array"], task))["hosts"])
         self.assertGreaterEqual(len(hosts), 2, hosts)
-        report = json.load(open(os.path.join(run_dir, "audit.json")))
+        with open(os.path.join(run_dir, "audit.json")) as f:
+            report = json.load(f)
         self.assertEqual(report["shares"], 4)
         self.assertEqual([(i["from"], i["to"]) for i in report["intervals"]], [(s, s + 1) for s in range(8)])
         bad = [(i["from"], i["to"]) for i in report["intervals"] if i["verdict"] != "reproduced"]
