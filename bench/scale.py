@@ -329,11 +329,14 @@ def math_of(run_dir):
 
 
 def incidents_of(run_dir):
-    """incidents.jsonl without its times: what the decisions were."""
+    """incidents.jsonl without its times and Slurm job ids (every srun of --cluster is a job of its
+    own): what the decisions were."""
     path = os.path.join(run_dir, "incidents.jsonl")
     if not os.path.exists(path):
         return []
-    return [{k: v for k, v in json.loads(l).items() if k != "time"} for l in open(path) if l.endswith("\n")]
+    with open(path) as f:
+        return [{k: v for k, v in json.loads(l).items() if k not in ("time", "slurm_job_id")}
+                for l in f if l.endswith("\n")]
 
 
 def vote_arrangements(work, world, shim):
