@@ -323,6 +323,20 @@ class MultiNodeLong(MultiNode):
         self.assertEqual((j2["hosts"], j2["NumTasks"], d2["decision"]), (["node1", "node3", "node4"], "3", "done"), log)
         self.assert_clean_bits(run_dir)
 
+    def test_the_first_jobs_exclude_list_stays_and_sbatch_args_cannot_replace_it(self):
+        run_dir = self.path("run")
+        self.train(run_dir, ["-N3", "--ntasks-per-node=1", "--exclude=node4"], fault("node2", 5))
+        refused = self.train(self.path("refused"), ["-N2"], [], extra={"CULPRIT_SBATCH_ARGS": "-O --exclude=node1"})
+        self.wait_queue_empty()
+        log = self.outputs()
+        (d1, j1), (d2, j2) = self.chain(run_dir)
+        self.assertEqual(j1["hosts"], NODES[:3], log)
+        self.assertEqual(d1["exclude"], "node4,node2", d1)  # the user's node4 and the bad node2
+        self.assertEqual((d2["decision"], j2["hosts"]), ("done", ["node1", "node3"]), log)
+        self.assert_clean_bits(run_dir)
+        self.assertEqual(self.job(refused)["ExitCode"], "2:0", log)
+        self.assertIn("CULPRIT_SBATCH_ARGS holds '--exclude=node1'", log)
+
     # ---- b: a node dies mid-step ----
     def test_a_node_dies_mid_step_and_is_named(self):
         run_dir = self.path("run")
