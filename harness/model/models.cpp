@@ -106,9 +106,9 @@ class Mlp : public BuiltinModel {
  public:
   Mlp(std::int64_t in, std::int64_t hidden, std::int64_t out) : net_(std::make_shared<MlpNet>(in, hidden, out)) {}
   at::Tensor forward(const at::Tensor& x) override {
-    auto h = tap("fc1", linear(net_->fc1, x.flatten(1)));
-    h = tap("fc2", linear(net_->fc2, torch::relu(h)));
-    return tap("fc3", linear(net_->fc3, torch::relu(h)));
+    auto h = call("fc1", [&] { return linear(net_->fc1, x.flatten(1)); });
+    h = call("fc2", [&] { return linear(net_->fc2, torch::relu(h)); });
+    return call("fc3", [&] { return linear(net_->fc3, torch::relu(h)); });
   }
   std::vector<std::string> layers() const override { return {"fc1", "fc2", "fc3"}; }
 
@@ -122,11 +122,11 @@ class Cnn : public BuiltinModel {
   Cnn(std::int64_t c, std::int64_t h, std::int64_t w, std::int64_t out)
       : net_(std::make_shared<CnnNet>(c, h, w, out)) {}
   at::Tensor forward(const at::Tensor& x) override {
-    auto h = tap("conv1", net_->conv1(x));
+    auto h = call("conv1", [&] { return net_->conv1(x); });
     h = torch::max_pool2d(torch::relu(h), 2);
-    h = tap("conv2", net_->conv2(h));
+    h = call("conv2", [&] { return net_->conv2(h); });
     h = torch::max_pool2d(torch::relu(h), 2);
-    return tap("fc", linear(net_->fc, h.flatten(1)));
+    return call("fc", [&] { return linear(net_->fc, h.flatten(1)); });
   }
   std::vector<std::string> layers() const override { return {"conv1", "conv2", "fc"}; }
 
@@ -155,29 +155,33 @@ class Gpt : public BuiltinModel {
     const bool train = net_->is_training();
     const std::int64_t n = idx.size(0), t = idx.size(1), d = g_.width, heads = g_.heads, hd = d / heads;
     auto pos = torch::arange(t, torch::kLong);
-    auto x = tap("tok_emb", net_->tok_emb(idx)) + tap("pos_emb", net_->pos_emb(pos));
+    auto x = call("tok_emb", [&] { return net_->tok_emb(idx); }) + call("pos_emb", [&] { return net_->pos_emb(pos); });
     x = torch::dropout(x, kDropout, train);
     auto mask = torch::ones({t, t}, torch::kBool).triu(1);
     for (int i = 0; i < g_.layers; ++i) {
       const auto& blk = blocks_[i];
       const std::string b = "blocks." + std::to_string(i) + ".";
-      auto h = tap(b + "ln1", blk->ln1(x));
-      auto qkv = tap(b + "attn.qkv", linear(blk->attn->qkv, h)).view({n, t, 3, heads, hd}).permute({2, 0, 3, 1, 4});
+      auto h = call(b + "ln1", [&] { return blk->ln1(x); });
+      auto qkv = call(b + "attn.qkv", [&] { return linear(blk->attn->qkv, h); }).view({n, t, 3, heads, hd}).permute({2, 0, 3, 1, 4});
       auto q = qkv[0], k = qkv[1], v = qkv[2];
       auto att = torch::matmul(q, k.transpose(-2, -1)) / std::sqrt(static_cast<double>(hd));
       att = torch::softmax(att.masked_fill(mask, -std::numeric_limits<float>::infinity()), -1);
       att = torch::dropout(att, kDropout, train);
       auto y = torch::matmul(att, v).transpose(1, 2).contiguous().view({n, t, d});
-      x = x + torch::dropout(tap(b + "attn.proj", linear(blk->attn->proj, y)), kDropout, train);
-      h = tap(b + "ln2", blk->ln2(x));
-      h = torch::gelu(tap(b + "mlp.fc", linear(blk->mlp->fc, h)));
-      x = x + torch::dropout(tap(b + "mlp.proj", linear(blk->mlp->proj, h)), kDropout, train);
+      x = x + torch::dropout(call(b + "attn.proj", [&] { return linear(blk->attn->proj, y); }), kDropout, train);
+      h = call(b + "ln2", [&] { return blk->ln2(x); });
+      h = torch::gelu(call(b + "mlp.fc", [&] { return linear(blk->mlp->fc, h); }));
+      x = x + torch::dropout(call(b + "mlp.proj", [&] { return linear(blk->mlp->proj, h); }), kDropout, train);
     }
-    auto h = tap("ln_f", net_->ln_f(x));
-    return tap("head", g_.tie_head ? torch::linear(h, net_->tok_emb->weight) : linear(net_->head, h));
+    auto h = call("ln_f", [&] { return net_->ln_f(x); });
+    return call("head", [&] { return g_.tie_head ? torch::linear(h, net_->tok_emb->weight) : linear(net_->head, h); });
   }
   std::vector<std::string> layers() const override { return names_; }
   std::vector<std::string> embeddings() const override { return {"tok_emb.weight", "pos_emb.weight"}; }
+  std::vector<std::pair<std::string, std::string>> borrowed() const override {
+    if (g_.tie_head) return {{"head", "tok_emb.weight"}};
+    return {};
+  }
 
  private:
   torch::nn::Module* module() override { return net_.get(); }
@@ -204,6 +208,7 @@ class Scripted : public Model {
  public:
   explicit Scripted(torch::jit::Module m) : m_(std::move(m)) {}
   at::Tensor forward(const at::Tensor& x) override {
+    enter(kOutputLayer);
     auto out = m_.forward({x});
     if (!out.isTensor()) throw std::runtime_error("TorchScript forward must return one tensor");
     return tap(kOutputLayer, out.toTensor());

@@ -62,6 +62,14 @@ void PyModel::hook_layers() {
       return py::cast(r);
     });
     handles_.push_back(modules[py::str(name)].attr("register_forward_hook")(hook));
+    // Before the call: --shard-params gathers the layer's parameters.
+    auto pre = py::cpp_function([this, name](py::object, py::object) -> py::object {
+      if (!observer_) return py::none();
+      Watchdog::InScript back_in_culprit("a layer hook", /*in_script=*/false);
+      enter(name);
+      return py::none();
+    });
+    handles_.push_back(modules[py::str(name)].attr("register_forward_pre_hook")(pre));
   }
 }
 

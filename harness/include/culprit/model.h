@@ -19,11 +19,14 @@ struct NamedTensor {
   at::Tensor tensor;
 };
 
-// Sees every layer output in forward order; may return a modified tensor (fault injection) and
-// may register gradient hooks on it (backward fingerprints). Layer names are state-dict prefixes.
+// Sees every layer call in forward order: on_enter before it (--shard-params gathers the layer's
+// parameters there), on_forward with its output, which it may replace (fault injection) and hook
+// (backward fingerprints, the gather before the layer's backward). Layer names are state-dict
+// prefixes.
 class LayerObserver {
  public:
   virtual ~LayerObserver() = default;
+  virtual void on_enter(const std::string& layer) {}
   virtual at::Tensor on_forward(const std::string& layer, const at::Tensor& output) = 0;
 };
 
@@ -45,6 +48,9 @@ class Model {
   // Parameters known by more names than named_parameters() gives (a head tied to the embedding):
   // (other name, the parameter's name). The state dict has both.
   virtual std::vector<std::pair<std::string, std::string>> tied() const { return {}; }
+  // Parameters a layer reads that its name does not prefix: (layer, parameter name), such as a
+  // head that multiplies by the embedding's table (--shard-params gathers them for that layer).
+  virtual std::vector<std::pair<std::string, std::string>> borrowed() const { return {}; }
   // False when forward is opaque and layers() is only the model's output (kOutputLayer).
   virtual bool per_layer() const { return true; }
   // A model that computes its own loss (a Python model: its forward, whatever it returns, and the
@@ -68,8 +74,18 @@ class Model {
   void set_observer(LayerObserver* o) { observer_ = o; }
 
  protected:
+  // Every layer call is enter(layer) before it and tap(layer, output) after it.
+  void enter(const std::string& layer) {
+    if (observer_) observer_->on_enter(layer);
+  }
   at::Tensor tap(const std::string& layer, const at::Tensor& t) {
     return observer_ ? observer_->on_forward(layer, t) : t;
+  }
+  // The layer's call f() between the two.
+  template <class F>
+  at::Tensor call(const std::string& layer, F&& f) {
+    enter(layer);
+    return tap(layer, f());
   }
   LayerObserver* observer_ = nullptr;
 };
