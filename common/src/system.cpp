@@ -2,10 +2,14 @@
 #include "culprit/system.h"
 
 #include <sched.h>
+#include <sys/mman.h>
 #include <sys/resource.h>
 #include <unistd.h>
 
+#include <cstdint>
 #include <cstdio>
+#include <cstring>
+#include <vector>
 #include <filesystem>
 #include <new>
 #include <thread>
@@ -116,6 +120,36 @@ Status out_of_memory(const std::string& what) {
   return Status::BadInput(what + ": out of memory (" + (mem ? human_bytes(static_cast<double>(mem)) + " of " + why : why) +
                           "): the run needs more than this rank may use; raise the limit, or shrink the model, "
                           "--global-batch or --micro-shards per rank");
+}
+
+std::uint64_t peak_rss_bytes() {
+  FILE* f = std::fopen("/proc/self/status", "r");
+  if (!f) return 0;
+  char line[256];
+  unsigned long long kib = 0;
+  while (std::fgets(line, sizeof line, f))
+    if (std::sscanf(line, "VmHWM: %llu kB", &kib) == 1) break;
+  std::fclose(f);
+  return static_cast<std::uint64_t>(kib) * 1024;
+}
+
+void reset_peak_rss() {
+  FILE* f = std::fopen("/proc/self/clear_refs", "w");
+  if (!f) return;
+  std::fputs("5", f);
+  std::fclose(f);
+}
+
+std::uint64_t resident_bytes(const void* p, std::size_t n) {
+  const auto page = static_cast<std::uintptr_t>(::sysconf(_SC_PAGESIZE));
+  const auto lo = reinterpret_cast<std::uintptr_t>(p) / page * page;
+  const auto hi = (reinterpret_cast<std::uintptr_t>(p) + n + page - 1) / page * page;
+  if (n == 0) return 0;
+  std::vector<unsigned char> in((hi - lo) / page);
+  if (::mincore(reinterpret_cast<void*>(lo), hi - lo, in.data()) != 0) return 0;
+  std::uint64_t pages = 0;
+  for (unsigned char c : in) pages += c & 1;
+  return pages * page;
 }
 
 }  // namespace culprit

@@ -95,12 +95,14 @@ double state_bytes(const TrainConfig& c, double parameters, int world) {
   } else if (c.optim.momentum > 0) {
     optimizer = 1;
   }
-  if (c.shard_optimizer) optimizer /= std::max(1, world);  // each rank holds its slice
+  if (c.sharded()) optimizer /= std::max(1, world);  // each rank holds its slice
   // parameters, gradients, reduced gradient, spot-check leaf, checkpoint copy; the tree holds at
   // most log2(M) + 1 blocks and one pending leaf.
   // --clip-grad-norm: the clipped copy; --precision bf16: autocast's bfloat16 copy of the weights.
   const double recipe = (c.optim.clip_grad_norm > 0 ? 1 : 0) + (c.precision == Precision::kBf16 ? 0.5 : 0);
-  const double copies = 5 + std::log2(std::max(1, c.micro_shards)) + 2 + optimizer + recipe;
+  // --shard-params: the parameters are held in slices (the gathered layers come on top, unknown here).
+  const double params = c.shard_params ? 1.0 / std::max(1, world) : 1.0;
+  const double copies = 4 + params + std::log2(std::max(1, c.micro_shards)) + 2 + optimizer + recipe;
   return parameters * 4 * copies;
 }
 

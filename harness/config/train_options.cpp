@@ -159,6 +159,9 @@ opts::Table<C> make_table() {
     choice<C>("token-dtype", &C::token_dtype, "tokens data: auto | uint16 | uint32: the token ids' type (auto: PATH.json's \"dtype\")", kCritical),
     choice<C>("shuffle", &C::shuffle, "randperm | feistel: the epoch's sample order: torch.randperm (8 bytes per sample) or a keyed Feistel bijection (O(1) memory; docs/determinism.md)", kCritical),
     flag<C>("shard-optimizer", &C::shard_optimizer, "each rank keeps the optimizer state of, and updates, one slice of the flat parameters, then the ranks gather the parameters (ZeRO-1); the same bits as without"),
+    flag<C>("shard-params", &C::shard_params, "each rank keeps only its slice of the parameters and of their optimizer state, and updates it; a layer's parameters are gathered just before its forward and again before its backward, and released after each (ZeRO-3, FSDP); implies --shard-optimizer's slices; the same bits as without"),
+    flag<C>("memory-metrics", &C::memory_metrics, "metrics.jsonl gets rank 0's peak resident memory during each step (peak_rss_bytes) and the resident bytes of its parameter buffer after it (param_resident_bytes), as the kernel reports them"),
+    flag<C>("keep-gathered", &C::keep_gathered, "--shard-params: a layer's parameters, once gathered in a step, stay until the rank's micro-shards of the step are all computed (one gather per layer and step; memory: the whole model during the step)"),
     number<C>("hidden", &C::hidden, "mlp: hidden units per layer", Range<std::int64_t>{1, 1 << 20}, kCritical),
     number<C>("samples", &C::samples, "synthetic data: number of samples", Range<std::int64_t>{1, std::int64_t{1} << 40}, kCritical),
     custom<C>("sample-shape", "synthetic data: sample shape, e.g. 1,16,16 (empty: the model's default)", set_sample_shape, [](const C& c) { return join(c.sample_shape); }, kCritical),
@@ -397,10 +400,19 @@ Status validate(const TrainConfig& c, int world) {
                             "--model python:SCRIPT:FUNCTION (the Python package sets both, docs/python.md)");
   if (!script && (!o.script_optimizer.empty() || !o.script_state.empty()))
     return Status::BadInput("options '--script-optimizer' and '--optimizer-state' apply to --optimizer script");
-  if (script && c.shard_optimizer)
-    return Status::BadInput("option '--shard-optimizer' needs culprit's own update (an SGD or AdamW it maps): the "
-                            "script's optimizer " + o.script_optimizer + " steps whole parameters on every rank "
-                            "(docs/python.md, \"Optimizers\")");
+  if (script && c.sharded())
+    return Status::BadInput(std::string("option '") + (c.shard_params ? "--shard-params" : "--shard-optimizer") +
+                            "' needs culprit's own update (an SGD or AdamW it maps): the script's optimizer " +
+                            o.script_optimizer + " steps whole parameters on every rank (docs/python.md, \"Optimizers\")");
+  if (c.keep_gathered && !c.shard_params)
+    return Status::BadInput("option '--keep-gathered' keeps --shard-params' gathered layers: give --shard-params too");
+  if (c.shard_params && c.device == DeviceKind::kCuda)
+    return Status::BadInput("option '--shard-params' runs on the host: its released parameters are host pages given "
+                            "back to the kernel (docs/determinism.md, \"Sharded parameters\"); train --device cuda "
+                            "with --shard-optimizer");
+  if (c.shard_params && c.detect.spot_check > 0)
+    return Status::BadInput("option '--spot-check' recomputes micro-shards on other ranks, whose parameter gathers "
+                            "the other ranks would not make: with --shard-params use the audit (docs/detection.md)");
   CULPRIT_RETURN_IF_ERROR(validate_model_options(c));
   if (c.detect.on_detect == OnDetect::kDiagnose && c.trace == TraceLevel::kOff)
     return Status::BadInput("option '--on-detect diagnose' needs the trace: --trace step or layer");

@@ -77,7 +77,10 @@ void StepDetectors::vote(StepFacts& f) {
   const std::int64_t s = f.step;
   const int W = comm_->size;
   const bool comm_check = cfg_->detect.comm_check && W > 1;
-  const bool replicas = cfg_->detect.replica_check_every > 0 && s % cfg_->detect.replica_check_every == 0 && W > 1;
+  // --shard-params: no rank holds a replica (every rank composes the same fingerprints from the
+  // owners' chunk hashes), so there is nothing to compare; the trace's slice records cover the state.
+  const bool replicas = cfg_->detect.replica_check_every > 0 && s % cfg_->detect.replica_check_every == 0 && W > 1 &&
+                        !cfg_->shard_params;
   // The micro-shard facts travel here unless the spot check exchanged them already.
   const bool shard_facts = cfg_->detect.invariants && !f.shards_exchanged;
   if (!cfg_->detect.nonfinite && !cfg_->detect.invariants && !comm_check && !replicas && cfg_->detect.spike_window <= 0)
@@ -372,7 +375,10 @@ void StepDetectors::check_update(StepFacts& f, double lr, double used, const std
     for (std::size_t i = 0; i < params_.size(); ++i) {
       const double rate = param_lrs.empty() ? used : param_lrs.at(i);
       if (rate == 0 || f.param_fps[i] != prev_param_fps_[i]) continue;
-      for (std::int64_t j = offsets[i]; j < offsets[i] + sizes[i]; ++j)
+      // --shard-params: the elements of this rank's slice (each rank checks its own).
+      const std::int64_t first = std::max(offsets[i], f.held_lo);
+      const std::int64_t last = std::min(offsets[i] + sizes[i], f.held_hi < 0 ? offsets[i] + sizes[i] : f.held_hi);
+      for (std::int64_t j = first; j < last; ++j)
         if (f.reduced[j] != 0 && std::fabs(rate * f.update_scale * f.reduced[j]) > std::ldexp(std::fabs(p[j]), -16)) {
           f.violated("parameter '" + params_[i] + "' did not change in step " + std::to_string(f.step) +
                      " although its gradient is nonzero (a frozen or forgotten parameter, or an update that did "

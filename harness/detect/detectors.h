@@ -35,6 +35,7 @@ struct StepFacts {
   const float* reduced = nullptr;        // the reduced gradient, P values, then the loss
   double update_scale = 1;               // --clip-grad-norm: the clip factor the update applied to it
   std::int64_t params = 0;               // P
+  std::int64_t held_lo = 0, held_hi = -1;  // the flat parameters this rank holds (--shard-params; -1: all)
   double grad_norm = 0;                  // of the reduced gradient
   double seconds = 0;                    // time in detector work (metrics.jsonl detector_seconds)
   void violated(const std::string& what) {

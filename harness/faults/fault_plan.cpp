@@ -251,24 +251,37 @@ const SendFault* FaultPlan::on_send(const FireContext& c, SendFault* sf) const {
   return out;
 }
 
+namespace {
+
+// The part of parameter i a rank holds, as a 1-D view (part_of null: the parameter itself).
+at::Tensor held_part(const std::vector<NamedTensor>& params, std::size_t i, const FaultPlan::PartOf& part_of) {
+  if (!part_of) return params[i].tensor.detach();
+  const auto [first, count] = part_of(i);
+  return params[i].tensor.detach().view(-1).narrow(0, first, count);
+}
+
+}  // namespace
+
 std::vector<std::pair<std::size_t, at::Tensor>> FaultPlan::before_update(const FireContext& c,
-                                                                        const std::vector<NamedTensor>& params) const {
+                                                                        const std::vector<NamedTensor>& params,
+                                                                        const PartOf& part_of) const {
   std::vector<std::pair<std::size_t, at::Tensor>> lost;
   for (const auto& f : specs_) {
     const int pi = layer_param(f.layer);
     if (pi >= 0 && f.kind == FaultKind::kStale && hits(f, Phase::kParam, c, 0, false))
       for (std::size_t i = pi; i < params.size() && in_layer(i, f.layer); ++i)
-        lost.push_back({i, params[i].tensor.detach().clone()});
+        lost.push_back({i, held_part(params, i, part_of).clone()});
   }
   return lost;
 }
 
 void FaultPlan::after_update(const FireContext& c, const std::vector<NamedTensor>& params,
                              const std::vector<std::pair<std::size_t, at::Tensor>>& lost, const OptimizerState& opt,
-                             RestPart part, const std::function<bool(std::size_t, std::int64_t)>& held) const {
+                             RestPart part, const std::function<bool(std::size_t, std::int64_t)>& held,
+                             const PartOf& part_of) const {
   if (part != RestPart::kCopy) {
     torch::NoGradGuard ng;
-    for (const auto& [i, old] : lost) params[i].tensor.copy_(old);
+    for (const auto& [i, old] : lost) held_part(params, i, part_of).copy_(old);
   }
   // Faults at rest: this rank's copy of a layer's parameters or optimizer state.
   for (const auto& f : specs_) {
@@ -292,17 +305,24 @@ void FaultPlan::after_update(const FireContext& c, const std::vector<NamedTensor
 }
 
 Status FaultPlan::check_held(const std::function<bool(int, std::size_t, std::int64_t)>& held,
-                             const std::function<std::string(int)>& holds) const {
+                             const std::function<std::string(int)>& holds, bool params) const {
+  const std::string option = params ? "--shard-params" : "--shard-optimizer";
   for (const auto& f : specs_) {
     const int pi = layer_param(f.layer);
     if (f.rank < 0 || pi < 0) continue;
     // A lost update (stale param) lands on what the rank updates: some element of the layer.
     if (f.phase == Phase::kParam && f.kind == FaultKind::kStale && !held(f.rank, static_cast<std::size_t>(pi), -1))
-      return Status::BadInput("--inject " + f.text + ": with --shard-optimizer rank " + std::to_string(f.rank) +
+      return Status::BadInput("--inject " + f.text + ": with " + option + " rank " + std::to_string(f.rank) +
                               " updates no element of '" + f.layer + "' (" + holds(f.rank) + ")");
+    // With --shard-params a rank holds no copy of another slice for a parameter fault to land on.
+    if (params && f.phase == Phase::kParam && f.kind != FaultKind::kStale &&
+        !held(f.rank, static_cast<std::size_t>(pi), f.index))
+      return Status::BadInput("--inject " + f.text + ": with --shard-params rank " + std::to_string(f.rank) +
+                              " holds no element " + std::to_string(f.index) + " of '" + f.layer + "' (" +
+                              holds(f.rank) + "); give an index in its slice");
     if (f.phase != Phase::kOptimizer) continue;
     if (!held(f.rank, static_cast<std::size_t>(pi), f.index))
-      return Status::BadInput("--inject " + f.text + ": with --shard-optimizer rank " + std::to_string(f.rank) +
+      return Status::BadInput("--inject " + f.text + ": with " + option + " rank " + std::to_string(f.rank) +
                               " holds no optimizer state of element " + std::to_string(f.index) + " of '" + f.layer +
                               "' (" + holds(f.rank) + "); give an index in its slice");
   }

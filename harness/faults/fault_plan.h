@@ -61,9 +61,10 @@ class FaultPlan {
   Status check_dtypes(const std::map<std::string, at::ScalarType>& dtypes) const;
   // --shard-optimizer: an optimizer fault lands on state its rank holds (held(rank, param, index)),
   // a lost update on a layer the rank updates part of (held(rank, param, -1): any element of it);
-  // holds(rank) says what that rank holds, for the message.
+  // holds(rank) says what that rank holds, for the message. params (--shard-params): a parameter
+  // fault, too, must name an element the rank holds (it has no copy of the others).
   Status check_held(const std::function<bool(int, std::size_t, std::int64_t)>& held,
-                    const std::function<std::string(int)>& holds) const;
+                    const std::function<std::string(int)>& holds, bool params = false) const;
   // Whether a fault lands on a layer output (the model's layer hooks are needed).
   bool at_layer_outputs() const;
 
@@ -84,9 +85,13 @@ class FaultPlan {
   bool on_leaf(const FireContext& c, int k, float* leaf, std::size_t lo = 0, std::size_t hi = SIZE_MAX) const;
   // comm: the reduction's send buffer; null when no fault fires (storage: the returned fault).
   const SendFault* on_send(const FireContext& c, SendFault* storage) const;
-  // param (stale): parameters whose update does not land, with their values before it.
+  // param (stale): parameters whose update does not land, with their values before it. part_of(i):
+  // the elements of parameter i this rank holds, (first, count) (--shard-params: its slice; null:
+  // all of it); only those are kept and put back.
+  using PartOf = std::function<std::pair<std::int64_t, std::int64_t>(std::size_t)>;
   std::vector<std::pair<std::size_t, at::Tensor>> before_update(const FireContext& c,
-                                                                const std::vector<NamedTensor>& params) const;
+                                                                const std::vector<NamedTensor>& params,
+                                                                const PartOf& part_of = nullptr) const;
   // param, optimizer: the update's lost parameters put back, then faults at rest.
   // With --shard-optimizer the update runs in two parts around the parameter gather: `part` kHeld
   // (before it: the lost update, the optimizer faults, and parameter faults on an element the rank
@@ -97,7 +102,8 @@ class FaultPlan {
   void after_update(const FireContext& c, const std::vector<NamedTensor>& params,
                     const std::vector<std::pair<std::size_t, at::Tensor>>& lost, const OptimizerState& opt,
                     RestPart part = RestPart::kAll,
-                    const std::function<bool(std::size_t, std::int64_t)>& held = nullptr) const;
+                    const std::function<bool(std::size_t, std::int64_t)>& held = nullptr,
+                    const PartOf& part_of = nullptr) const;
 
  private:
   // Whether f fires in this phase of this execution (a pure predicate: the same answer every call).

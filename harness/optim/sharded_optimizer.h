@@ -56,6 +56,8 @@ class ShardedOptimizer {
     // This rank's slot tensors of each state, taken on the main thread: the I/O thread's copy only
     // reads their bytes (train/trainer_state.cpp).
     std::map<std::pair<std::size_t, std::string>, at::Tensor> held;
+    // --shard-params: every parameter's fingerprint, composed (empty: the parameters are whole).
+    std::vector<Fingerprint> params;
   };
   Facts gather_facts() const;  // collective
   // The optimizer part of a sharded checkpoint from gathered facts (runs on the I/O thread).

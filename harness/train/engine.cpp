@@ -138,6 +138,8 @@ class EngineImpl : public Engine {
     // world size, a step alone, the float64 arbiter work on it); the bisection compares a sharded
     // run's slices with the replay's (trace::StepRow::shard).
     cfg_.shard_optimizer = false;
+    cfg_.shard_params = false;  // --shard-params too: the replay's parameters are whole
+    cfg_.keep_gathered = false;
     cfg_.quiet = true;
     setup_determinism(cfg_.threads);
     CULPRIT_RETURN_IF_ERROR(agree(comm, load_dataset(cfg_, &data_)));

@@ -18,13 +18,16 @@
 #include "culprit/watchdog.h"
 #include "culprit/finite.h"
 #include "culprit/rng.h"
+#include "culprit/system.h"
 #include "train/run_directory.h"
 #include "config/sizes.h"
 #include "train/trainer.h"
 
 namespace culprit::harness {
 
-Trainer::~Trainer() = default;  // here, where GradientReducer and ShardedOptimizer are complete
+// Here, where GradientReducer, ShardedOptimizer and ParamGatherer are complete. The model outlives
+// the trainer, its layer hooks (the observer) do not.
+Trainer::~Trainer() { model_.set_observer(nullptr); }
 
 namespace fs = std::filesystem;
 
@@ -207,6 +210,7 @@ void Trainer::step(std::int64_t s, StepMode mode, trace::StepRow* replayed) {
 // The step's firing context and facts; the learning rate (as scheduled) and the one this rank uses.
 double Trainer::begin_step(std::int64_t s, StepMode mode) {
   if (comm_.watchdog) comm_.watchdog->set_step(s);
+  if (cfg_.memory_metrics && mode == StepMode::kTrain) reset_peak_rss();  // the step's own peak
   const ShardRange mine = shard_range(comm_.rank, comm_.size, cfg_.micro_shards);
   step_.fire = FireContext{s, self(), mine.lo, 0, mode, mode == StepMode::kReplay ? replay_round_ : 0};
   StepFacts& f = step_.facts;
@@ -261,9 +265,12 @@ void Trainer::compute_local_shards() {
   // The next step's samples are read while this one computes (a replay reads what it is asked).
   if (step_.fire.mode == StepMode::kTrain) read_ahead(s + 1);
   acc_->clear();
+  if (gather_) gather_->begin_step();
   for (int k = mine.lo; k < mine.hi; ++k) {
     float* leaf = acc_->leaf_buffer();
+    if (gather_) gather_->begin_shard();
     compute_shard(step_.fire, k, leaf);
+    if (gather_) gather_->end_shard();
     if (detectors_.spot_checked(s, k)) {
       Stopwatch sw(&step_.facts.seconds);
       step_.facts.shards.leaf[k] = fingerprint_bytes(leaf, static_cast<std::size_t>(flat_.size + 1) * sizeof(float));
@@ -271,6 +278,8 @@ void Trainer::compute_local_shards() {
     if (rows) step_.shard_rows.push_back(shard_row(k, leaf));
     if (!reducer_->in_flight()) acc_->push(k);  // else when its reduction finishes
   }
+  // --shard-params: the most micro-shards any rank computes (W need not divide M).
+  if (gather_) gather_->end_step((cfg_.micro_shards + comm_.size - 1) / comm_.size);
 }
 
 void Trainer::reduce() {
@@ -303,9 +312,13 @@ Fingerprint Trainer::record(double lr, trace::StepRow* row) {
   // the vote's one scan of the flat buffer stays: a scan per tensor would sync per tensor).
   const bool scan = cfg_.detect.nonfinite && !flat_.flat.is_cuda();
   bool finite = true;
-  const Fingerprint fp = set_fingerprint(flat_.params, &row->param_fps, scan ? &finite : nullptr);
+  const Fingerprint fp = param_fingerprints(&row->param_fps, scan ? &finite : nullptr);
   if (scan) f.params_finite = finite ? 1 : 0;
   f.param_fps = row->param_fps;
+  if (gather_) {
+    f.held_lo = gather_->lo();
+    f.held_hi = gather_->hi();
+  }
   if (cfg_.detect.invariants) {
     Stopwatch sw(&f.seconds);
     // The script's optimizer: its update is no rate x gradient (Adam's, Muon's), so "a gradient but
@@ -332,6 +345,23 @@ Fingerprint Trainer::reduced_fp(int world, int c) const {
   const std::size_t P = static_cast<std::size_t>(flat_.size);
   const std::size_t lo = chunk_offset(P, world, c), hi = chunk_offset(P, world, c + 1);
   return fingerprint_bytes(reduced_.data() + lo, (hi - lo) * sizeof(float));
+}
+
+Fingerprint Trainer::param_fingerprints(std::vector<Fingerprint>* each, bool* finite) const {
+  if (!gather_) return set_fingerprint(flat_.params, each, finite);
+  // --shard-params: each rank hashes its slice's chunks; composed, they give an unsharded run's values.
+  const std::vector<std::uint64_t> hashes =
+      gather_chunk_hashes(comm_, zero_->layout(), gather_->own_chunk_hashes(), "the parameters' fingerprints");
+  if (finite) *finite = gather_->own_finite();
+  FingerprintSet set;
+  if (each) each->clear();
+  for (std::size_t i = 0; i < flat_.params.size(); ++i) {
+    const Fingerprint f = zero_->layout().param_fp(hashes, i);
+    if (each) each->push_back(f);
+    const auto sizes = flat_.params[i].tensor.sizes();
+    set.add(flat_.params[i].name, DType::kFloat32, std::vector<std::int64_t>(sizes.begin(), sizes.end()), f);
+  }
+  return set.finish();
 }
 
 std::vector<Fingerprint> Trainer::reduced_param_fps() const { return param_grad_fps(reduced_.data()); }
@@ -364,6 +394,15 @@ std::string Trainer::group_lrs_json() const {
   return s + "]";
 }
 
+// --memory-metrics: the step's peak resident memory and the parameter buffer's resident bytes, as
+// the kernel reports them (docs/performance.md measures --shard-params with them).
+std::string Trainer::memory_json() const {
+  if (!cfg_.memory_metrics || flat_.flat.is_cuda()) return "";
+  const auto resident = resident_bytes(flat_.flat.data_ptr(), static_cast<std::size_t>(flat_.size) * sizeof(float));
+  return ", \"peak_rss_bytes\": " + std::to_string(peak_rss_bytes()) + ", \"param_resident_bytes\": " +
+         std::to_string(resident);
+}
+
 void Trainer::write_metrics(double lr, Fingerprint fp, double secs) {
   if (comm_.rank != 0 || !metrics_) return;
   const StepFacts& f = step_.facts;
@@ -371,14 +410,14 @@ void Trainer::write_metrics(double lr, Fingerprint fp, double secs) {
   std::fprintf(metrics_,
                "{\"step\": %lld, \"loss\": %s, \"grad_norm\": %s, \"lr\": %s, \"fingerprint\": \"%s\", "
                "\"seconds\": %.6f, \"detector_seconds\": %.6f, \"data_wait_seconds\": %.6f, \"data_read_seconds\": %.6f, "
-               "\"optimizer_bytes\": %lld%s%s%s}\n",
+               "\"optimizer_bytes\": %lld%s%s%s%s}\n",
                static_cast<long long>(f.step), json_float(loss).c_str(), format_json_number(f.grad_norm).c_str(),
                format_json_number(lr).c_str(), fingerprint_hex(fp).c_str(), secs, f.seconds, step_.data_wait,
                step_.data_read, static_cast<long long>(opt_->state_bytes()),
                cfg_.optim.clip_grad_norm > 0 ? (", \"clip_factor\": " + json_float(step_.clip_factor) +
                                                  ", \"clip_seconds\": " + format_json_number(step_.clip_seconds)).c_str()
                                               : "",
-               f.shards_exchanged ? ", \"spot_checked\": true" : "", group_lrs_json().c_str());
+               f.shards_exchanged ? ", \"spot_checked\": true" : "", group_lrs_json().c_str(), memory_json().c_str());
   if ((std::fflush(metrics_) != 0 || std::ferror(metrics_)) && metrics_status_.ok())
     metrics_status_ = Status::IoError("cannot append to '" + (fs::path(cfg_.run_dir) / "metrics.jsonl").string() +
                                       "': " + std::strerror(errno));
@@ -446,8 +485,10 @@ Status Trainer::run(std::int64_t start_step, const std::string& resumed_from) {
   }
   model_.set_training(true);
   reducer_->install(device_.is_cuda());  // collective; replays (engine.cpp) reduce after the backward pass
+  // --shard-params: from here on each rank holds its slice of the parameters only.
+  if (gather_) gather_->shard();
   std::vector<Fingerprint> initial;
-  set_fingerprint(flat_.params, &initial);
+  param_fingerprints(&initial);
   detectors_.start(initial);
   spot_leaf_.assign(static_cast<std::size_t>(flat_.size + 1), 0.0f);
   // The first step's samples are read ahead before the initial checkpoint: an HDF5 source reads on
@@ -474,7 +515,7 @@ Status Trainer::run(std::int64_t start_step, const std::string& resumed_from) {
   Status io_status = pipeline_->close();
   if (st.ok()) st = io_status;
   pipeline_.reset();
-  const Fingerprint last_fp = set_fingerprint(flat_.params);
+  const Fingerprint last_fp = param_fingerprints();
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   if (comm_.rank == 0) {
     std::fclose(metrics_);

@@ -33,6 +33,7 @@
 #include "faults/fault_plan.h"
 #include "faults/layer_trace.h"
 #include "model/flat_params.h"
+#include "optim/param_gatherer.h"
 #include "optim/sharded_optimizer.h"
 #include "train/checkpoint_pipeline.h"
 #include "train/gradient_reducer.h"
@@ -138,6 +139,7 @@ class Trainer {
   Fingerprint record(double lr, trace::StepRow* row);  // fingerprints, invariants, the trace row
   void write_metrics(double lr, Fingerprint fp, double secs);
   std::string group_lrs_json() const;
+  std::string memory_json() const;  // --memory-metrics' fields
 
   // ---- micro-shard helpers (trainer.cpp; the samples: trainer_data.cpp) ----
   const at::Tensor& epoch_order(std::int64_t epoch);
@@ -159,7 +161,11 @@ class Trainer {
   std::vector<Fingerprint> sample_fingerprints(const at::Tensor& x) const;  // per sample (row) of x
   int self() const { return device_rank_ < 0 ? comm_.rank : device_rank_; }
 
-  bool sharded() const { return cfg_.shard_optimizer; }
+  bool sharded() const { return cfg_.sharded(); }
+  // Collective with --shard-params (composed from the owners' chunk hashes): every parameter's
+  // fingerprint into *each, their set's returned; *finite: whether this rank's (slice of the)
+  // parameters is finite.
+  Fingerprint param_fingerprints(std::vector<Fingerprint>* each = nullptr, bool* finite = nullptr) const;
 
  public:
   // Flat elements [lo, hi) as a sharded rank records its slice (ShardedOptimizer::slice_record).
@@ -185,6 +191,7 @@ class Trainer {
   FlatParams flat_;
   std::unique_ptr<OptimizerState> opt_;
   std::unique_ptr<ShardedOptimizer> zero_;  // --shard-optimizer's layout and gathers (and slice records)
+  std::unique_ptr<ParamGatherer> gather_;   // --shard-params (training): the layers' gathers; null otherwise
   std::unique_ptr<TreeAccumulator> acc_;
   std::vector<float> reduced_;  // the reduced gradient and loss (P + 1)
   TreeWorkspace tree_ws_;

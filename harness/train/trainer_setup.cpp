@@ -70,7 +70,9 @@ void Trainer::build_flat_params() {
     flat_.byte_sizes.push_back(static_cast<std::size_t>(p.tensor.numel()) * sizeof(float));
     flat_.size += p.tensor.numel();
   }
-  flat_.flat = torch::empty({flat_.size}, torch::TensorOptions().dtype(torch::kFloat32).device(device_));
+  // --shard-params: pages a released parameter gives back (optim/param_gatherer.h).
+  flat_.flat = cfg_.shard_params ? paged_flat_buffer(flat_.size)
+                                 : torch::empty({flat_.size}, torch::TensorOptions().dtype(torch::kFloat32).device(device_));
   torch::NoGradGuard ng;
   if (device_.is_cuda())
     for (const auto& b : model_.buffers()) b.tensor.set_data(b.tensor.to(device_));
@@ -134,12 +136,23 @@ Status Trainer::init(StepMode mode) {
     }, [this](int rank) {
       return "rank " + std::to_string(rank) + " holds flat elements [" + std::to_string(zero_->layout().lo(rank)) + ", " +
              std::to_string(zero_->layout().hi(rank)) + ")";
-    }));
+    }, cfg_.shard_params));
   if (cfg_.trace == TraceLevel::kLayer || faults_.at_layer_outputs()) {
     layers_ = std::make_unique<LayerTrace>(&faults_, model_layers, cfg_.trace == TraceLevel::kLayer);
     model_.set_observer(layers_.get());
   }
-  return check_model(mode);
+  CULPRIT_RETURN_IF_ERROR(check_model(mode));
+  if (cfg_.shard_params && mode == StepMode::kTrain) {
+    // The layers' uses beyond their names: borrowed parameters, and a tied name's layer.
+    std::vector<std::pair<std::string, std::string>> uses = model_.borrowed();
+    for (const auto& [other, name] : model_.tied())
+      for (const std::string& l : model_layers)
+        if (other.compare(0, l.size() + 1, l + ".") == 0) uses.emplace_back(l, name);
+    gather_ = std::make_unique<ParamGatherer>(comm_, flat_, zero_->layout(), model_layers, uses, cfg_.keep_gathered,
+                                              layers_.get());
+    model_.set_observer(gather_.get());
+  }
+  return Status::OK();
 }
 
 // The model's output is narrower than the labels need: name the width, the valid labels and the
@@ -327,6 +340,7 @@ StateProbe Trainer::probe() {
   StateProbe p;
   p.optimizer_fps = [this] { return optimizer_fps(); };
   p.params_finite = [this] {
+    if (gather_) return gather_->own_finite();  // --shard-params: this rank's slice
     return flat_.flat.is_cuda() ? torch::isfinite(flat_.flat).all().item<bool>()
                                 : all_finite(flat_.flat.data_ptr<float>(), static_cast<std::size_t>(flat_.size));
   };

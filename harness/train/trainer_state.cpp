@@ -1,5 +1,6 @@
 // The trainer's state as culprit stores it: the snapshot a checkpoint writes, restore on resume or
 // rewind, and the trace's header.
+#include <algorithm>
 #include <cstring>
 #include <map>
 
@@ -31,7 +32,25 @@ void Trainer::snapshot(std::int64_t step, ckpt::Checkpoint* cp, const std::vecto
     if (n) std::memcpy(r.bytes.data(), ct.data_ptr(), n);
   };
   std::size_t nm = 0, no = 0, nr = 0;
-  for (const auto& p : flat_.params) put(c.model, nm, p.name, p.tensor);
+  if (sharded && !sharded->params.empty()) {
+    // --shard-params: each rank writes its slice of each parameter, with the whole one's fingerprint.
+    for (std::size_t i = 0; i < flat_.params.size(); ++i) {
+      if (c.model.size() <= nm) c.model.resize(nm + 1);
+      ckpt::RawTensor& r = c.model[nm++];
+      const auto& p = flat_.params[i];
+      r.name = p.name;
+      r.dtype = DType::kFloat32;
+      r.shape.assign(p.tensor.sizes().begin(), p.tensor.sizes().end());
+      r.fingerprint = sharded->params[i];
+      const std::int64_t a = std::max(zero_->layout().lo(comm_.rank), flat_.offsets[i]);
+      const std::int64_t b = std::min(zero_->layout().hi(comm_.rank), flat_.offsets[i] + flat_.sizes[i]);
+      r.slice_lo = a < b ? a - flat_.offsets[i] : 0;
+      r.bytes.resize(a < b ? static_cast<std::size_t>(b - a) * sizeof(float) : 0);
+      if (a < b) std::memcpy(r.bytes.data(), flat_.flat.data_ptr<float>() + a, r.bytes.size());
+    }
+  } else {
+    for (const auto& p : flat_.params) put(c.model, nm, p.name, p.tensor);
+  }
   for (const auto& b : buffers ? *buffers : model_.buffers()) put(c.model, nm, b.name, b.tensor);
   if (sharded) {
     zero_->snapshot(*sharded, &c.optimizer);
@@ -87,6 +106,7 @@ Status Trainer::save_checkpoint(std::int64_t step) {
   // thread (the copy runs on the I/O thread, before the next update changes anything).
   std::shared_ptr<ShardedOptimizer::Facts> gathered;
   if (sharded()) gathered = std::make_shared<ShardedOptimizer::Facts>(zero_->gather_facts());
+  if (gather_) param_fingerprints(&gathered->params);
   return pipeline_->save(step, [this, buffers, step, gathered](ckpt::Checkpoint* c) {
     snapshot(step, c, buffers.get(), gathered.get());
   });

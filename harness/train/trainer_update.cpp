@@ -3,7 +3,9 @@
 // phases around it. Part of the Trainer (trainer.h); the step that calls it: trainer.cpp.
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <numeric>
+#include <utility>
 #include <vector>
 
 #include "train/trainer.h"
@@ -29,16 +31,26 @@ void Trainer::update(double lr) {
     auto t = s.tensor;
     t.mutable_grad() = grads.narrow(0, flat_.offsets[s.param] + s.offset, t.numel()).view(t.sizes());
   }
-  const auto lost = faults_.before_update(step_.fire, flat_.params);
+  // --shard-params: a lost update keeps this rank's slice of the layer, the only part it holds.
+  FaultPlan::PartOf part_of;
+  if (gather_)
+    part_of = [this](std::size_t i) {
+      const std::int64_t a = std::max(gather_->lo(), flat_.offsets[i]);
+      const std::int64_t b = std::min(gather_->hi(), flat_.offsets[i] + flat_.sizes[i]);
+      return std::make_pair(a - flat_.offsets[i], std::max<std::int64_t>(0, b - a));
+    };
+  const auto lost = faults_.before_update(step_.fire, flat_.params, part_of);
   opt_->step();
   if (!sharded()) {
     faults_.after_update(step_.fire, flat_.params, lost, *opt_);
     return;
   }
   // A fault of this rank's slice (its master copy) is in what the gather spreads; one elsewhere
-  // hits this rank's copy, which the next gather refreshes.
+  // hits this rank's copy, which the next gather refreshes. --shard-params: there is no copy (such
+  // faults are refused at start), and the layers' gathers spread the slices.
   const auto held = [this](std::size_t i, std::int64_t e) { return zero_->layout().holds(comm_.rank, flat_.offsets[i] + e); };
-  faults_.after_update(step_.fire, flat_.params, lost, *opt_, FaultPlan::RestPart::kHeld, held);
+  faults_.after_update(step_.fire, flat_.params, lost, *opt_, FaultPlan::RestPart::kHeld, held, part_of);
+  if (gather_) return;
   zero_->gather_params();
   faults_.after_update(step_.fire, flat_.params, {}, *opt_, FaultPlan::RestPart::kCopy, held);
 }

@@ -2,6 +2,7 @@
 // bounds (culprit/options.h) and the size checks before large allocations ask here, so their error
 // messages can say what the system reported.
 #pragma once
+#include <cstddef>
 #include <cstdint>
 #include <exception>
 #include <string>
@@ -41,5 +42,13 @@ bool is_out_of_memory(const std::exception& e);
 // The one line for an allocation that failed in `what`: BadInput (the run does not fit the memory
 // this rank may use), naming the limits and what to do.
 Status out_of_memory(const std::string& what);
+
+// Memory measured (--memory-metrics): this process's peak resident set since the last reset
+// (VmHWM of /proc/self/status; 0 when unreadable), the reset (writing 5 to /proc/self/clear_refs:
+// the peak restarts at what is resident now), and how many bytes of [p, p + n) are resident now
+// (mincore).
+std::uint64_t peak_rss_bytes();
+void reset_peak_rss();
+std::uint64_t resident_bytes(const void* p, std::size_t n);
 
 }  // namespace culprit

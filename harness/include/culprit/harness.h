@@ -215,6 +215,10 @@ struct TrainConfig {
   TokenDType token_dtype = TokenDType::kAuto;
   Shuffle shuffle = Shuffle::kRandperm;
   bool shard_optimizer = false;    // each rank keeps the optimizer state of its slice (docs/determinism.md)
+  bool shard_params = false;       // ... and only its slice of the parameters, gathered layer by layer (ZeRO-3)
+  bool keep_gathered = false;      // --shard-params: a gathered layer stays for the step's local micro-shards
+  bool memory_metrics = false;     // metrics.jsonl: each step's peak resident memory and the parameters' resident bytes
+  bool sharded() const { return shard_optimizer || shard_params; }  // the optimizer state in slices
   std::int64_t samples = 2048;     // synthetic data set size
   std::int64_t hidden = 64;        // mlp: hidden width
   std::vector<std::int64_t> sample_shape;  // synthetic sample shape; empty: the model's default

@@ -1,0 +1,111 @@
+// --shard-params (ZeRO-3, as FSDP; docs/determinism.md, "Sharded parameters"): each rank keeps only
+// its slice of the flat parameter buffer (the --shard-optimizer slices, shard_layout.h); a layer's
+// parameters are gathered just before its forward and again before its backward, and released
+// after each. This class owns that: the buffer's pages (a parameter not gathered has no memory:
+// its pages are returned to the kernel and made inaccessible, so a stray read fails loudly instead
+// of reading zeros), which parameters each layer uses, the gathers (collectives, in the same order
+// on every rank), and the hooks that trigger them.
+//
+// Why pages and not a storage per layer: the parameters stay views of one flat buffer, so the
+// reduction, the optimizer's slots, the fingerprints and the checkpoint keep their one layout; a
+// released parameter keeps its address, so the tensors autograd saved for the backward pass are
+// still the parameter, filled again by the gather before that backward runs.
+//
+// The gather order is the model's call order, the same on every rank for every micro-shard. A rank
+// with fewer micro-shards in a step (W does not divide M) repeats the gathers of its first one
+// without computing (phantom rounds), so every rank makes the same collectives.
+#pragma once
+#include <ATen/core/Tensor.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <torch/csrc/autograd/function.h>
+
+#include "culprit/fingerprint.h"
+#include "culprit/model.h"
+#include "culprit/mpi_util.h"
+#include "model/flat_params.h"
+#include "optim/shard_layout.h"
+
+namespace culprit::harness {
+
+// The flat parameter buffer of a --shard-params run: page-aligned anonymous memory whose pages can
+// be returned to the kernel and made inaccessible (madvise, mprotect) and given back.
+at::Tensor paged_flat_buffer(std::int64_t elements);
+
+class ParamGatherer : public LayerObserver {
+ public:
+  // flat, layout and inner (the layer trace, or null) must outlive it. A layer uses the parameters
+  // its name prefixes, and `uses` names others: (layer, parameter name), from the model's borrowed
+  // and tied parameters. keep: --keep-gathered (a layer gathered once per step stays until the
+  // step's micro-shards are all computed).
+  ParamGatherer(const Comm& comm, FlatParams& flat, const ShardLayout& layout, const std::vector<std::string>& layers,
+                const std::vector<std::pair<std::string, std::string>>& uses, bool keep, LayerObserver* inner);
+  ~ParamGatherer() override;
+  ParamGatherer(const ParamGatherer&) = delete;
+  ParamGatherer& operator=(const ParamGatherer&) = delete;
+
+  // Releases every parameter this rank does not own: from here on only its slice has memory.
+  void shard();
+  // Makes the whole buffer accessible again (a restore writes every parameter), until shard().
+  void unshard();
+
+  // The step's compute: begin_step before the first micro-shard; begin_shard/end_shard around each
+  // micro-shard's forward and backward; end_step after the last (phantom rounds to `rounds`, the
+  // most micro-shards any rank computes this step), which releases everything.
+  void begin_step();
+  void begin_shard();
+  void end_shard();
+  void end_step(int rounds);
+
+  // LayerObserver: the layer's parameters gathered before its forward; after it, released, with a
+  // hook that gathers them again before the layer's backward.
+  void on_enter(const std::string& layer) override;
+  at::Tensor on_forward(const std::string& layer, const at::Tensor& output) override;
+
+  // This rank's fp1 chunk hashes of its slice (layout first_chunk order), for the composed
+  // fingerprints; and whether its slice is finite.
+  std::vector<std::uint64_t> own_chunk_hashes() const;
+  bool own_finite() const;
+  // The flat elements this rank holds: [lo, hi).
+  std::int64_t lo() const { return lo_; }
+  std::int64_t hi() const { return hi_; }
+  std::int64_t gathers() const { return gathers_; }      // collectives made so far
+  std::int64_t gathered_bytes() const { return bytes_; }  // their bytes received
+
+ private:
+  void gather(const std::vector<std::size_t>& params);    // those not gathered yet, collectively
+  void release(const std::vector<std::size_t>& params);   // their pages outside the slice
+  void gather_range(std::int64_t a, std::int64_t b);      // one collective: flat elements [a, b)
+  void drop_pages(std::int64_t a, std::int64_t b);        // pages in [a, b) no gathered element needs
+  void protect(std::int64_t a, std::int64_t b, bool access);
+  void param_final(std::size_t i);                        // the hook after i's gradient accumulator
+  int param_at(std::int64_t e) const;
+
+  Comm comm_;                  // a duplicate: the gathers never meet another collective
+  FlatParams& flat_;
+  const ShardLayout& layout_;
+  bool keep_;
+  LayerObserver* inner_;
+  float* base_ = nullptr;
+  std::int64_t lo_ = 0, hi_ = 0;
+  std::size_t page_ = 4096;    // elements per page: page_ / sizeof(float)
+  std::vector<std::vector<std::size_t>> unit_;   // per layer: the parameters it uses
+  std::vector<std::string> layer_names_;
+  std::vector<std::size_t> resident_;            // parameters no layer names: gathered for the whole step
+  std::vector<char> gathered_;                   // per parameter
+  bool sharded_ = false;
+  bool in_backward_ = false;
+  bool logging_ = false;                         // recording the first micro-shard's gathers
+  std::vector<std::pair<std::int64_t, std::int64_t>> log_;
+  int shards_ = 0;                               // micro-shards computed this step
+  std::int64_t gathers_ = 0, bytes_ = 0;
+  std::vector<std::pair<std::shared_ptr<torch::autograd::Node>, std::uintptr_t>> hooks_;
+};
+
+}  // namespace culprit::harness
