@@ -304,7 +304,29 @@ Status arbitrate_later(Context& ctx, const Finding& f, std::size_t i, Sibling* b
   return Status::OK();
 }
 
+// --shard-params: a slice the online gather check saw change (at rest on its owner, or on its way)
+// was gathered by every rank that computed with it, so their records of the step differ together:
+// the micro-shards are not where it happened, and the record of micro-shard 0 would name whichever
+// rank computed it. The check named the rank; a whole replay holds no slices, so it cannot rerun a
+// slice at rest: the verdict is unconfirmed.
+bool gathered_slice(Context& ctx, Finding* f, Evidence* ev) {
+  const records::Incident* first = ctx.first;
+  if (!first || first->step != f->step || first->detector != Detector::kGatherCheck || first->rank < 0) return false;
+  f->blamed = first->rank;
+  f->phase = Phase::kGather;
+  const auto dot = first->tensor.rfind('.');
+  f->layer = dot == std::string::npos ? first->tensor : first->tensor.substr(0, dot);
+  ev->blamed = true;
+  ev->at_rest = true;
+  ctx.note("the gather check of step " + std::to_string(f->step) + " named rank " + std::to_string(f->blamed) +
+           " for parameter '" + first->tensor + "' (" + first->message + "); micro-shard(s) " + rank_list(f->bad_shards) +
+           " differ because every rank that gathered it computed with it. A replay holds the parameters whole: it "
+           "cannot rerun a slice at rest, so transient and persistent cannot be told apart");
+  return true;
+}
+
 Status localize_shard(Context& ctx, Finding* f, Evidence* ev) {
+  if (gathered_slice(ctx, f, ev)) return Status::OK();
   std::vector<int> suspects;
   Sibling by;
   for (std::size_t i = 0; i < f->bad_shards.size(); ++i) {

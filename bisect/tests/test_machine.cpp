@@ -60,6 +60,11 @@ TEST(Machine, LocalizeEveryOutcome) {
   expect(State::kLocalize, outside, State::kDone, Verdict::kHardwareUnconfirmed);
   outside.rerunnable = false;
   expect(State::kLocalize, outside, State::kDone, Verdict::kHardwareUnconfirmed);
+  Evidence at_rest = with(&Evidence::blamed);
+  at_rest.at_rest = true;
+  expect(State::kLocalize, at_rest, State::kDone, Verdict::kHardwareUnconfirmed);
+  at_rest.rerunnable = true;  // even where the micro-shards could be rerun: they were not where it happened
+  expect(State::kLocalize, at_rest, State::kDone, Verdict::kHardwareUnconfirmed);
 }
 
 TEST(Machine, LocalizePrecedence) {

@@ -103,6 +103,7 @@ void StepDetectors::vote(StepFacts& f) {
   mine.bad_params =
       cfg_->detect.nonfinite && !(f.params_finite >= 0 ? f.params_finite == 1 : probe_.params_finite());
   mine.violated = !f.violation.empty();
+  mine.gather_chunk = comm_check ? f.gather_chunk : -1;
   if (comm_check) {
     layout.comm = true;
     mine.comm = *f.comm;
@@ -116,6 +117,7 @@ void StepDetectors::vote(StepFacts& f) {
   // each check below finds nothing, as it would have in the records.
   const std::vector<VoteRecord>& votes = v.records;
   if (comm_check) check_comm(f, votes);
+  if (comm_check && !votes.empty()) check_gather(f, votes);
   if (cfg_->detect.nonfinite) check_nonfinite(f, votes);
   if (cfg_->detect.invariants) {
     // Each micro-shard's facts come from its owner: every slot is set on one rank only; the vote ORs them.
@@ -139,6 +141,47 @@ void StepDetectors::check_comm(const StepFacts& f, const std::vector<VoteRecord>
   inc.ranks.clear();
   for (const auto& [from, to] : bad)
     if (std::find(inc.ranks.begin(), inc.ranks.end(), from) == inc.ranks.end()) inc.ranks.push_back(from);
+  incident(inc);
+}
+
+// --shard-params: every rank hashed each parameter as its first gather of the step gave it, and
+// compared the chunks with the hashes their owner recorded after its update. The first chunk any rank
+// saw differ names its owner when every other rank saw it too (what the owner sent changed: its
+// memory at rest, which its own check then also sees, or its link); a chunk that only some
+// receivers saw differ names the first of them (what arrived there).
+void StepDetectors::check_gather(const StepFacts& f, const std::vector<VoteRecord>& votes) {
+  std::int64_t k = -1;
+  for (const auto& v : votes)
+    if (v.gather_chunk >= 0 && (k < 0 || v.gather_chunk < k)) k = v.gather_chunk;
+  if (k < 0 || !probe_.chunk_owner) return;
+  const auto [owner, param] = probe_.chunk_owner(k);
+  std::vector<int> saw;
+  for (int r = 0; r < static_cast<int>(votes.size()); ++r)
+    if (votes[r].gather_chunk == k) saw.push_back(r);
+  const bool owner_saw = std::find(saw.begin(), saw.end(), owner) != saw.end();
+  const int others = static_cast<int>(saw.size()) - (owner_saw ? 1 : 0);
+  const std::string name = param < params_.size() ? params_[param] : "?";
+  const bool all_others = others == static_cast<int>(votes.size()) - 1;
+  Incident inc;
+  if (all_others || owner_saw) {
+    inc = make_incident(f.step, Detector::kGatherCheck, IncidentClass::kHardware, owner,
+                        "parameter '" + name + "' (chunk " + std::to_string(k) + ", rank " + std::to_string(owner) +
+                            "'s slice) " +
+                            (owner_saw ? "changed at rest on its owner, rank " + std::to_string(owner) +
+                                             ", after its update was recorded: every rank gathered the changed bits"
+                                       : "arrived at every other rank unlike rank " + std::to_string(owner) +
+                                             " recorded it after its update (what it sent)"));
+    inc.ranks = {owner};
+  } else {
+    inc = make_incident(f.step, Detector::kGatherCheck, IncidentClass::kHardware, saw.front(),
+                        "parameter '" + name + "' (chunk " + std::to_string(k) + ", rank " + std::to_string(owner) +
+                            "'s slice) arrived at rank " + std::to_string(saw.front()) +
+                            (saw.size() > 1 ? " and " + std::to_string(saw.size() - 1) + " more" : "") +
+                            " unlike its owner recorded it (what arrived there)");
+    inc.ranks = saw;
+  }
+  inc.tensor = name;
+  inc.what = Subject::kParameter;
   incident(inc);
 }
 

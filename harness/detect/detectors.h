@@ -36,6 +36,7 @@ struct StepFacts {
   double update_scale = 1;               // --clip-grad-norm: the clip factor the update applied to it
   std::int64_t params = 0;               // P
   std::int64_t held_lo = 0, held_hi = -1;  // the flat parameters this rank holds (--shard-params; -1: all)
+  std::int64_t gather_chunk = -1;        // --shard-params: the first chunk gathered unlike its owner's record
   double grad_norm = 0;                  // of the reduced gradient
   double seconds = 0;                    // time in detector work (metrics.jsonl detector_seconds)
   void violated(const std::string& what) {
@@ -52,6 +53,8 @@ struct StateProbe {
   // Recomputes micro-shard k of the step on this rank (attempt 1: spot check, 2: third opinion)
   // and returns its gradient leaf's fingerprint; the model's state is left as it was.
   std::function<Fingerprint(int k, int attempt)> recompute;
+  // --shard-params: the rank that owns fp1 chunk k (layout order) and the parameter it is part of.
+  std::function<std::pair<int, std::size_t>(std::int64_t k)> chunk_owner;
 };
 
 // Adds the time of its scope to *acc.
@@ -99,6 +102,7 @@ class StepDetectors {
   static Incident make_incident(std::int64_t step, Detector d, IncidentClass c, int rank, std::string message);
   void incident(Incident inc, bool may_halt = true);  // rank 0 logs it; it halts the run unless may_halt
   void check_comm(const StepFacts& f, const std::vector<VoteRecord>& votes);
+  void check_gather(const StepFacts& f, const std::vector<VoteRecord>& votes);  // --shard-params' gathers
   void check_nonfinite(const StepFacts& f, const std::vector<VoteRecord>& votes);
   void check_invariants(StepFacts& f, const std::vector<VoteRecord>& votes);
   void check_shard_invariants(const StepFacts& f);

@@ -28,7 +28,7 @@ void ShardFacts::assign(const Fingerprint* flat, int m) {
 }
 
 std::size_t VoteLayout::length() const {
-  return 3 + (comm ? 3 * static_cast<std::size_t>(world) : 0) + 4 * static_cast<std::size_t>(micro_shards) + replica;
+  return 4 + (comm ? 3 * static_cast<std::size_t>(world) : 0) + 4 * static_cast<std::size_t>(micro_shards) + replica;
 }
 
 std::vector<Fingerprint> pack(const VoteRecord& r, const VoteLayout& layout) {
@@ -37,6 +37,7 @@ std::vector<Fingerprint> pack(const VoteRecord& r, const VoteLayout& layout) {
   rec.push_back(static_cast<Fingerprint>(r.bad_shard + 1));
   rec.push_back(r.bad_params);
   rec.push_back(r.violated);
+  rec.push_back(static_cast<Fingerprint>(r.gather_chunk + 1));
   if (layout.comm) {
     const std::size_t W = static_cast<std::size_t>(layout.world);
     if (r.comm.sent.size() != W || r.comm.received.size() != W || r.comm.chunks.size() != W)
@@ -60,7 +61,8 @@ VoteRecord unpack(const Fingerprint* rec, const VoteLayout& layout) {
   r.bad_shard = static_cast<int>(rec[0]) - 1;
   r.bad_params = rec[1] != 0;
   r.violated = rec[2] != 0;
-  std::size_t i = 3;
+  r.gather_chunk = static_cast<std::int64_t>(rec[3]) - 1;
+  std::size_t i = 4;
   if (layout.comm) {
     const std::size_t W = static_cast<std::size_t>(layout.world);
     r.comm.sent.assign(rec + i, rec + i + W);

@@ -35,6 +35,9 @@ struct VoteRecord {
   int bad_shard = -1;        // first micro-shard of this rank with a non-finite loss or gradient
   bool bad_params = false;   // non-finite parameters after the update
   bool violated = false;     // this rank saw a training invariant broken
+  // --shard-params' gather check: the first fp1 chunk (layout order) whose gathered bits differed
+  // here from what its owner recorded after the last update; -1: none.
+  std::int64_t gather_chunk = -1;
   CommCheck comm;            // the reduction's message fingerprints (sent, received, chunks: W each)
   ShardFacts facts;          // when the spot check did not exchange them already
   std::vector<Fingerprint> replica;  // parameter and optimizer-state fingerprints (replica check)
@@ -49,7 +52,7 @@ struct VoteLayout {
   std::size_t length() const;
 };
 
-// [bad micro-shard + 1, bad parameters, invariant broken, sent (W), received (W), chunks (W),
+// [bad micro-shard + 1, bad parameters, invariant broken, gather chunk + 1, sent (W), received (W), chunks (W),
 //  facts (4M), replica fingerprints]. A record that does not fit the layout is a logic error.
 std::vector<Fingerprint> pack(const VoteRecord& r, const VoteLayout& layout);
 VoteRecord unpack(const Fingerprint* rec, const VoteLayout& layout);

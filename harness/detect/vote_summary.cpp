@@ -85,7 +85,7 @@ VoteSummary summarize(const VoteRecord& r, const VoteLayout& layout, int rank) {
   s.words.reserve(summary_words(layout));
   s.words = {1 + m4, layout.comm ? 1u : 0u, layout.replica};
   s.words.push_back((r.bad_shard >= 0 ? VoteSummary::kBadShard : 0) | (r.bad_params ? VoteSummary::kBadParams : 0) |
-                    (r.violated ? VoteSummary::kViolated : 0));
+                    (r.violated ? VoteSummary::kViolated : 0) | (r.gather_chunk >= 0 ? VoteSummary::kGather : 0));
   if (layout.micro_shards > 0) {
     if (r.facts.micro_shards() != layout.micro_shards) throw std::logic_error("vote: micro-shard facts");
     const auto f = r.facts.flat();

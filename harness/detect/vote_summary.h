@@ -19,12 +19,12 @@ namespace culprit::harness {
 // Words: [n_or, n_sum, n_minmax | n_or words OR-ed | n_sum words added mod 2^64 | n_minmax words
 // min-ed | n_minmax words max-ed]. The three counts make a summary self-describing, so the combine
 // needs no other context (an MPI_Op gets none). The sections:
-//   OR   flags (kBadShard, kBadParams, kViolated: exact), then the 4M micro-shard facts (each slot
+//   OR   flags (kBadShard, kBadParams, kViolated, kGather: exact), then the 4M micro-shard facts (each slot
 //        written by its owner only; the records' OR, bit for bit)
 //   SUM  with the comm check: its digest, 0 when every message arrived as it was sent (comm_digest)
 //   MIN/MAX every replica fingerprint: all ranks hold the same iff min == max (exact)
 struct VoteSummary {
-  static constexpr Fingerprint kBadShard = 1, kBadParams = 2, kViolated = 4;
+  static constexpr Fingerprint kBadShard = 1, kBadParams = 2, kViolated = 4, kGather = 8;
   std::vector<Fingerprint> words;
 
   std::size_t or_words() const { return words[0]; }

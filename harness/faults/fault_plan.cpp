@@ -304,6 +304,20 @@ void FaultPlan::after_update(const FireContext& c, const std::vector<NamedTensor
   }
 }
 
+void FaultPlan::on_gather(const FireContext& c, std::size_t param, const std::vector<NamedTensor>& params,
+                          const std::function<bool(std::size_t, std::int64_t)>& held) const {
+  for (const auto& f : specs_)
+    if (layer_param(f.layer) == static_cast<int>(param) && held(param, f.index % params[param].tensor.numel()) &&
+        hits(f, Phase::kGather, c, 0, false))
+      corrupt_in_place(f, params[param].tensor);
+}
+
+bool FaultPlan::has_phase(Phase p) const {
+  for (const auto& f : specs_)
+    if (f.phase == p) return true;
+  return false;
+}
+
 Status FaultPlan::check_held(const std::function<bool(int, std::size_t, std::int64_t)>& held,
                              const std::function<std::string(int)>& holds, bool params) const {
   const std::string option = params ? "--shard-params" : "--shard-optimizer";
@@ -315,7 +329,7 @@ Status FaultPlan::check_held(const std::function<bool(int, std::size_t, std::int
       return Status::BadInput("--inject " + f.text + ": with " + option + " rank " + std::to_string(f.rank) +
                               " updates no element of '" + f.layer + "' (" + holds(f.rank) + ")");
     // With --shard-params a rank holds no copy of another slice for a parameter fault to land on.
-    if (params && f.phase == Phase::kParam && f.kind != FaultKind::kStale &&
+    if (params && (f.phase == Phase::kParam || f.phase == Phase::kGather) && f.kind != FaultKind::kStale &&
         !held(f.rank, static_cast<std::size_t>(pi), f.index))
       return Status::BadInput("--inject " + f.text + ": with --shard-params rank " + std::to_string(f.rank) +
                               " holds no element " + std::to_string(f.index) + " of '" + f.layer + "' (" +

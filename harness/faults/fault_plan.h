@@ -98,6 +98,13 @@ class FaultPlan {
   // holds, its master copy, which the gather spreads) and kCopy (after it: parameter faults on an
   // element it does not hold, its own copy until the next gather). held(param, element): whether
   // the rank holds it.
+  // gather (--shard-params): the rank's slice of a layer's first parameter (param) corrupted in
+  // place just before the step's first gather of it: its memory at rest changed after the update
+  // was recorded, and the gather spreads the changed value.
+  // held(param, element): whether the rank holds it (another rank's element is never touched).
+  void on_gather(const FireContext& c, std::size_t param, const std::vector<NamedTensor>& params,
+                 const std::function<bool(std::size_t, std::int64_t)>& held) const;
+  bool has_phase(Phase p) const;  // whether a spec lands in phase p
   enum class RestPart { kAll, kHeld, kCopy };
   void after_update(const FireContext& c, const std::vector<NamedTensor>& params,
                     const std::vector<std::pair<std::size_t, at::Tensor>>& lost, const OptimizerState& opt,

@@ -215,6 +215,14 @@ void ParamGatherer::gather_range(std::int64_t a, std::int64_t b) {
 // is one).
 void ParamGatherer::gather(const std::vector<std::size_t>& params) {
   if (!sharded_) return;
+  // A parameter's first gather of the step: its faults at rest land, and it is checked after.
+  std::vector<std::size_t> first;
+  for (std::size_t i : params)
+    if (!gathered_[i] && !seen_[i]) {
+      seen_[i] = 1;
+      first.push_back(i);
+      if (before_gather_) before_gather_(i);
+    }
   std::int64_t a = -1, b = -1;
   for (std::size_t i : params) {
     if (gathered_[i]) continue;
@@ -229,6 +237,17 @@ void ParamGatherer::gather(const std::vector<std::size_t>& params) {
     b = e;
   }
   if (a >= 0) gather_range(a, b);
+  for (std::size_t i : first) verify(i);
+}
+
+void ParamGatherer::verify(std::size_t i) {
+  if (!check_ || expected_.size() != layout_.chunks().size()) return;
+  for (std::size_t k = layout_.param_chunk(i); k < layout_.param_chunk(i + 1); ++k) {
+    const ParamChunk& ch = layout_.chunks()[k];
+    if (chunk_hash(base_ + ch.begin, static_cast<std::size_t>(ch.end - ch.begin) * sizeof(float)) == expected_[k]) continue;
+    if (mismatch_ < 0 || static_cast<std::int64_t>(k) < mismatch_) mismatch_ = static_cast<std::int64_t>(k);
+    return;
+  }
 }
 
 void ParamGatherer::release(const std::vector<std::size_t>& params) {
@@ -243,6 +262,8 @@ void ParamGatherer::release(const std::vector<std::size_t>& params) {
 void ParamGatherer::begin_step() {
   shards_ = 0;
   log_.clear();
+  seen_.assign(flat_.params.size(), 0);
+  mismatch_ = -1;
   gather(resident_);
 }
 

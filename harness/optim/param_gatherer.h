@@ -19,6 +19,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <utility>
@@ -68,6 +69,17 @@ class ParamGatherer : public LayerObserver {
   void on_enter(const std::string& layer) override;
   at::Tensor on_forward(const std::string& layer, const at::Tensor& output) override;
 
+  // The gather check (--comm-check): every chunk's hash as its owner recorded it after the last
+  // update (layout chunk order; what the composed fingerprints were made of). A parameter's first
+  // gather in a step is compared with them on every rank that receives it, and on its owner: the
+  // first chunk that differs is mismatch() (-1: none), until the next begin_step.
+  void expect(std::vector<std::uint64_t> hashes) { expected_ = std::move(hashes); }
+  std::int64_t mismatch() const { return mismatch_; }
+  // Called with a parameter's index just before its first gather of the step (the faults of
+  // phase gather: FaultPlan::on_gather).
+  void set_before_gather(std::function<void(std::size_t)> f) { before_gather_ = std::move(f); }
+  void set_check(bool on) { check_ = on; }
+
   // This rank's fp1 chunk hashes of its slice (layout first_chunk order), for the composed
   // fingerprints; and whether its slice is finite.
   std::vector<std::uint64_t> own_chunk_hashes() const;
@@ -86,6 +98,7 @@ class ParamGatherer : public LayerObserver {
   void protect(std::int64_t a, std::int64_t b, bool access);
   void param_final(std::size_t i);                        // the hook after i's gradient accumulator
   int param_at(std::int64_t e) const;
+  void verify(std::size_t i);  // parameter i as gathered against its owners' recorded chunk hashes
 
   Comm comm_;                  // a duplicate: the gathers never meet another collective
   FlatParams& flat_;
@@ -105,6 +118,11 @@ class ParamGatherer : public LayerObserver {
   std::vector<std::pair<std::int64_t, std::int64_t>> log_;
   int shards_ = 0;                               // micro-shards computed this step
   std::int64_t gathers_ = 0, bytes_ = 0;
+  std::vector<std::uint64_t> expected_;         // every chunk's hash as its owner recorded it
+  std::vector<char> seen_;                      // per parameter: gathered once this step
+  std::int64_t mismatch_ = -1;
+  bool check_ = false;
+  std::function<void(std::size_t)> before_gather_;
   std::vector<std::pair<std::shared_ptr<torch::autograd::Node>, std::uintptr_t>> hooks_;
 };
 

@@ -318,6 +318,7 @@ Fingerprint Trainer::record(double lr, trace::StepRow* row) {
   if (gather_) {
     f.held_lo = gather_->lo();
     f.held_hi = gather_->hi();
+    f.gather_chunk = gather_->mismatch();
   }
   if (cfg_.detect.invariants) {
     Stopwatch sw(&f.seconds);
@@ -353,6 +354,7 @@ Fingerprint Trainer::param_fingerprints(std::vector<Fingerprint>* each, bool* fi
   const std::vector<std::uint64_t> hashes =
       gather_chunk_hashes(comm_, zero_->layout(), gather_->own_chunk_hashes(), "the parameters' fingerprints");
   if (finite) *finite = gather_->own_finite();
+  gather_->expect(hashes);  // what the next gathers must give (the gather check)
   FingerprintSet set;
   if (each) each->clear();
   for (std::size_t i = 0; i < flat_.params.size(); ++i) {

@@ -137,6 +137,9 @@ Status Trainer::init(StepMode mode) {
       return "rank " + std::to_string(rank) + " holds flat elements [" + std::to_string(zero_->layout().lo(rank)) + ", " +
              std::to_string(zero_->layout().hi(rank)) + ")";
     }, cfg_.shard_params));
+  // A replay is whole (never sharded): the run's gather faults stay in the run, like transient ones.
+  if (mode == StepMode::kTrain && faults_.has_phase(Phase::kGather) && !cfg_.shard_params)
+    return Status::BadInput("--inject phase=gather lands in a parameter gather of --shard-params: give --shard-params");
   if (cfg_.trace == TraceLevel::kLayer || faults_.at_layer_outputs()) {
     layers_ = std::make_unique<LayerTrace>(&faults_, model_layers, cfg_.trace == TraceLevel::kLayer);
     model_.set_observer(layers_.get());
@@ -151,6 +154,12 @@ Status Trainer::init(StepMode mode) {
     gather_ = std::make_unique<ParamGatherer>(comm_, flat_, zero_->layout(), model_layers, uses, cfg_.keep_gathered,
                                               layers_.get());
     model_.set_observer(gather_.get());
+    gather_->set_check(cfg_.detect.comm_check);
+    gather_->set_before_gather([this](std::size_t i) {
+      faults_.on_gather(step_.fire, i, flat_.params, [this](std::size_t p, std::int64_t e) {
+        return zero_->layout().holds(comm_.rank, flat_.offsets[p] + e);
+      });
+    });
   }
   return Status::OK();
 }
@@ -348,6 +357,12 @@ StateProbe Trainer::probe() {
     if (!flat_.flat.is_cuda()) return static_cast<const float*>(flat_.flat.data_ptr<float>());
     host_params_ = flat_.flat.cpu();
     return static_cast<const float*>(host_params_.data_ptr<float>());
+  };
+  p.chunk_owner = [this](std::int64_t k) {
+    const ShardLayout& l = zero_->layout();
+    int owner = 0;
+    while (owner + 1 < l.world() && l.first_chunk(owner + 1) <= static_cast<std::size_t>(k)) ++owner;
+    return std::make_pair(owner, static_cast<std::size_t>(l.chunks()[static_cast<std::size_t>(k)].param));
   };
   p.samples_fp = [this](int k) { return tensor_fingerprint(shard_indices(step_.facts.step, k)); };
   p.recompute = [this](int k, int attempt) {

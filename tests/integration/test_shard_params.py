@@ -137,12 +137,36 @@ class ShardParams(TempDirTest):
         self.assertEqual(incidents(self.path("clean")), [])
         self.assertEqual(self.bisect(self.path("clean"), 2, "none")["verdict"], "none")
 
+    def test_a_slice_changed_at_rest_is_caught_online_and_names_its_owner(self):
+        # phase=gather: rank 1's slice of fc3.weight changes in its memory after its update was
+        # recorded; every rank's gather check (the owner's included) sees the chunk differ from the
+        # owner's record at the next gather, and the vote names the owner. With W = 3 the slice's
+        # owner is another rank: the truth is computed from the injected spec, not read back.
+        args = MLP + ADAMW + ["--steps", "8", "--checkpoint-every", "4", "--shard-params", "--on-detect", "warn"]
+        for world, rank, layer in ((2, 1, "fc3"), (3, 0, "fc1")):
+            name = "rest-%d" % world
+            spec = "step=5,rank=%d,layer=%s,index=5,phase=gather,kind=bitflip,bit=30" % (rank, layer)
+            self.train(name, args + ["--inject", spec], world)
+            got = [(x["detector"], x["step"], x["rank"], x["tensor"]) for x in incidents(self.path(name))]
+            self.assertEqual(got[0], ("gather-check", 5, rank, layer + ".weight"), got)
+            self.assertIn("changed at rest on its owner", incidents(self.path(name))[0]["message"])
+            # The bisection: every rank's micro-shards differ (they all gathered the changed slice);
+            # the gather check's owner is blamed, unconfirmed (a whole replay holds no slice at rest).
+            got = self.bisect(self.path(name), world, "hardware-unconfirmed")
+            self.assertEqual((got["step"], got["phase"], got["layer"], got["rank"]), (5, "gather", layer, rank))
+        # Negative control: the same run without the fault has no incident (the check ran: --comm-check
+        # is on by default) and its bits differ from the faulty run's (the fault was real).
+        clean = self.train("rest-clean", args, 2)
+        self.assertEqual(incidents(self.path("rest-clean")), [])
+        self.assertNotEqual(clean.final_fingerprint(), testlib.metrics(self.path("rest-2"))[-1]["fingerprint"])
+
     def test_refusals(self):
         for args, want in (
                 (MLP + ["--keep-gathered"], "give --shard-params too"),
                 (MLP + ["--shard-params", "--spot-check", "0.5"], "with --shard-params use the audit"),
                 (MLP + ["--shard-params", "--inject", "step=2,rank=0,layer=fc3,index=3,phase=param,kind=nan"],
-                 "with --shard-params rank 0 holds no element 3 of 'fc3'")):
+                 "with --shard-params rank 0 holds no element 3 of 'fc3'"),
+                (MLP + ["--inject", "step=2,rank=0,layer=fc1,phase=gather,kind=nan"], "give --shard-params")):
             self.assert_refused(["train", "--run-dir", self.path("refused")] + args, EXIT_USAGE, want)
 
 

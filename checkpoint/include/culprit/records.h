@@ -19,20 +19,23 @@ namespace culprit {
 // ---- vocabularies ----
 
 // Where a fault lands and where a diagnosis places it (--inject's phase=; diagnosis.json's phase).
-enum class Phase { kForward, kBackward, kGrad, kComm, kParam, kOptimizer, kData, kLr, kRng };
+enum class Phase { kForward, kBackward, kGrad, kComm, kParam, kOptimizer, kData, kLr, kRng, kGather };
 inline constexpr NameRow<Phase> kPhaseNames[] = {
     {Phase::kForward, "forward"}, {Phase::kBackward, "backward"}, {Phase::kGrad, "grad"},
     {Phase::kComm, "comm"},       {Phase::kParam, "param"},       {Phase::kOptimizer, "optimizer"},
-    {Phase::kData, "data"},       {Phase::kLr, "lr"},             {Phase::kRng, "rng"}};
+    {Phase::kData, "data"},       {Phase::kLr, "lr"},             {Phase::kRng, "rng"},
+    {Phase::kGather, "gather"}};
 constexpr NameTable<Phase> enum_names(Phase) { return {kPhaseNames, std::size(kPhaseNames), "phase"}; }
 
 // Who wrote an incident record: an online detector, the collective watchdog, or a jobs/ script.
-enum class Detector { kNonfinite, kSpike, kComm, kReplicaDivergence, kSpotCheck, kInvariant, kCollectiveTimeout, kJobs };
+enum class Detector { kNonfinite, kSpike, kComm, kReplicaDivergence, kSpotCheck, kInvariant, kCollectiveTimeout, kJobs,
+                      kGatherCheck };
 inline constexpr NameRow<Detector> kDetectorNames[] = {
     {Detector::kNonfinite, "nonfinite"},     {Detector::kSpike, "spike"},
     {Detector::kComm, "comm"},               {Detector::kReplicaDivergence, "replica-divergence"},
     {Detector::kSpotCheck, "spot-check"},    {Detector::kInvariant, "invariant"},
-    {Detector::kCollectiveTimeout, "collective-timeout"}, {Detector::kJobs, "jobs"}};
+    {Detector::kCollectiveTimeout, "collective-timeout"}, {Detector::kJobs, "jobs"},
+    {Detector::kGatherCheck, "gather-check"}};
 constexpr NameTable<Detector> enum_names(Detector) { return {kDetectorNames, std::size(kDetectorNames), "detector"}; }
 
 // What an incident suspects (its exit code with --on-detect halt: docs/detection.md). jobs: the

@@ -24,6 +24,7 @@ h::VoteRecord full_record(int W, int M, std::size_t replica) {
   r.bad_shard = 3;
   r.bad_params = true;
   r.violated = false;
+  r.gather_chunk = 6;
   for (int j = 0; j < W; ++j) {
     r.comm.sent.push_back(100 + j);
     r.comm.received.push_back(200 + j);
@@ -44,24 +45,27 @@ h::VoteRecord full_record(int W, int M, std::size_t replica) {
 
 TEST(Vote, PackUnpackRoundTrip) {
   const h::VoteLayout layout{3, true, 4, 5};
-  EXPECT_EQ(layout.length(), 3u + 9u + 16u + 5u);
+  EXPECT_EQ(layout.length(), 4u + 9u + 16u + 5u);
   const h::VoteRecord r = full_record(3, 4, 5);
   const auto packed = h::pack(r, layout);
   ASSERT_EQ(packed.size(), layout.length());
-  // The positional layout other tools may rely on: [bad shard + 1, bad params, violated, sent...].
+  // The positional layout other tools may rely on: [bad shard + 1, bad params, violated, gather
+  // chunk + 1, sent...].
   EXPECT_EQ(packed[0], 4u);
   EXPECT_EQ(packed[1], 1u);
   EXPECT_EQ(packed[2], 0u);
-  EXPECT_EQ(packed[3], 100u);
-  EXPECT_EQ(packed[3 + 3], 200u);
-  EXPECT_EQ(packed[3 + 6], 300u);
-  EXPECT_EQ(packed[12], 1000u);
-  EXPECT_EQ(packed[12 + 4], 2000u);
+  EXPECT_EQ(packed[3], 7u);
+  EXPECT_EQ(packed[4], 100u);
+  EXPECT_EQ(packed[4 + 3], 200u);
+  EXPECT_EQ(packed[4 + 6], 300u);
+  EXPECT_EQ(packed[13], 1000u);
+  EXPECT_EQ(packed[13 + 4], 2000u);
   EXPECT_EQ(packed.back(), 5004u);
   const h::VoteRecord u = h::unpack(packed.data(), layout);
   EXPECT_EQ(u.bad_shard, 3);
   EXPECT_TRUE(u.bad_params);
   EXPECT_FALSE(u.violated);
+  EXPECT_EQ(u.gather_chunk, 6);
   EXPECT_EQ(u.comm.sent, r.comm.sent);
   EXPECT_EQ(u.comm.received, r.comm.received);
   EXPECT_EQ(u.comm.chunks, r.comm.chunks);
@@ -73,8 +77,9 @@ TEST(Vote, OptionalPartsLeftOut) {
   h::VoteRecord r;  // no bad shard: encoded as 0
   const h::VoteLayout layout{4, false, 0, 0};
   const auto packed = h::pack(r, layout);
-  ASSERT_EQ(packed.size(), 3u);
+  ASSERT_EQ(packed.size(), 4u);
   EXPECT_EQ(packed[0], 0u);
+  EXPECT_EQ(packed[3], 0u);  // no gather mismatch: encoded as 0
   EXPECT_EQ(h::unpack(packed.data(), layout).bad_shard, -1);
 }
 

@@ -140,6 +140,7 @@ TEST(VoteSummary, EveryFieldThatDecidesTakesTheSecondRound) {
       {"bad shard", [](auto& v, auto&) { v[2].bad_shard = 0; }},
       {"bad params", [](auto& v, auto&) { v[3].bad_params = true; }},
       {"violated", [](auto& v, auto&) { v[1].violated = true; }},
+      {"gather chunk", [](auto& v, auto&) { v[2].gather_chunk = 0; }},
       {"sent", [](auto& v, auto& g) { v[0].comm.sent[3] ^= Fingerprint{1} << (g() % 64); }},
       {"received", [](auto& v, auto& g) { v[3].comm.received[1] = g(); }},
       {"chunk as received", [](auto& v, auto& g) { v[2].comm.chunks[0] = g(); }},
