@@ -26,11 +26,18 @@ void Trainer::update(double lr) {
   // The script's step() gets gradients of its own, as eager PyTorch's are: one that changes them in
   // place must not change the reduced gradient the trace and the detectors see.
   if (!opt_->known() && grads.data_ptr() == static_cast<void*>(reduced_.data())) grads = grads.clone();
-  // Each slot is a parameter, or with --shard-optimizer this rank's slice of one.
+  // Each slot is a parameter, or with --shard-optimizer this rank's slice of one. Sharded, every
+  // parameter's gradient becomes its view of the reduced gradient too, as unsharded: the backward
+  // pass's own gradient tensors (P floats) are freed here, not at the next micro-shard.
   for (const auto& s : opt_->slots()) {
     auto t = s.tensor;
     t.mutable_grad() = grads.narrow(0, flat_.offsets[s.param] + s.offset, t.numel()).view(t.sizes());
   }
+  if (sharded())
+    for (std::size_t i = 0; i < flat_.params.size(); ++i) {
+      const auto& t = flat_.params[i].tensor;
+      t.mutable_grad() = grads.narrow(0, flat_.offsets[i], t.numel()).view(t.sizes());
+    }
   // --shard-params: a lost update keeps this rank's slice of the layer, the only part it holds.
   FaultPlan::PartOf part_of;
   if (gather_)
