@@ -68,7 +68,7 @@ bool records_find_something(const std::vector<h::VoteRecord>& v) {
   bool any = !culprit::comm_mismatches(h::comm_checks(v)).empty();
   std::vector<Fingerprint> sets;
   for (const auto& r : v) {
-    any = any || r.bad_shard >= 0 || r.bad_params || r.violated;
+    any = any || r.bad_shard >= 0 || r.bad_params || r.violated || r.gather_chunk >= 0;
     sets.insert(sets.end(), r.replica.begin(), r.replica.end());
   }
   return any || h::compare_replicas(static_cast<int>(v.size()), sets, v[0].replica.size()).diverged;
