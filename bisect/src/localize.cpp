@@ -311,7 +311,9 @@ Status arbitrate_later(Context& ctx, const Finding& f, std::size_t i, Sibling* b
 // slice at rest: the verdict is unconfirmed.
 bool gathered_slice(Context& ctx, Finding* f, Evidence* ev) {
   const records::Incident* first = ctx.first;
-  if (!first || first->step != f->step || first->detector != Detector::kGatherCheck || first->rank < 0) return false;
+  if (!first || first->step != f->step || first->detector != Detector::kGatherCheck || first->rank < 0 ||
+      first->rank >= ctx.W)
+    return false;
   f->blamed = first->rank;
   f->phase = Phase::kGather;
   const auto dot = first->tensor.rfind('.');
@@ -320,8 +322,8 @@ bool gathered_slice(Context& ctx, Finding* f, Evidence* ev) {
   ev->at_rest = true;
   ctx.note("the gather check of step " + std::to_string(f->step) + " named rank " + std::to_string(f->blamed) +
            " for parameter '" + first->tensor + "' (" + first->message + "); micro-shard(s) " + rank_list(f->bad_shards) +
-           " differ because every rank that gathered it computed with it. A replay holds the parameters whole: it "
-           "cannot rerun a slice at rest, so transient and persistent cannot be told apart");
+           " differ because the ranks that gathered it so computed with it. A replay holds the parameters whole: "
+           "it cannot rerun a slice as gathered, so transient and persistent cannot be told apart");
   return true;
 }
 

@@ -8,7 +8,9 @@
 #include <cmath>
 #include <csignal>
 #include <cstring>
+#include <cerrno>
 #include <new>
+#include <stdexcept>
 
 #include <sys/mman.h>
 #include <unistd.h>
@@ -59,6 +61,7 @@ void on_fault(int sig, siginfo_t* info, void* uctx) {
     return p.sa_handler(sig);
   }
   ::signal(sig, SIG_DFL);  // the faulting instruction runs again and ends the process as it would have
+  if (info->si_code <= 0) ::raise(sig);  // a signal sent (kill): no instruction to run again
 }
 
 std::size_t page_bytes() { return static_cast<std::size_t>(::sysconf(_SC_PAGESIZE)); }
@@ -109,6 +112,7 @@ ParamGatherer::ParamGatherer(const Comm& comm, FlatParams& flat, const ShardLayo
   }
   for (std::size_t i = 0; i < flat_.params.size(); ++i)
     if (!named[i]) resident_.push_back(i);
+  entered_.assign(unit_.size(), 0);
   // After each parameter's gradient accumulator: its gradient is final, so its value is needed by
   // no later node of the backward pass.
   for (std::size_t i = 0; i < flat_.params.size(); ++i) {
@@ -128,7 +132,7 @@ ParamGatherer::ParamGatherer(const Comm& comm, FlatParams& flat, const ShardLayo
   g_stray.names = flat_.names();
   struct sigaction sa {};
   sa.sa_sigaction = on_fault;
-  sa.sa_flags = SA_SIGINFO;
+  sa.sa_flags = SA_SIGINFO | SA_ONSTACK;
   sigemptyset(&sa.sa_mask);
   ::sigaction(SIGSEGV, &sa, &g_stray.previous);
 }
@@ -137,7 +141,10 @@ ParamGatherer::~ParamGatherer() {
   for (auto& [node, key] : hooks_) node->del_post_hook(key);
   ::sigaction(SIGSEGV, &g_stray.previous, nullptr);
   g_stray.base = nullptr;
-  unshard();
+  try {
+    unshard();
+  } catch (const std::exception&) {  // the buffer goes with the trainer: nothing reads it again
+  }
   MPI_Comm_free(&comm_.comm);
 }
 
@@ -152,7 +159,9 @@ void ParamGatherer::protect(std::int64_t a, std::int64_t b, bool access) {
   const auto p0 = static_cast<std::size_t>(a) / page_, p1 = (static_cast<std::size_t>(b) + page_ - 1) / page_;
   char* at = reinterpret_cast<char*>(base_) + p0 * page_ * sizeof(float);
   const std::size_t len = (p1 - p0) * page_ * sizeof(float);
-  if (::mprotect(at, len, access ? PROT_READ | PROT_WRITE : PROT_NONE) != 0) throw std::bad_alloc();
+  if (::mprotect(at, len, access ? PROT_READ | PROT_WRITE : PROT_NONE) != 0)
+    throw std::runtime_error(std::string("--shard-params: mprotect of the parameter buffer failed: ") + std::strerror(errno) +
+                             " (vm.max_map_count too low for this many released ranges?)");
 }
 
 // The pages of [a, b) that hold no element of this rank's slice nor of a gathered parameter go
@@ -164,8 +173,9 @@ void ParamGatherer::drop_pages(std::int64_t a, std::int64_t b) {
     if (run < 0) return;
     char* at = reinterpret_cast<char*>(base_) + run * pe * static_cast<std::int64_t>(sizeof(float));
     const auto len = static_cast<std::size_t>((end_page - run) * pe) * sizeof(float);
-    ::madvise(at, len, MADV_DONTNEED);
-    ::mprotect(at, len, PROT_NONE);
+    // Inaccessible first: pages that could not be protected keep their memory and their values
+    // (never zeros a stray read could take for parameters).
+    if (::mprotect(at, len, PROT_NONE) == 0) ::madvise(at, len, MADV_DONTNEED);
     run = -1;
   };
   for (std::int64_t p = a / pe; p * pe < b; ++p) {
@@ -182,6 +192,19 @@ void ParamGatherer::drop_pages(std::int64_t a, std::int64_t b) {
 
 void ParamGatherer::shard() {
   if (sharded_) return;
+  // A layer the forward passes before this never called (a Python leaf whose parent reads its
+  // parameters directly, as nn.MultiheadAttention reads out_proj's) cannot gather them: they stay
+  // gathered for the whole step, like parameters no layer names.
+  for (std::size_t u = 0; u < unit_.size(); ++u) {
+    if (entered_[u]) continue;
+    resident_.insert(resident_.end(), unit_[u].begin(), unit_[u].end());
+  }
+  std::sort(resident_.begin(), resident_.end());
+  resident_.erase(std::unique(resident_.begin(), resident_.end()), resident_.end());
+  for (auto& unit : unit_)
+    unit.erase(std::remove_if(unit.begin(), unit.end(),
+                              [this](std::size_t i) { return std::binary_search(resident_.begin(), resident_.end(), i); }),
+               unit.end());
   sharded_ = true;
   std::fill(gathered_.begin(), gathered_.end(), 0);
   drop_pages(0, flat_.size);
@@ -195,6 +218,10 @@ void ParamGatherer::unshard() {
 }
 
 void ParamGatherer::gather_range(std::int64_t a, std::int64_t b) {
+  // MPI counts are ints: a range of more than 2^30 elements (a TorchScript model's, all resident)
+  // goes in pieces.
+  constexpr std::int64_t kMost = std::int64_t{1} << 30;
+  for (; b - a > kMost; a += kMost) gather_range(a, a + kMost);
   protect(a, b, true);
   if (logging_) log_.emplace_back(a, b);
   ++gathers_;
@@ -301,7 +328,10 @@ void ParamGatherer::end_step(int rounds) {
 void ParamGatherer::on_enter(const std::string& layer) {
   if (inner_) inner_->on_enter(layer);
   const auto it = std::find(layer_names_.begin(), layer_names_.end(), layer);
-  if (it != layer_names_.end()) gather(unit_[static_cast<std::size_t>(it - layer_names_.begin())]);
+  if (it == layer_names_.end()) return;
+  const auto u = static_cast<std::size_t>(it - layer_names_.begin());
+  entered_[u] = 1;
+  gather(unit_[u]);
 }
 
 at::Tensor ParamGatherer::on_forward(const std::string& layer, const at::Tensor& output) {
@@ -309,12 +339,19 @@ at::Tensor ParamGatherer::on_forward(const std::string& layer, const at::Tensor&
   const auto it = std::find(layer_names_.begin(), layer_names_.end(), layer);
   if (!sharded_ || it == layer_names_.end()) return out;
   const std::size_t u = static_cast<std::size_t>(it - layer_names_.begin());
+  // An output that is (a view of) a parameter is read after the call: the unit stays gathered
+  // until the micro-shard ends, and a parameter gets no hook (it would stay on it for good).
+  const char* p = static_cast<const char*>(out.defined() ? out.data_ptr() : nullptr);
+  const char* b = reinterpret_cast<const char*>(base_);
+  if (p && p >= b && p < b + static_cast<std::size_t>(flat_.size) * sizeof(float)) return out;
   if (out.requires_grad() && at::GradMode::is_enabled())
     out.register_hook([this, u](const at::Tensor&) {
       in_backward_ = true;
       gather(unit_[u]);
     });
-  release(unit_[u]);
+  // A layer recomputed during the backward pass (non-reentrant activation checkpointing) keeps its
+  // parameters: its backward node reads them next; the accumulator hooks release them.
+  if (!in_backward_) release(unit_[u]);
   return out;
 }
 

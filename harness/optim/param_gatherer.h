@@ -51,7 +51,9 @@ class ParamGatherer : public LayerObserver {
   ParamGatherer(const ParamGatherer&) = delete;
   ParamGatherer& operator=(const ParamGatherer&) = delete;
 
-  // Releases every parameter this rank does not own: from here on only its slice has memory.
+  // Releases every parameter this rank does not own: from here on only its slice has memory. The
+  // layers seen called until then (the setup's checks run a forward pass through this observer)
+  // gather their parameters; a layer never seen called leaves its parameters gathered all along.
   void shard();
   // Makes the whole buffer accessible again (a restore writes every parameter), until shard().
   void unshard();
@@ -110,7 +112,9 @@ class ParamGatherer : public LayerObserver {
   std::size_t page_ = 4096;    // elements per page: page_ / sizeof(float)
   std::vector<std::vector<std::size_t>> unit_;   // per layer: the parameters it uses
   std::vector<std::string> layer_names_;
-  std::vector<std::size_t> resident_;            // parameters no layer names: gathered for the whole step
+  std::vector<std::size_t> resident_;            // parameters no layer (that is called) names: gathered for
+                                                 // the whole step; sorted
+  std::vector<char> entered_;                    // per layer: called in a forward pass before shard()
   std::vector<char> gathered_;                   // per parameter
   bool sharded_ = false;
   bool in_backward_ = false;

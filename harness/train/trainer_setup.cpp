@@ -144,7 +144,7 @@ Status Trainer::init(StepMode mode) {
     layers_ = std::make_unique<LayerTrace>(&faults_, model_layers, cfg_.trace == TraceLevel::kLayer);
     model_.set_observer(layers_.get());
   }
-  CULPRIT_RETURN_IF_ERROR(check_model(mode));
+  // --shard-params: the gatherer observes the setup's forward pass (which layers are called).
   if (cfg_.shard_params && mode == StepMode::kTrain) {
     // The layers' uses beyond their names: borrowed parameters, and a tied name's layer.
     std::vector<std::pair<std::string, std::string>> uses = model_.borrowed();
@@ -155,13 +155,16 @@ Status Trainer::init(StepMode mode) {
                                               layers_.get());
     model_.set_observer(gather_.get());
     gather_->set_check(cfg_.detect.comm_check);
-    gather_->set_before_gather([this](std::size_t i) {
+    const bool gather_faults = faults_.has_phase(Phase::kGather);
+    gather_->set_before_gather([this, gather_faults](std::size_t i) {
+      // A fault changes the owner's slice, which the checkpoint in flight may still be copying.
+      if (gather_faults && pipeline_) pipeline_->fence();
       faults_.on_gather(step_.fire, i, flat_.params, [this](std::size_t p, std::int64_t e) {
         return zero_->layout().holds(comm_.rank, flat_.offsets[p] + e);
       });
     });
   }
-  return Status::OK();
+  return check_model(mode);
 }
 
 // The model's output is narrower than the labels need: name the width, the valid labels and the

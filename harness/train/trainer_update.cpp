@@ -44,7 +44,7 @@ void Trainer::update(double lr) {
     part_of = [this](std::size_t i) {
       const std::int64_t a = std::max(gather_->lo(), flat_.offsets[i]);
       const std::int64_t b = std::min(gather_->hi(), flat_.offsets[i] + flat_.sizes[i]);
-      return std::make_pair(a - flat_.offsets[i], std::max<std::int64_t>(0, b - a));
+      return a < b ? std::make_pair(a - flat_.offsets[i], b - a) : std::make_pair(std::int64_t{0}, std::int64_t{0});
     };
   const auto lost = faults_.before_update(step_.fire, flat_.params, part_of);
   opt_->step();
