@@ -69,14 +69,15 @@ class ShardParams(TempDirTest):
         for world in (2, 3):
             self.assertEqual(self.train("ts-%d" % world, args + ["--shard-params"], world).final_fingerprint(), want)
 
-    def test_a_python_model_with_a_tied_head(self):
+    def test_python_models_a_tied_head_and_torch_attention(self):
         # examples/train_gpt.py tied: a torch 2.x decoder (SDPA, RMSNorm, rotary, GQA, SwiGLU) whose
         # head is the token embedding's table (a tied name: gathered for the head's call too).
         script = os.path.join(ROOT, "examples", "train_gpt.py")
         size = ["--global-batch", "16", "--micro-shards", "4", "--steps", "3", "--quiet"]
 
         def fingerprints(name, world, extra):
-            codes, out, err = run_each_rank_code(["tied", "--run-dir", self.path(name)] + size + extra, world, self.tmp,
+            first = ["tied"] if script.endswith("train_gpt.py") else []
+            codes, out, err = run_each_rank_code(first + ["--run-dir", self.path(name)] + size + extra, world, self.tmp,
                                                  cwd=self.tmp, program=[PY, script])
             self.assertEqual(codes, [0] * world, out + err)
             return [m["fingerprint"] for m in testlib.metrics(self.path(name))]
@@ -84,6 +85,10 @@ class ShardParams(TempDirTest):
         want = fingerprints("py-plain", 1, [])
         for world in (2, 3):
             self.assertEqual(fingerprints("py-%d" % world, world, ["--shard-params"]), want, "W=%d" % world)
+        # nn.TransformerEncoderLayer: nn.MultiheadAttention reads its out_proj leaf's parameters itself.
+        script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "py_attention.py")
+        want = fingerprints("mha-plain", 1, [])
+        self.assertEqual(fingerprints("mha-2", 2, ["--shard-params"]), want)
 
     def test_slices_resume_at_any_world_and_layout(self):
         args = MLP + ADAMW + ["--steps", "8", "--checkpoint-every", "4"]
