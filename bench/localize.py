@@ -31,6 +31,14 @@ A trial is
   wrong      anything else (printed in full).
 The summary: exact rate per phase x mode, steps replayed per diagnosis against the checkpoint
 interval K (with and without an online incident), wall time.
+
+--models sharded draws from the same models trained with --shard-params (ZeRO-3: each rank holds only
+its slice of the parameters and of their optimizer state; docs/determinism.md, "Sharded parameters"),
+NAME-zero3, on 2-4 ranks (W = 3 with 4 micro-shards: uneven), bisected unsharded on 2-4. A param or
+optimizer fault lands on an element of the faulty rank's own slice (the layer drawn among those whose
+first parameter the rank holds part of, the index inside that part), as culprit requires there; the
+slices are computed here as harness/optim/shard_layout.cpp cuts them, from the parameters' order and
+sizes (a one-step probe run per model), and checked against each faulty run's trace.
 """
 import argparse
 import collections
@@ -81,6 +89,15 @@ RECIPES = {
     "mlp-adamw": (MODELS["mlp"][0] + ["--optimizer", "adamw"], MODELS["mlp"][1]),
     "cnn-clip-shard": (MODELS["cnn"][0] + ["--clip-grad-norm", "1", "--shard-optimizer"], MODELS["cnn"][1]),
 }
+# --shard-params (ZeRO-3): the models above, each rank holding only its slice of the parameters
+# (--models sharded: every NAME-zero3). gpt-bf16-zero3: bf16 autocast and a tied head, whose layer
+# borrows tok_emb.weight (gathered for the head's call too; a fault needing the head's own parameter
+# is refused and redrawn, as in the recipes campaign).
+SHARDED = {"mlp-zero3": "mlp", "cnn-zero3": "cnn", "gpt-zero3": "gpt", "ts-zero3": "ts", "gpt-bf16-zero3": "gpt-bf16",
+           "py-zero3": "py"}
+SHARDED_SET = ("cnn-zero3", "gpt-zero3", "gpt-bf16-zero3", "mlp-zero3", "py-zero3", "ts-zero3")
+LAYOUTS = {}  # sharded model -> (parameter names, sizes, {layer: its first parameter's index}), by probe_layout
+CHUNK = 1024  # fp1 chunk: float32 elements, counted from each parameter's first element
 DEFAULT_MODELS = ("cnn", "gpt", "mlp", "ts")
 PHASES = ["forward", "backward", "grad", "comm", "param", "optimizer", "data"]
 SHARD_PHASES = {"forward", "backward", "grad", "data"}
@@ -124,7 +141,8 @@ def make_torchscript(work):
 def draw(rng, i, models=DEFAULT_MODELS, phases=PHASES, modes=MODES):
     """One trial's configuration; every tenth is clean."""
     model = rng.choice(sorted(models))
-    wt, wb = rng.randint(1 if set(phases) - {"comm"} else 2, 4), rng.randint(2, 4)
+    # Sharded parameters on one rank are the unsharded run: 2-4 ranks (W = 3 uneven over M = 4).
+    wt, wb = rng.randint(1 if set(phases) - {"comm"} and model not in SHARDED else 2, 4), rng.randint(2, 4)
     t = {"trial": i, "model": model, "w_train": wt, "w_bisect": wb, "fault": None}
     if i % 10 == 9:
         return t
@@ -133,6 +151,10 @@ def draw(rng, i, models=DEFAULT_MODELS, phases=PHASES, modes=MODES):
     mode = rng.choice(modes)
     f = {"phase": phase, "kind": kind, "mode": mode, "rank": rng.randrange(wt), "step": rng.randint(2, STEPS - 2),
          "index": rng.randrange(8), "layer": "" if phase == "data" else rng.choice(MODELS[model][1])}
+    if model in SHARDED and phase in ("param", "optimizer"):
+        # At rest under --shard-params: an element of the faulty rank's own slice (culprit refuses
+        # any other), in a layer whose first parameter the rank holds part of.
+        f["rank"], f["layer"], f["index"] = draw_in_slice(rng, model, wt, f["rank"])
     spec = "step=%d,rank=%d,index=%d,phase=%s,kind=%s,mode=%s" % (f["step"], f["rank"], f["index"], phase, kind, mode)
     if f["layer"]:
         spec += ",layer=" + f["layer"]
@@ -150,15 +172,83 @@ def draw(rng, i, models=DEFAULT_MODELS, phases=PHASES, modes=MODES):
     return t
 
 
+def shard_cuts(sizes, world):
+    """The --shard-params / --shard-optimizer slices as harness/optim/shard_layout.cpp cuts them:
+    cut c is the fp1 chunk start (a parameter's start, or a multiple of CHUNK into it) nearest to
+    c*P/W, the lower one on a tie, never below the cut before; rank c holds [cuts[c], cuts[c+1])."""
+    starts, offset = [], 0
+    for n in sizes:
+        starts += range(offset, offset + n, CHUNK)
+        offset += n
+    total, cuts, k, first = offset, [0], 0, 0
+    for c in range(1, world):
+        target = total * c // world
+        while k + 1 < len(starts) and starts[k + 1] <= target:
+            k += 1
+        at = k + 1 if k + 1 < len(starts) and starts[k + 1] - target < target - starts[k] else k
+        at = max(at, first)
+        cuts.append(starts[at] if at < len(starts) else total)
+        first = min(at, len(starts))
+    return cuts + [total]
+
+
+def draw_in_slice(rng, model, world, rank):
+    """(rank, layer, index) of a fault at rest inside the rank's slice: the drawn rank when its slice
+    holds part of some layer's first parameter (the one a param or optimizer fault lands on), else
+    the next rank that does; the layer drawn among those, the index inside the part held."""
+    names, sizes, first = LAYOUTS[model]
+    offsets = [sum(sizes[:i]) for i in range(len(sizes))]
+    cuts = shard_cuts(sizes, world)
+    for r in [(rank + j) % world for j in range(world)]:
+        lo, hi = cuts[r], cuts[r + 1]
+        held = [(layer, max(lo, offsets[i]) - offsets[i], min(hi, offsets[i] + sizes[i]) - offsets[i])
+                for layer, i in ((l, first[l]) for l in MODELS[model][1])
+                if i is not None and max(lo, offsets[i]) < min(hi, offsets[i] + sizes[i])]
+        if held:
+            layer, a, b = rng.choice(held)
+            return r, layer, rng.randrange(a, b)
+    raise RuntimeError("%s at W=%d: no rank holds a layer's first parameter" % (model, world))
+
+
+def probe_layout(work, model):
+    """A sharded model's parameters in the flat buffer's order (the trace's `params`), their sizes
+    (the run's first checkpoint) and each layer's first parameter, the one a param or optimizer fault
+    lands on (a layer without parameters of its own, the gpt's tied head, has none: culprit refuses
+    such a fault there), from a one-step run on one rank."""
+    d = os.path.join(work, "probe-" + model)
+    rc, out, _ = train(d, {"model": model, "w_train": 1}, None, steps=1)
+    if rc != 0:
+        raise RuntimeError("probe of %s failed: %s" % (model, out[-2000:]))
+    with h5py.File(os.path.join(d, "trace", "rank-00000.h5"), "r") as f:
+        names = f.attrs["params"].decode().split("\n")
+    with h5py.File(os.path.join(d, "checkpoints", "step-00000000.h5"), "r") as f:
+        sizes = [int(f["model"][n].size) for n in names]
+    first = {}
+    for layer in MODELS[model][1]:
+        first[layer] = next((i for i, n in enumerate(names) if n.startswith(layer + ".")), None)
+    shutil.rmtree(d, ignore_errors=True)
+    LAYOUTS[model] = (names, sizes, first)
+
+
+def shard_bounds(run_dir):
+    """Each rank's slice [lo, hi) as its trace records it (the first step row's `shard`)."""
+    bounds = {}
+    tdir = os.path.join(run_dir, "trace")
+    for name in os.listdir(tdir):
+        with h5py.File(os.path.join(tdir, name), "r") as f:
+            bounds[int(f.attrs["rank"])] = tuple(int(v) for v in f["steps"]["shard"][0][:2])
+    return [bounds[r] for r in sorted(bounds)]
+
+
 def run(cmd, timeout=600):
     t0 = time.time()
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=PY_ENV)
     return p.returncode, p.stdout + p.stderr, time.time() - t0
 
 
-def train(run_dir, t, inject):
-    trainer = [sys.executable, PY_EXAMPLE] if t["model"] == "py" else [CULPRIT, "train"]
-    args = trainer + ["--run-dir", run_dir, "--steps", str(STEPS), "--quiet"] + MODELS[t["model"]][0]
+def train(run_dir, t, inject, steps=STEPS):
+    trainer = [sys.executable, PY_EXAMPLE] if t["model"] in ("py", "py-zero3") else [CULPRIT, "train"]
+    args = trainer + ["--run-dir", run_dir, "--steps", str(steps), "--quiet"] + MODELS[t["model"]][0]
     if inject:
         args += ["--inject", inject]
     return run(MPIRUN + ["-np", str(t["w_train"])] + args)
@@ -257,7 +347,14 @@ def trial(work, t):
     if rc == 2:  # a draw culprit refuses (a layer without parameters for phase param, ...): redrawn
         shutil.rmtree(d_fault, ignore_errors=True)
         t["refused"] = next((l for l in out.splitlines() if "culprit: error" in l), out.strip()[-200:])
+        if "with --shard-params" in t["refused"]:  # drawn in the slice: this script's layout is wrong
+            raise RuntimeError("trial %d: a fault drawn in the rank's slice was refused: %s" % (t["trial"], t["refused"]))
         return t
+    if t["model"] in SHARDED and t["model"] in LAYOUTS:
+        cuts = shard_cuts(LAYOUTS[t["model"]][1], t["w_train"])
+        if shard_bounds(d_fault) != list(zip(cuts, cuts[1:])):
+            raise RuntimeError("trial %d: the trace's slices %s are not the ones computed here %s" % (
+                t["trial"], shard_bounds(d_fault), cuts))
     truth = None
     if f:
         rc2, out2, _ = train(d_twin, t, None)
@@ -325,9 +422,11 @@ def main():
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--out", default="")
     ap.add_argument("--min-correct", type=float, default=0, help="exit 1 below this fraction exact or ambiguous")
+    ap.add_argument("--min-exact", type=float, default=0, help="exit 1 below this fraction exact (1: every trial)")
     ap.add_argument("--rescore", default="", help="score the trials of an earlier --out file again and summarise")
     ap.add_argument("--models", default=",".join(DEFAULT_MODELS),
-                    help="models to draw from: %s, py (recipes: %s)" % (", ".join(DEFAULT_MODELS), ", ".join(RECIPES)))
+                    help="models to draw from: %s, py (recipes: %s; sharded parameters: %s, or sharded for all of "
+                    "them)" % (", ".join(DEFAULT_MODELS), ", ".join(RECIPES), ", ".join(SHARDED)))
     ap.add_argument("--phases", default=",".join(PHASES), help="phases to draw from (a targeted slice: comm)")
     ap.add_argument("--modes", default=",".join(MODES), help="modes to draw from (a targeted slice: persistent)")
     ap.add_argument("--again", default="", help="run the trials listed in FILE, one per line as this script prints "
@@ -344,8 +443,8 @@ def main():
         print(summary(results))
         return 0
     MODELS.update(RECIPES)
-    models = a.models.split(",")
-    unknown = [m for m in models if m not in MODELS]
+    models = [m for name in a.models.split(",") for m in (SHARDED_SET if name == "sharded" else [name])]
+    unknown = [m for m in models if m not in MODELS and m not in SHARDED]
     if unknown:
         ap.error("unknown model(s) %s" % ", ".join(unknown))
     phases, modes = a.phases.split(","), a.modes.split(",")
@@ -354,6 +453,8 @@ def main():
     rng = random.Random(a.seed)
     work = tempfile.mkdtemp(prefix="culprit-localize-")
     make_torchscript(work)
+    for name, base in SHARDED.items():
+        MODELS[name] = (MODELS[base][0] + ["--shard-params"], MODELS[base][1])
     results = []
     out = open(a.out, "w") if a.out else None
     t0 = time.time()
@@ -361,6 +462,9 @@ def main():
         again = [t for t in map(parse_line, open(a.again)) if t] if a.again else None
         if again == []:
             ap.error("--again %s lists no trials" % a.again)
+        for m in sorted({t["model"] for t in again} if again is not None else set(models)):
+            if m in SHARDED:
+                probe_layout(work, m)
         for i in range(len(again) if again is not None else a.trials):
             t = trial(work, again[i] if again is not None else draw(rng, i, models, phases, modes))
             while "refused" in t:
@@ -382,7 +486,8 @@ def main():
     print("\n" + summary(results))
     print("%d trials in %.0f s (seed %d)" % (len(results), time.time() - t0, a.seed))
     correct = sum(t["score"] != "wrong" for t in results) / max(1, len(results))
-    return 0 if correct >= a.min_correct else 1
+    exact = sum(t["score"] == "exact" for t in results) / max(1, len(results))
+    return 0 if correct >= a.min_correct and exact >= a.min_exact else 1
 
 
 if __name__ == "__main__":
