@@ -315,6 +315,8 @@ Fingerprint Trainer::record(double lr, trace::StepRow* row) {
   const Fingerprint fp = param_fingerprints(&row->param_fps, scan ? &finite : nullptr);
   if (scan) f.params_finite = finite ? 1 : 0;
   f.param_fps = row->param_fps;
+  recorded_step_ = f.step;
+  recorded_param_fps_ = row->param_fps;
   if (gather_) {
     f.held_lo = gather_->lo();
     f.held_hi = gather_->hi();

@@ -213,6 +213,8 @@ class Trainer {
   int device_rank_ = -1;          // begin_replay's; see self()
   int replay_round_ = 0;          // replay_step's draw of intermittent faults
   std::int64_t done_ = 0;         // replay: steps completed
+  std::int64_t recorded_step_ = -1;  // the last step record() fingerprinted, and its parameters'
+  std::vector<Fingerprint> recorded_param_fps_;  // fingerprints (a checkpoint of that step reuses them)
 };
 
 }  // namespace culprit::harness

@@ -106,7 +106,11 @@ Status Trainer::save_checkpoint(std::int64_t step) {
   // thread (the copy runs on the I/O thread, before the next update changes anything).
   std::shared_ptr<ShardedOptimizer::Facts> gathered;
   if (sharded()) gathered = std::make_shared<ShardedOptimizer::Facts>(zero_->gather_facts());
-  if (gather_) param_fingerprints(&gathered->params);
+  // --shard-params: the step's record composed them already (a collective spared); step 0's not.
+  if (gather_) {
+    if (recorded_step_ == step) gathered->params = recorded_param_fps_;
+    else param_fingerprints(&gathered->params);
+  }
   return pipeline_->save(step, [this, buffers, step, gathered](ckpt::Checkpoint* c) {
     snapshot(step, c, buffers.get(), gathered.get());
   });
