@@ -107,7 +107,7 @@ MODES = ["transient", "persistent", "intermittent"]
 TS_SOURCE = '''
 import sys, torch
 class ResMlp(torch.nn.Module):
-    """A residual MLP: children called in order, so culprit traces each."""
+    """A residual MLP, saved as TorchScript: its forward is opaque to culprit (one traced layer, (output))."""
     def __init__(self):
         super().__init__()
         self.fc_in = torch.nn.Linear(32, 48)
