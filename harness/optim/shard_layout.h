@@ -8,7 +8,9 @@
 // rank composes any parameter's fingerprint — the very value an unsharded run computes — and any
 // slice's, for any world size.
 #pragma once
+#include <algorithm>
 #include <cstdint>
+#include <utility>
 #include <vector>
 
 #include "culprit/fingerprint.h"
@@ -36,6 +38,12 @@ class ShardLayout {
   const std::vector<std::int64_t>& cuts() const { return cuts_; }
   // Whether rank c owns flat element e.
   bool holds(int c, std::int64_t e) const { return e >= lo(c) && e < hi(c); }
+  // The part of flat elements [offset, offset + size) (a parameter) rank c owns: its first element
+  // counted from offset, and how many (0, 0: none).
+  std::pair<std::int64_t, std::int64_t> part(int c, std::int64_t offset, std::int64_t size) const {
+    const std::int64_t a = std::max(lo(c), offset), b = std::min(hi(c), offset + size);
+    return a < b ? std::make_pair(a - offset, b - a) : std::make_pair(std::int64_t{0}, std::int64_t{0});
+  }
   const std::vector<ParamChunk>& chunks() const { return chunks_; }
   // The chunks of rank c: [first_chunk(c), first_chunk(c + 1)).
   std::size_t first_chunk(int c) const { return first_chunk_[static_cast<std::size_t>(c)]; }

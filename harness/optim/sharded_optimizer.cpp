@@ -15,10 +15,9 @@ ShardedOptimizer::ShardedOptimizer(const Comm& comm, const FlatParams& flat, boo
 // This rank's part of every parameter that meets its slice: 1-D views into the flat buffer.
 std::vector<OptimizerSlot> ShardedOptimizer::owned_slots() const {
   std::vector<OptimizerSlot> slots;
-  const std::int64_t lo = layout_.lo(comm_.rank), hi = layout_.hi(comm_.rank);
   for (std::size_t i = 0; i < flat_.params.size(); ++i) {
-    const std::int64_t a = std::max(lo, flat_.offsets[i]), b = std::min(hi, flat_.offsets[i] + flat_.sizes[i]);
-    if (a < b) slots.push_back({i, a - flat_.offsets[i], flat_.flat.narrow(0, a, b - a)});
+    const auto [first, n] = layout_.part(comm_.rank, flat_.offsets[i], flat_.sizes[i]);
+    if (n > 0) slots.push_back({i, first, flat_.flat.narrow(0, flat_.offsets[i] + first, n)});
   }
   return slots;
 }

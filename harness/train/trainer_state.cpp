@@ -42,11 +42,10 @@ void Trainer::snapshot(std::int64_t step, ckpt::Checkpoint* cp, const std::vecto
       r.dtype = DType::kFloat32;
       r.shape.assign(p.tensor.sizes().begin(), p.tensor.sizes().end());
       r.fingerprint = sharded->params[i];
-      const std::int64_t a = std::max(zero_->layout().lo(comm_.rank), flat_.offsets[i]);
-      const std::int64_t b = std::min(zero_->layout().hi(comm_.rank), flat_.offsets[i] + flat_.sizes[i]);
-      r.slice_lo = a < b ? a - flat_.offsets[i] : 0;
-      r.bytes.resize(a < b ? static_cast<std::size_t>(b - a) * sizeof(float) : 0);
-      if (a < b) std::memcpy(r.bytes.data(), flat_.flat.data_ptr<float>() + a, r.bytes.size());
+      const auto [first, n] = zero_->layout().part(comm_.rank, flat_.offsets[i], flat_.sizes[i]);
+      r.slice_lo = first;
+      r.bytes.resize(static_cast<std::size_t>(n) * sizeof(float));
+      if (n > 0) std::memcpy(r.bytes.data(), flat_.flat.data_ptr<float>() + flat_.offsets[i] + first, r.bytes.size());
     }
   } else {
     for (const auto& p : flat_.params) put(c.model, nm, p.name, p.tensor);

@@ -41,11 +41,7 @@ void Trainer::update(double lr) {
   // --shard-params: a lost update keeps this rank's slice of the layer, the only part it holds.
   FaultPlan::PartOf part_of;
   if (gather_)
-    part_of = [this](std::size_t i) {
-      const std::int64_t a = std::max(gather_->lo(), flat_.offsets[i]);
-      const std::int64_t b = std::min(gather_->hi(), flat_.offsets[i] + flat_.sizes[i]);
-      return a < b ? std::make_pair(a - flat_.offsets[i], b - a) : std::make_pair(std::int64_t{0}, std::int64_t{0});
-    };
+    part_of = [this](std::size_t i) { return zero_->layout().part(comm_.rank, flat_.offsets[i], flat_.sizes[i]); };
   const auto lost = faults_.before_update(step_.fire, flat_.params, part_of);
   opt_->step();
   if (!sharded()) {
