@@ -44,15 +44,19 @@ TEST(Finite, EveryNonFiniteValueAtEveryPositionIsFound) {
 }  // namespace
 }  // namespace culprit::harness
 
-// grad_norm's order (docs/determinism.md): lane j sums elements j, j + 8, ... in order; the lanes are
-// added pairwise. Written out here independently; a value the order matters for tells them apart.
-TEST(L2Norm, EightLanesThenPairwise) {
-  std::vector<float> g(1003);
+// grad_norm's order (docs/determinism.md): per chunk of 1024 values, lane j sums elements j, j + 8,
+// ... of the chunk in order and the lanes are added pairwise; the chunks' sums are added in order.
+// Written out here independently; a value the order matters for tells them apart.
+TEST(L2Norm, EightLanesPerChunkThenChunksInOrder) {
+  std::vector<float> g(2503);
   for (std::size_t i = 0; i < g.size(); ++i) g[i] = (i % 97 == 0 ? 1e8f : 1.0f) * static_cast<float>((i * 37) % 11) * 0.1f;
-  double lane[8] = {};
-  for (std::size_t i = 0; i < g.size(); ++i) lane[i % 8] += static_cast<double>(g[i]) * g[i];
-  const double want = std::sqrt(((lane[0] + lane[1]) + (lane[2] + lane[3])) + ((lane[4] + lane[5]) + (lane[6] + lane[7])));
-  EXPECT_EQ(culprit::harness::l2_norm(g.data(), g.size()), want);
+  double total = 0;
+  for (std::size_t c = 0; c < g.size(); c += 1024) {
+    double lane[8] = {};
+    for (std::size_t i = c; i < std::min(g.size(), c + 1024); ++i) lane[(i - c) % 8] += static_cast<double>(g[i]) * g[i];
+    total += ((lane[0] + lane[1]) + (lane[2] + lane[3])) + ((lane[4] + lane[5]) + (lane[6] + lane[7]));
+  }
+  EXPECT_EQ(culprit::harness::l2_norm(g.data(), g.size()), std::sqrt(total));
   double seq = 0;
   for (float v : g) seq += static_cast<double>(v) * v;
   EXPECT_NEAR(culprit::harness::l2_norm(g.data(), g.size()), std::sqrt(seq), 1e-9 * std::sqrt(seq));

@@ -10,6 +10,7 @@
 #include <random>
 #include <vector>
 
+#include "culprit/scatter_reduce.h"
 #include "culprit/tree_overlap.h"
 #include "culprit/tree_reduce.h"
 #include "tree_data.h"
@@ -260,4 +261,104 @@ int main(int argc, char** argv) {
   MPI_Init(&argc, &argv);
   ::testing::InitGoogleTest(&argc, argv);
   return culprit::testing::run_on_every_rank();
+}
+
+// ScatterReduce (--shard-params): micro-shard k computed by rank k mod W, sent piece by piece, in
+// any number of pieces; each rank's slice of the result is the global tree's root bit for bit, with
+// uneven slices (an empty one included) and rounds where some ranks have no leaf (W does not divide M).
+TEST(ScatterReduce, EachSliceIsTheGlobalTreeRootForAnyPiecesAndCuts) {
+  const Comm comm = world();
+  const int W = comm.size;
+  for (int m : {4, 8, 16}) {
+    if (W > m) continue;
+    for (std::size_t n : {3u, 64u, 1000u, 4097u}) {
+      for (int variant = 0; variant < 2; ++variant) {
+        std::vector<std::size_t> cuts;
+        for (int c = 0; c <= W; ++c) cuts.push_back(chunk_offset(n, W, c));
+        if (variant == 1 && W > 1) cuts[1] = 0;  // rank 0 holds nothing
+        ScatterReduce sr(comm, m, cuts);
+        sr.set_window(variant == 0 ? 1 : 3);
+        CommCheck check;
+        check.enabled = true;
+        sr.begin_step(&check);
+        for (int j = 0; j < scatter_rounds(W, m); ++j) {
+          sr.begin_round(j);
+          const int k = scatter_leaf(comm.rank, W, j);
+          std::vector<float> v = k < m ? leaf(k, n) : std::vector<float>();
+          // Pieces from the end, as a backward pass makes them final; one piece in variant 0.
+          const std::size_t step = variant == 0 ? n : n / 3 + 1;
+          for (std::size_t hi = n; hi > 0;) {
+            const std::size_t lo = hi > step ? hi - step : 0;
+            sr.post(lo, hi, k < m ? v.data() : nullptr);
+            hi = lo;
+          }
+          sr.end_round();
+        }
+        sr.end_step();
+        const auto want = tree(0, m, n);
+        const std::size_t lo = cuts[comm.rank], hi = cuts[comm.rank + 1];
+        EXPECT_EQ(std::memcmp(sr.slice(), want.data() + lo, (hi - lo) * sizeof(float)), 0)
+            << "rank " << comm.rank << " of " << W << ", M=" << m << ", n=" << n << ", variant " << variant;
+        // The comm check: every message arrived as sent (gathered, compared pair by pair).
+        std::vector<CommCheck> all(W);
+        std::vector<Fingerprint> s(W * W), r(W * W);
+        MPI_Allgather(check.sent.data(), W, MPI_UINT64_T, s.data(), W, MPI_UINT64_T, MPI_COMM_WORLD);
+        MPI_Allgather(check.received.data(), W, MPI_UINT64_T, r.data(), W, MPI_UINT64_T, MPI_COMM_WORLD);
+        for (int q = 0; q < W; ++q) {
+          all[q].sent.assign(s.begin() + q * W, s.begin() + (q + 1) * W);
+          all[q].received.assign(r.begin() + q * W, r.begin() + (q + 1) * W);
+          all[q].chunks.assign(W, 0);
+        }
+        EXPECT_TRUE(comm_mismatches(all).empty());
+      }
+    }
+  }
+}
+
+namespace {
+float twice_plus_one(const void*, float v) { return v * 2.0f + 1.0f; }  // v itself only at -1
+}  // namespace
+
+// A faulty link on rank 0: the owner of the element gets a wrong sum, every other value is right,
+// and the comm check names (0, owner) — unless the owner is rank 0 itself (its own message).
+TEST(ScatterReduce, AFaultyLinkChangesOneValueAndTheCheckNamesIt) {
+  const Comm comm = world();
+  const int W = comm.size, m = 8;
+  const std::size_t n = 1000;
+  std::vector<std::size_t> cuts;
+  for (int c = 0; c <= W; ++c) cuts.push_back(chunk_offset(n, W, c));
+  const std::size_t bad = n - 1;  // owned by the last rank
+  SendFault fault;
+  fault.offset = bad;
+  fault.apply = twice_plus_one;
+  ScatterReduce sr(comm, m, cuts);
+  CommCheck check;
+  check.enabled = true;
+  sr.begin_step(&check);
+  for (int j = 0; j < scatter_rounds(W, m); ++j) {
+    sr.begin_round(j);
+    const int k = scatter_leaf(comm.rank, W, j);
+    std::vector<float> v = k < m ? leaf(k, n) : std::vector<float>();
+    sr.post(n / 2, n, k < m ? v.data() : nullptr, comm.rank == 0 ? &fault : nullptr);
+    sr.post(0, n / 2, k < m ? v.data() : nullptr, comm.rank == 0 ? &fault : nullptr);
+    sr.end_round();
+  }
+  sr.end_step();
+  const auto want = tree(0, m, n);
+  const std::size_t lo = cuts[comm.rank], hi = cuts[comm.rank + 1];
+  for (std::size_t e = lo; e < hi; ++e)
+    if (e == bad) EXPECT_NE(sr.slice()[e - lo], want[e]);
+    else ASSERT_EQ(sr.slice()[e - lo], want[e]) << e;
+  std::vector<Fingerprint> s(W * W), r(W * W);
+  MPI_Allgather(check.sent.data(), W, MPI_UINT64_T, s.data(), W, MPI_UINT64_T, MPI_COMM_WORLD);
+  MPI_Allgather(check.received.data(), W, MPI_UINT64_T, r.data(), W, MPI_UINT64_T, MPI_COMM_WORLD);
+  std::vector<CommCheck> all(W);
+  for (int q = 0; q < W; ++q) {
+    all[q].sent.assign(s.begin() + q * W, s.begin() + (q + 1) * W);
+    all[q].received.assign(r.begin() + q * W, r.begin() + (q + 1) * W);
+    all[q].chunks.assign(W, 0);
+  }
+  const auto odd = comm_mismatches(all);
+  if (W == 1) EXPECT_TRUE(odd.empty());
+  else EXPECT_EQ(odd, (std::vector<std::pair<int, int>>{{0, W - 1}}));
 }
