@@ -315,13 +315,17 @@ bool gathered_slice(Context& ctx, Finding* f, Evidence* ev) {
       first->rank >= ctx.W)
     return false;
   f->blamed = first->rank;
-  f->phase = Phase::kGather;
+  // The owner's own copy was right and every other rank's wrong: what left it (its link); else its
+  // memory at rest.
+  const bool link = first->sender >= 0;
+  f->phase = link ? Phase::kGatherLink : Phase::kGather;
   const auto dot = first->tensor.rfind('.');
   f->layer = dot == std::string::npos ? first->tensor : first->tensor.substr(0, dot);
   ev->blamed = true;
   ev->at_rest = true;
   ctx.note("the gather check of step " + std::to_string(f->step) + " named rank " + std::to_string(f->blamed) +
-           " for parameter '" + first->tensor + "' (" + first->message + "); micro-shard(s) " + rank_list(f->bad_shards) +
+           (link ? "'s link" : "") + " for parameter '" + first->tensor + "' (" + first->message + "); micro-shard(s) " +
+           rank_list(f->bad_shards) +
            " differ because the ranks that gathered it so computed with it. A replay holds the parameters whole: "
            "it cannot rerun a slice as gathered, so transient and persistent cannot be told apart");
   return true;

@@ -100,9 +100,13 @@ double state_bytes(const TrainConfig& c, double parameters, int world) {
   // most log2(M) + 1 blocks and one pending leaf.
   // --clip-grad-norm: the clipped copy; --precision bf16: autocast's bfloat16 copy of the weights.
   const double recipe = (c.optim.clip_grad_norm > 0 ? 1 : 0) + (c.precision == Precision::kBf16 ? 0.5 : 0);
-  // --shard-params: the parameters are held in slices (the gathered layers come on top, unknown here).
-  const double params = c.shard_params ? 1.0 / std::max(1, world) : 1.0;
-  const double copies = 4 + params + std::log2(std::max(1, c.micro_shards)) + 2 + optimizer + recipe;
+  const double tree = std::log2(std::max(1, c.micro_shards));
+  // --shard-params: everything is held in slices — the parameters, their checkpoint copy, the
+  // reduced gradient, the reduce-scatter's partial sums (at most log2(M) + 1), the clipped slice —
+  // and autograd's gradients and the leaf go bucket by bucket (the gathered layers and the buckets
+  // in flight come on top, unknown here).
+  if (c.shard_params) return parameters * 4 * ((4 + tree + recipe) / std::max(1, world) + optimizer);
+  const double copies = 4 + 1 + tree + 2 + optimizer + recipe;
   return parameters * 4 * copies;
 }
 

@@ -172,6 +172,10 @@ void StepDetectors::check_gather(const StepFacts& f, const std::vector<VoteRecor
                                        : "arrived at every other rank unlike rank " + std::to_string(owner) +
                                              " recorded it after its update (what it sent)"));
     inc.ranks = {owner};
+    if (!owner_saw) {  // the owner's own copy is right: what left it changed (its link)
+      inc.sender = owner;
+      inc.receiver = saw.front();
+    }
   } else {
     inc = make_incident(f.step, Detector::kGatherCheck, IncidentClass::kHardware, saw.front(),
                         "parameter '" + name + "' (chunk " + std::to_string(k) + ", rank " + std::to_string(owner) +
@@ -191,7 +195,8 @@ void StepDetectors::check_nonfinite(const StepFacts& f, const std::vector<VoteRe
     if (votes[r].bad_shard >= 0) shard_rank = r;
     if (votes[r].bad_params) param_rank = r;
   }
-  const bool bad_reduced = !all_finite(f.reduced, static_cast<std::size_t>(f.params + 1));
+  const bool bad_reduced = f.reduced_finite >= 0 ? f.reduced_finite == 0
+                                                 : !all_finite(f.reduced, static_cast<std::size_t>(f.params + 1));
   if (shard_rank >= 0) {
     const int k = votes[shard_rank].bad_shard;
     Incident inc = make_incident(f.step, Detector::kNonfinite, IncidentClass::kNumerical, shard_rank,

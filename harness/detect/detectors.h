@@ -33,6 +33,9 @@ struct StepFacts {
   int params_finite = -1;                // 1/0: they are all finite (scanned with their fingerprints); -1: not scanned
   std::vector<Fingerprint> opt_fps;      // every parameter's optimizer state (with the trace; else empty)
   const float* reduced = nullptr;        // the reduced gradient, P values, then the loss
+  // --shard-params: reduced holds only this rank's slice (and the loss); whether the whole is
+  // finite, as the ranks found it together (-1: scan reduced).
+  int reduced_finite = -1;
   double update_scale = 1;               // --clip-grad-norm: the clip factor the update applied to it
   std::int64_t params = 0;               // P
   std::int64_t held_lo = 0, held_hi = -1;  // the flat parameters this rank holds (--shard-params; -1: all)

@@ -312,6 +312,15 @@ void FaultPlan::on_gather(const FireContext& c, std::size_t param, const std::ve
       corrupt_in_place(f, params[param].tensor);
 }
 
+void FaultPlan::on_gather_link(const FireContext& c, std::size_t param, const std::vector<NamedTensor>& params) const {
+  for (const auto& f : specs_) {
+    if (f.phase != Phase::kGatherLink || f.rank == c.rank || layer_param(f.layer) != static_cast<int>(param)) continue;
+    FireContext sender = c;
+    sender.rank = f.rank;
+    if (hits(f, Phase::kGatherLink, sender, 0, false)) corrupt_in_place(f, params[param].tensor);
+  }
+}
+
 bool FaultPlan::has_phase(Phase p) const {
   for (const auto& f : specs_)
     if (f.phase == p) return true;
@@ -329,7 +338,8 @@ Status FaultPlan::check_held(const std::function<bool(int, std::size_t, std::int
       return Status::BadInput("--inject " + f.text + ": with " + option + " rank " + std::to_string(f.rank) +
                               " updates no element of '" + f.layer + "' (" + holds(f.rank) + ")");
     // With --shard-params a rank holds no copy of another slice for a parameter fault to land on.
-    if (params && (f.phase == Phase::kParam || f.phase == Phase::kGather) && f.kind != FaultKind::kStale &&
+    if (params && (f.phase == Phase::kParam || f.phase == Phase::kGather || f.phase == Phase::kGatherLink) &&
+        f.kind != FaultKind::kStale &&
         !held(f.rank, static_cast<std::size_t>(pi), f.index))
       return Status::BadInput("--inject " + f.text + ": with --shard-params rank " + std::to_string(f.rank) +
                               " holds no element " + std::to_string(f.index) + " of '" + f.layer + "' (" +

@@ -98,6 +98,11 @@ class FaultPlan {
   // holds, its master copy, which the gather spreads) and kCopy (after it: parameter faults on an
   // element it does not hold, its own copy until the next gather). held(param, element): whether
   // the rank holds it.
+  // --shard-params, phase gather-link: the faulty link of the sender (the fault's rank, owner of
+  // the element) as this receiving rank got parameter `param` in its first gather of the step: the
+  // element changes in this rank's copy only (after the gather, before the gather check). c: this
+  // rank's context; the fault fires as the sender's device would.
+  void on_gather_link(const FireContext& c, std::size_t param, const std::vector<NamedTensor>& params) const;
   // gather (--shard-params): the rank's slice of a layer's first parameter (param) corrupted in
   // place just before the step's first gather of it: its memory at rest changed after the update
   // was recorded, and the gather spreads the changed value.

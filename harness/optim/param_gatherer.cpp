@@ -223,7 +223,9 @@ void ParamGatherer::gather_range(std::int64_t a, std::int64_t b) {
   constexpr std::int64_t kMost = std::int64_t{1} << 30;
   for (; b - a > kMost; a += kMost) gather_range(a, a + kMost);
   protect(a, b, true);
-  if (logging_) log_.emplace_back(a, b);
+  // Gathers are logged unless kept (--keep-gathered gathers in a rank's first micro-shard only, and
+  // a phantom round is never a first one: every rank has a micro-shard in round 0).
+  if (logging_ && !keep_) log_.push_back({false, a, b});
   ++gathers_;
   if (comm_.size == 1) return;
   std::vector<int> count(static_cast<std::size_t>(comm_.size)), displ(static_cast<std::size_t>(comm_.size));
@@ -264,7 +266,10 @@ void ParamGatherer::gather(const std::vector<std::size_t>& params) {
     b = e;
   }
   if (a >= 0) gather_range(a, b);
-  for (std::size_t i : first) verify(i);
+  for (std::size_t i : first) {
+    if (after_gather_) after_gather_(i);
+    verify(i);
+  }
 }
 
 void ParamGatherer::verify(std::size_t i) {
@@ -295,7 +300,8 @@ void ParamGatherer::begin_step() {
 }
 
 void ParamGatherer::begin_shard() {
-  logging_ = shards_ == 0 && !keep_;
+  log_.clear();
+  logging_ = true;
   in_backward_ = false;
 }
 
@@ -309,13 +315,20 @@ void ParamGatherer::end_shard() {
   release(all);
 }
 
-void ParamGatherer::end_step(int rounds) {
-  // A rank with fewer micro-shards makes the gathers of the others' last ones.
-  for (int r = shards_; r < rounds && !keep_ && sharded_; ++r)
-    for (const auto& [a, b] : log_) {
-      gather_range(a, b);
-      drop_pages(a, b);
+void ParamGatherer::phantom() {
+  for (const Logged& e : log_) {
+    if (e.post) {
+      if (poster_) poster_(e.a, e.b);
+      continue;
     }
+    if (!sharded_) continue;
+    gather_range(e.a, e.b);
+    drop_pages(e.a, e.b);
+  }
+}
+
+void ParamGatherer::end_step() {
+  logging_ = false;
   if (!sharded_) return;
   const bool keep = keep_;
   keep_ = false;

@@ -12,8 +12,10 @@
 // still the parameter, filled again by the gather before that backward runs.
 //
 // The gather order is the model's call order, the same on every rank for every micro-shard. A rank
-// with fewer micro-shards in a step (W does not divide M) repeats the gathers of its first one
-// without computing (phantom rounds), so every rank makes the same collectives.
+// without a micro-shard in a round (W does not divide M) repeats the collectives of its last one
+// without computing (a phantom round): its gathers, and the gradient's reduce-scatter pieces posted
+// between them (note_post), in their order, so every rank makes the same collectives in the same
+// order and none waits for one another rank makes only later.
 #pragma once
 #include <ATen/core/Tensor.h>
 
@@ -59,12 +61,19 @@ class ParamGatherer : public LayerObserver {
   void unshard();
 
   // The step's compute: begin_step before the first micro-shard; begin_shard/end_shard around each
-  // micro-shard's forward and backward; end_step after the last (phantom rounds to `rounds`, the
-  // most micro-shards any rank computes this step), which releases everything.
+  // micro-shard's forward and backward, or phantom() in a round without one; end_step after the
+  // last, which releases everything.
   void begin_step();
   void begin_shard();
   void end_shard();
-  void end_step(int rounds);
+  void phantom();
+  void end_step();
+  // A reduce-scatter piece [a, b) posted during the micro-shard (logged for phantom rounds, which
+  // post it again through `poster`).
+  void note_post(std::int64_t a, std::int64_t b) {
+    if (logging_) log_.push_back({true, a, b});
+  }
+  void set_poster(std::function<void(std::int64_t, std::int64_t)> poster) { poster_ = std::move(poster); }
 
   // LayerObserver: the layer's parameters gathered before its forward; after it, released, with a
   // hook that gathers them again before the layer's backward.
@@ -80,6 +89,9 @@ class ParamGatherer : public LayerObserver {
   // Called with a parameter's index just before its first gather of the step (the faults of
   // phase gather: FaultPlan::on_gather).
   void set_before_gather(std::function<void(std::size_t)> f) { before_gather_ = std::move(f); }
+  // Called with a parameter's index just after its first gather of the step, before its check (the
+  // faults of phase gather-link: FaultPlan::on_gather_link).
+  void set_after_gather(std::function<void(std::size_t)> f) { after_gather_ = std::move(f); }
   void set_check(bool on) { check_ = on; }
 
   // This rank's fp1 chunk hashes of its slice (layout first_chunk order), for the composed
@@ -118,15 +130,20 @@ class ParamGatherer : public LayerObserver {
   std::vector<char> gathered_;                   // per parameter
   bool sharded_ = false;
   bool in_backward_ = false;
-  bool logging_ = false;                         // recording the first micro-shard's gathers
-  std::vector<std::pair<std::int64_t, std::int64_t>> log_;
+  bool logging_ = false;                         // recording the micro-shard's collectives
+  struct Logged {
+    bool post = false;  // a reduce-scatter piece; else a gather
+    std::int64_t a = 0, b = 0;
+  };
+  std::vector<Logged> log_;                      // the last micro-shard's collectives, in order
+  std::function<void(std::int64_t, std::int64_t)> poster_;
   int shards_ = 0;                               // micro-shards computed this step
   std::int64_t gathers_ = 0, bytes_ = 0;
   std::vector<std::uint64_t> expected_;         // every chunk's hash as its owner recorded it
   std::vector<char> seen_;                      // per parameter: gathered once this step
   std::int64_t mismatch_ = -1;
   bool check_ = false;
-  std::function<void(std::size_t)> before_gather_;
+  std::function<void(std::size_t)> before_gather_, after_gather_;
   std::vector<std::pair<std::shared_ptr<torch::autograd::Node>, std::uintptr_t>> hooks_;
 };
 

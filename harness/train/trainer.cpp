@@ -128,7 +128,7 @@ void Trainer::compute_shard(const FireContext& c, int k, float* leaf) {
   bool finite = std::isfinite(leaf[flat_.size]);
   if (reducer_->overlaps(c, k)) {  // the leaf is filled, and reduced, bucket by bucket during the backward pass
     step_.comm.enabled = cfg_.detect.comm_check;
-    reducer_->begin(c, k, leaf, acc_.get(), reduced_.data(), &step_.comm);
+    reducer_->begin(c, k, leaf, acc_.get(), reduced(), &step_.comm);
     loss.backward();
     finite = reducer_->end() && finite;
   } else {
@@ -153,13 +153,19 @@ trace::ShardRow Trainer::shard_row(int k, const float* leaf) const {
   row.rank = self();
   row.host = comm_.host;
   row.device = device_name_;
-  row.loss = leaf[flat_.size];
   row.input_fp = step_.input_fp;
   row.sample_fps = step_.sample_fps;
   if (layers_) {
     row.fwd = layers_->forward();
     row.bwd = layers_->backward();
   }
+  if (!leaf) {  // --shard-params: the leaf left bucket by bucket, fingerprinted as it went
+    row.loss = reducer_->leaf_loss();
+    row.grad_fp = reducer_->leaf_fp();
+    if (!row.fwd.empty()) row.param_grad = reducer_->leaf_param_fps();
+    return row;
+  }
+  row.loss = leaf[flat_.size];
   const std::size_t bytes = static_cast<std::size_t>(flat_.size) * sizeof(float);
   if (row.fwd.empty()) row.grad_fp = fingerprint_bytes(leaf, bytes);
   else row.grad_fp = fingerprint_with_parts(leaf, bytes, flat_.byte_offsets, flat_.byte_sizes, &row.param_grad);
@@ -211,8 +217,8 @@ void Trainer::step(std::int64_t s, StepMode mode, trace::StepRow* replayed) {
 double Trainer::begin_step(std::int64_t s, StepMode mode) {
   if (comm_.watchdog) comm_.watchdog->set_step(s);
   if (cfg_.memory_metrics && mode == StepMode::kTrain) reset_peak_rss();  // the step's own peak
-  const ShardRange mine = shard_range(comm_.rank, comm_.size, cfg_.micro_shards);
-  step_.fire = FireContext{s, self(), mine.lo, 0, mode, mode == StepMode::kReplay ? replay_round_ : 0};
+  const int first = scatters() ? comm_.rank : shard_range(comm_.rank, comm_.size, cfg_.micro_shards).lo;
+  step_.fire = FireContext{s, self(), first, 0, mode, mode == StepMode::kReplay ? replay_round_ : 0};
   StepFacts& f = step_.facts;
   f = StepFacts();
   f.step = s;
@@ -259,18 +265,16 @@ std::vector<double> Trainer::learning_rates(std::int64_t s) {
 
 // Forward and backward of this rank's micro-shards, summed along the tree.
 void Trainer::compute_local_shards() {
+  if (scatters()) return compute_scattered_shards();
   const ShardRange mine = shard_range(comm_.rank, comm_.size, cfg_.micro_shards);
   const std::int64_t s = step_.fire.step;
   const bool rows = cfg_.tracing() || step_.fire.mode == StepMode::kReplay;
   // The next step's samples are read while this one computes (a replay reads what it is asked).
   if (step_.fire.mode == StepMode::kTrain) read_ahead(s + 1);
   acc_->clear();
-  if (gather_) gather_->begin_step();
   for (int k = mine.lo; k < mine.hi; ++k) {
     float* leaf = acc_->leaf_buffer();
-    if (gather_) gather_->begin_shard();
     compute_shard(step_.fire, k, leaf);
-    if (gather_) gather_->end_shard();
     if (detectors_.spot_checked(s, k)) {
       Stopwatch sw(&step_.facts.seconds);
       step_.facts.shards.leaf[k] = fingerprint_bytes(leaf, static_cast<std::size_t>(flat_.size + 1) * sizeof(float));
@@ -278,11 +282,10 @@ void Trainer::compute_local_shards() {
     if (rows) step_.shard_rows.push_back(shard_row(k, leaf));
     if (!reducer_->in_flight()) acc_->push(k);  // else when its reduction finishes
   }
-  // --shard-params: the most micro-shards any rank computes (W need not divide M).
-  if (gather_) gather_->end_step((cfg_.micro_shards + comm_.size - 1) / comm_.size);
 }
 
 void Trainer::reduce() {
+  if (scatters()) return reduce_scattered();
   if (reducer_->in_flight()) {  // started during the last micro-shard's backward pass
     reducer_->finish();
     step_.facts.seconds += step_.comm.seconds;
@@ -292,7 +295,7 @@ void Trainer::reduce() {
   SendFault storage;
   const SendFault* send_fault = faults_.on_send(step_.fire, &storage);
   step_.comm.enabled = cfg_.detect.comm_check || step_.fire.mode == StepMode::kReplay;  // a replay reports comm faults
-  tree_allreduce(comm_, cfg_.micro_shards, *acc_, reduced_.data(), &tree_ws_, send_fault, &step_.comm);
+  tree_allreduce(comm_, cfg_.micro_shards, *acc_, reduced(), &tree_ws_, send_fault, &step_.comm);
   step_.facts.seconds += step_.comm.seconds;
   step_.facts.comm = &step_.comm;
 }
@@ -300,12 +303,13 @@ void Trainer::reduce() {
 // The step's fingerprints and trace row; the update's invariants.
 Fingerprint Trainer::record(double lr, trace::StepRow* row) {
   StepFacts& f = step_.facts;
-  f.grad_norm = l2_norm(reduced_.data(), static_cast<std::size_t>(flat_.size));
-  f.reduced = reduced_.data();
+  f.grad_norm = scatters() ? sliced_.norm : l2_norm(reduced(), static_cast<std::size_t>(flat_.size));
+  f.reduced = reduced();
+  if (scatters()) f.reduced_finite = sliced_.finite ? 1 : 0;
   f.update_scale = cfg_.optim.clip_grad_norm > 0 ? step_.clip_factor : 1.0;
   f.params = flat_.size;
   row->step = f.step;
-  row->loss = reduced_[flat_.size];
+  row->loss = reduced()[flat_.size];
   row->lr = lr;
   row->lrs_fp = fingerprint_bytes(step_.lrs.data(), step_.lrs.size() * sizeof(double));
   // The NaN/Inf detector's scan of the parameters, in the fingerprints' pass on the CPU (on a GPU
@@ -331,12 +335,17 @@ Fingerprint Trainer::record(double lr, trace::StepRow* row) {
   }
   if (cfg_.tracing() || step_.fire.mode == StepMode::kReplay) {
     const std::size_t P = static_cast<std::size_t>(flat_.size);
-    row->grad_fp = fingerprint_with_parts(reduced_.data(), P * sizeof(float), flat_.byte_offsets, flat_.byte_sizes,
-                                          &row->reduced_fps);
+    if (scatters()) {
+      row->grad_fp = sliced_.grad_fp;
+      row->reduced_fps = sliced_.param_fps;
+    } else {
+      row->grad_fp = fingerprint_with_parts(reduced(), P * sizeof(float), flat_.byte_offsets, flat_.byte_sizes,
+                                            &row->reduced_fps);
+    }
     // The chunk this rank reduced (a fault on its way to itself shows nowhere else) and the
     // optimizer state: the bisection compares both with its replay.
     row->world = comm_.size;
-    row->chunk_fp = reduced_fp(comm_.size, comm_.rank);
+    row->chunk_fp = scatters() ? sliced_.report_fp : reduced_fp(comm_.size, comm_.rank);
     row->opt_fps = optimizer_fps();
     if (sharded()) row->shard = zero_->slice_record(zero_->layout().lo(comm_.rank), zero_->layout().hi(comm_.rank));
     f.opt_fps = row->opt_fps;
@@ -347,7 +356,7 @@ Fingerprint Trainer::record(double lr, trace::StepRow* row) {
 Fingerprint Trainer::reduced_fp(int world, int c) const {
   const std::size_t P = static_cast<std::size_t>(flat_.size);
   const std::size_t lo = chunk_offset(P, world, c), hi = chunk_offset(P, world, c + 1);
-  return fingerprint_bytes(reduced_.data() + lo, (hi - lo) * sizeof(float));
+  return fingerprint_bytes(reduced() + lo, (hi - lo) * sizeof(float));
 }
 
 Fingerprint Trainer::param_fingerprints(std::vector<Fingerprint>* each, bool* finite) const {
@@ -368,7 +377,7 @@ Fingerprint Trainer::param_fingerprints(std::vector<Fingerprint>* each, bool* fi
   return set.finish();
 }
 
-std::vector<Fingerprint> Trainer::reduced_param_fps() const { return param_grad_fps(reduced_.data()); }
+std::vector<Fingerprint> Trainer::reduced_param_fps() const { return param_grad_fps(reduced()); }
 
 std::vector<Fingerprint> Trainer::optimizer_fps() const {
   if (sharded()) return zero_->optimizer_fps();  // collective: the slices' chunk hashes
@@ -403,14 +412,20 @@ std::string Trainer::group_lrs_json() const {
 std::string Trainer::memory_json() const {
   if (!cfg_.memory_metrics || flat_.flat.is_cuda()) return "";
   const auto resident = resident_bytes(flat_.flat.data_ptr(), static_cast<std::size_t>(flat_.size) * sizeof(float));
+  std::string grad;
+  if (scatters()) {  // --shard-params: the gradient's buffers, after the step
+    const std::uint64_t g = reducer_->resident_bytes() + resident_bytes(reduced(), static_cast<std::size_t>(flat_.size + 1) * sizeof(float)) +
+                            (clipped_.defined() ? resident_bytes(clipped_.data_ptr(), clipped_.nbytes()) : 0);
+    grad = ", \"grad_resident_bytes\": " + std::to_string(g);
+  }
   return ", \"peak_rss_bytes\": " + std::to_string(peak_rss_bytes()) + ", \"param_resident_bytes\": " +
-         std::to_string(resident);
+         std::to_string(resident) + grad;
 }
 
 void Trainer::write_metrics(double lr, Fingerprint fp, double secs) {
   if (comm_.rank != 0 || !metrics_) return;
   const StepFacts& f = step_.facts;
-  const float loss = reduced_[flat_.size];
+  const float loss = reduced()[flat_.size];
   std::fprintf(metrics_,
                "{\"step\": %lld, \"loss\": %s, \"grad_norm\": %s, \"lr\": %s, \"fingerprint\": \"%s\", "
                "\"seconds\": %.6f, \"detector_seconds\": %.6f, \"data_wait_seconds\": %.6f, \"data_read_seconds\": %.6f, "
@@ -488,13 +503,31 @@ Status Trainer::run(std::int64_t start_step, const std::string& resumed_from) {
       std::printf("  resumed from %s (step %lld)\n", resumed_from.c_str(), static_cast<long long>(start_step));
   }
   model_.set_training(true);
-  reducer_->install(device_.is_cuda());  // collective; replays (engine.cpp) reduce after the backward pass
+  if (gather_) {
+    // --shard-params: the gradient too is reduced into slices (collective). Its buffers are paged:
+    // only what a rank holds has memory.
+    std::vector<std::size_t> cuts;
+    for (int c = 0; c < comm_.size; ++c) cuts.push_back(static_cast<std::size_t>(zero_->layout().lo(c)));
+    cuts.push_back(static_cast<std::size_t>(flat_.size) + 1);  // the loss goes with the last slice
+    reducer_->install_scatter(cuts);
+    reducer_->set_on_post([this](std::size_t a, std::size_t b) {
+      gather_->note_post(static_cast<std::int64_t>(a), static_cast<std::int64_t>(b));
+    });
+    gather_->set_poster([this](std::int64_t a, std::int64_t b) {
+      reducer_->phantom_post(static_cast<std::size_t>(a), static_cast<std::size_t>(b));
+    });
+    reduced_pages_ = paged_flat_buffer(flat_.size + 1);
+    std::vector<float>().swap(reduced_);
+    if (clipped_.defined()) clipped_ = paged_flat_buffer(flat_.size + 1);
+  } else {
+    reducer_->install(device_.is_cuda());  // collective; replays (engine.cpp) reduce after the backward pass
+  }
   // --shard-params: from here on each rank holds its slice of the parameters only.
   if (gather_) gather_->shard();
   std::vector<Fingerprint> initial;
   param_fingerprints(&initial);
   detectors_.start(initial);
-  spot_leaf_.assign(static_cast<std::size_t>(flat_.size + 1), 0.0f);
+  if (!gather_) spot_leaf_.assign(static_cast<std::size_t>(flat_.size + 1), 0.0f);
   // The first step's samples are read ahead before the initial checkpoint: an HDF5 source reads on
   // the I/O thread, where they would queue behind the checkpoint's write.
   read_ahead(start_step + 1);
@@ -528,7 +561,7 @@ Status Trainer::run(std::int64_t start_step, const std::string& resumed_from) {
       const std::int64_t ran = cfg_.steps - start_step;
       std::printf("summary: %lld steps in %.2f s (%.1f samples/s), final loss %.9g, final fingerprint %s\n",
                   static_cast<long long>(ran), secs, ran * cfg_.global_batch / std::max(secs, 1e-9),
-                  static_cast<double>(reduced_[flat_.size]), fingerprint_hex(last_fp).c_str());
+                  static_cast<double>(reduced()[flat_.size]), fingerprint_hex(last_fp).c_str());
       std::fflush(stdout);
     }
   }

@@ -35,6 +35,7 @@
 #include "model/flat_params.h"
 #include "optim/param_gatherer.h"
 #include "optim/sharded_optimizer.h"
+#include "optim/sliced_gradient.h"
 #include "train/checkpoint_pipeline.h"
 #include "train/gradient_reducer.h"
 
@@ -131,11 +132,15 @@ class Trainer {
   void step(std::int64_t s, StepMode mode, trace::StepRow* replayed = nullptr);
   double begin_step(std::int64_t s, StepMode mode);  // the firing context, facts, learning rate
   void compute_local_shards();  // this rank's micro-shards into the tree's leaves
+  void compute_scattered_shards();  // --shard-params: round by round, each leaf to its owners
+  void reduce_scattered();          // the slice into reduced(), what every rank learns of it
   // Forward and backward of micro-shard k into leaf (P gradient values, then the loss).
   void compute_shard(const FireContext& c, int k, float* leaf);
   void reduce();                 // tree_allreduce of the leaves
   void update(double lr);        // the reduced gradient into the parameters, the optimizer step (trainer_update.cpp)
   at::Tensor clip(const at::Tensor& grads);  // --clip-grad-norm: the clipped copy of the reduced gradient
+  // --shard-params: every parameter's norm (norm_of(i) where this rank computes it), gathered.
+  std::vector<at::Tensor> sliced_norms(const std::function<at::Tensor(std::size_t)>& norm_of);
   Fingerprint record(double lr, trace::StepRow* row);  // fingerprints, invariants, the trace row
   void write_metrics(double lr, Fingerprint fp, double secs);
   std::string group_lrs_json() const;
@@ -162,6 +167,12 @@ class Trainer {
   int self() const { return device_rank_ < 0 ? comm_.rank : device_rank_; }
 
   bool sharded() const { return cfg_.sharded(); }
+  // --shard-params in training: the gradient is reduced into slices (GradientReducer::scatters).
+  bool scatters() const { return reducer_ && reducer_->scatters(); }
+  float* reduced() { return reduced_pages_.defined() ? reduced_pages_.data_ptr<float>() : reduced_.data(); }
+  const float* reduced() const {
+    return reduced_pages_.defined() ? reduced_pages_.data_ptr<float>() : reduced_.data();
+  }
   // Collective with --shard-params (composed from the owners' chunk hashes): every parameter's
   // fingerprint into *each, their set's returned; *finite: whether this rank's (slice of the)
   // parameters is finite.
@@ -194,6 +205,10 @@ class Trainer {
   std::unique_ptr<ParamGatherer> gather_;   // --shard-params (training): the layers' gathers; null otherwise
   std::unique_ptr<TreeAccumulator> acc_;
   std::vector<float> reduced_;  // the reduced gradient and loss (P + 1)
+  // --shard-params (training): the reduced gradient's paged buffer instead, holding this rank's
+  // slice, what sliced_gradient fetched past it, and the loss (GradientReducer::install_scatter).
+  at::Tensor reduced_pages_;
+  SlicedGradient sliced_;         // the step's facts of it (every rank's)
   TreeWorkspace tree_ws_;
   EpochOrders orders_;
   std::unique_ptr<SampleLoader> loader_;

@@ -100,7 +100,10 @@ std::pair<at::Tensor, at::Tensor> Trainer::first_samples(std::int64_t n) {
 void Trainer::read_ahead(std::int64_t s) {
   if (s > cfg_.steps) return;
   const ShardRange mine = shard_range(comm_.rank, comm_.size, cfg_.micro_shards);
-  for (int k = mine.lo; k < mine.hi; ++k) {
+  // --shard-params computes micro-shards rank, rank + W, ... (compute_scattered_shards).
+  const int first = scatters() ? comm_.rank : mine.lo, end = scatters() ? cfg_.micro_shards : mine.hi;
+  const int stride = scatters() ? comm_.size : 1;
+  for (int k = first; k < end; k += stride) {
     const at::Tensor idx = shard_indices(s, k).contiguous();
     const auto* p = idx.data_ptr<std::int64_t>();
     loader_->prefetch(s, k, std::vector<std::int64_t>(p, p + idx.numel()));

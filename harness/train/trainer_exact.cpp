@@ -44,8 +44,8 @@ bool Trainer::update_exact(const ckpt::Checkpoint& start, std::vector<float>* no
     x.n = n;
     x.decay = flat_.decay[i];
     put(view_of(*marked.at(name)), x.p);
-    std::vector<float> g(reduced_.begin() + static_cast<std::ptrdiff_t>(off),
-                         reduced_.begin() + static_cast<std::ptrdiff_t>(off + n));
+    std::vector<float> g(reduced() + off,
+                         reduced() + off + n);
     if (cfg_.optim.clip_grad_norm > 0)
       for (float& v : g) v = v * step_.clip_factor;  // Trainer::clip's mul_out by the 0-dim factor
     x.g = g.data();

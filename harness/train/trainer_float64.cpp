@@ -136,7 +136,7 @@ void Trainer::update_f64(const ckpt::Checkpoint& start, std::vector<float>* now,
   for (std::size_t i = 0; i < flat_.params.size(); ++i) {
     const auto& p = flat_.params[i];
     auto t = marked.at(p.name).reshape(p.tensor.sizes()).clone();
-    t.mutable_grad() = torch::from_blob(reduced_.data() + flat_.offsets[i], p.tensor.sizes(), torch::kFloat32)
+    t.mutable_grad() = torch::from_blob(reduced() + flat_.offsets[i], p.tensor.sizes(), torch::kFloat32)
                            .to(torch::kFloat64);
     p64.push_back(t);
     named.push_back({p.name, t});

@@ -138,8 +138,10 @@ Status Trainer::init(StepMode mode) {
              std::to_string(zero_->layout().hi(rank)) + ")";
     }, cfg_.shard_params));
   // A replay is whole (never sharded): the run's gather faults stay in the run, like transient ones.
-  if (mode == StepMode::kTrain && faults_.has_phase(Phase::kGather) && !cfg_.shard_params)
-    return Status::BadInput("--inject phase=gather lands in a parameter gather of --shard-params: give --shard-params");
+  for (const Phase p : {Phase::kGather, Phase::kGatherLink})
+    if (mode == StepMode::kTrain && faults_.has_phase(p) && !cfg_.shard_params)
+      return Status::BadInput(std::string("--inject phase=") + name_of(p) +
+                              " lands in a parameter gather of --shard-params: give --shard-params");
   if (cfg_.trace == TraceLevel::kLayer || faults_.at_layer_outputs()) {
     layers_ = std::make_unique<LayerTrace>(&faults_, model_layers, cfg_.trace == TraceLevel::kLayer);
     model_.set_observer(layers_.get());
@@ -163,6 +165,8 @@ Status Trainer::init(StepMode mode) {
         return zero_->layout().holds(comm_.rank, flat_.offsets[p] + e);
       });
     });
+    if (faults_.has_phase(Phase::kGatherLink))
+      gather_->set_after_gather([this](std::size_t i) { faults_.on_gather_link(step_.fire, i, flat_.params); });
   }
   return check_model(mode);
 }

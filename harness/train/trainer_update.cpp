@@ -16,7 +16,7 @@ namespace culprit::harness {
 // in flight has its copy of the parameters and optimizer state).
 void Trainer::update(double lr) {
   if (pipeline_) pipeline_->fence();
-  auto grads = torch::from_blob(reduced_.data(), {flat_.size + 1}, torch::kFloat32);
+  auto grads = torch::from_blob(reduced(), {flat_.size + 1}, torch::kFloat32);
   if (device_.is_cuda()) grads = grads.to(device_);
   if (cfg_.optim.clip_grad_norm > 0) {
     step_.clip_seconds = 0;
@@ -25,7 +25,7 @@ void Trainer::update(double lr) {
   }
   // The script's step() gets gradients of its own, as eager PyTorch's are: one that changes them in
   // place must not change the reduced gradient the trace and the detectors see.
-  if (!opt_->known() && grads.data_ptr() == static_cast<void*>(reduced_.data())) grads = grads.clone();
+  if (!opt_->known() && grads.data_ptr() == static_cast<void*>(reduced())) grads = grads.clone();
   // Each slot is a parameter, or with --shard-optimizer this rank's slice of one. Sharded, every
   // parameter's gradient becomes its view of the reduced gradient too, as unsharded: the backward
   // pass's own gradient tensors (P floats) are freed here, not at the next micro-shard.
@@ -33,7 +33,7 @@ void Trainer::update(double lr) {
     auto t = s.tensor;
     t.mutable_grad() = grads.narrow(0, flat_.offsets[s.param] + s.offset, t.numel()).view(t.sizes());
   }
-  if (sharded())
+  if (sharded() && !scatters())  // scattered: the backward pass's hooks freed them
     for (std::size_t i = 0; i < flat_.params.size(); ++i) {
       const auto& t = flat_.params[i].tensor;
       t.mutable_grad() = grads.narrow(0, flat_.offsets[i], t.numel()).view(t.sizes());
@@ -64,17 +64,28 @@ void Trainer::update(double lr) {
 // its own: reduced_ stays the gradient as reduced, which the detectors (the norm before clipping),
 // the trace and the bisection see.
 at::Tensor Trainer::clip(const at::Tensor& grads) {
-  std::vector<at::Tensor> norms;
-  for (std::size_t i = 0; i < flat_.params.size(); ++i) {
+  auto norm_of = [&](std::size_t i) {
     const auto& t = flat_.params[i].tensor;
     std::vector<std::int64_t> dims(static_cast<std::size_t>(t.dim()));
     std::iota(dims.begin(), dims.end(), 0);
-    norms.push_back(at::norm(grads.narrow(0, flat_.offsets[i], t.numel()).view(t.sizes()), 2.0, dims, false));
+    return at::norm(grads.narrow(0, flat_.offsets[i], t.numel()).view(t.sizes()), 2.0, dims, false);
+  };
+  std::vector<at::Tensor> norms;
+  if (scatters()) {
+    norms = sliced_norms(norm_of);
+  } else {
+    for (std::size_t i = 0; i < flat_.params.size(); ++i) norms.push_back(norm_of(i));
   }
   const at::Tensor total = at::norm(at::stack(norms), 2.0, {0}, false);
   const at::Tensor coef = at::clamp((total + 1e-6).reciprocal() * cfg_.optim.clip_grad_norm, c10::nullopt, 1.0);
   if (!clipped_.defined() || clipped_.device() != grads.device()) clipped_ = torch::empty_like(grads);
-  at::mul_out(clipped_, grads, coef);
+  if (scatters()) {  // only this rank's slice is read (its slots)
+    const std::int64_t lo = zero_->layout().lo(comm_.rank), n = zero_->layout().hi(comm_.rank) - lo;
+    auto out = clipped_.narrow(0, lo, n);
+    at::mul_out(out, grads.narrow(0, lo, n), coef);
+  } else {
+    at::mul_out(clipped_, grads, coef);
+  }
   step_.clip_factor = coef.item<float>();
   return clipped_;
 }

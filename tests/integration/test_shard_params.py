@@ -22,7 +22,7 @@ SGD = ["--optimizer", "sgd", "--lr", "0.05", "--momentum", "0.9", "--nesterov", 
 GPT = ["--model", "gpt", "--global-batch", "8", "--micro-shards", "4", "--samples", "64", "--optimizer", "adamw",
        "--lr", "0.003", "--weight-decay", "0.1", "--clip-grad-norm", "1", "--tie-head", "--layers", "2"]
 # Metrics that differ by layout: the optimizer's and the measured memory.
-LAYOUT = ("optimizer_bytes", "peak_rss_bytes", "param_resident_bytes")
+LAYOUT = ("optimizer_bytes", "peak_rss_bytes", "param_resident_bytes", "grad_resident_bytes")
 
 
 def without_layout(lines):
@@ -117,11 +117,21 @@ class ShardParams(TempDirTest):
         plain = self.train("mem-plain", args, 2).metrics()[-1]
         whole = plain["param_resident_bytes"]
         self.assertGreater(whole, 4 * 400000)
+        grad = {}
         for world in (2, 4):
             m = self.train("mem-%d" % world, args + ["--shard-params"], world).metrics()[-1]
             self.assertLessEqual(m["param_resident_bytes"], whole / world + 2 * 4096 + 4096, "W=%d" % world)
             self.assertGreaterEqual(m["param_resident_bytes"], whole / world - 2 * 4096 - 4096, "W=%d" % world)
             self.assertGreater(m["peak_rss_bytes"], 0)
+            grad[world] = m["grad_resident_bytes"]
+        # The gradient's buffers (the leaf's resident pages, the partial sums, the reduced slice, the
+        # values fetched past it, the clipped slice) fall with W too: one slice of partial sums (W
+        # divides M = 4: log2(M/W) + 1 at most), the reduced and the clipped slice (3 slices: 0.5
+        # from W = 2 to 4), plus a few pages and the fetched parameters (clipping needs each
+        # parameter whole on one rank) that do not shrink; all under 7 slices' worth.
+        self.assertLess(grad[4], 0.65 * grad[2], grad)
+        self.assertLessEqual(grad[2], 7 * whole / 2, grad)
+        self.assertGreater(grad[4], whole / 4, grad)  # the control: at least the partial sums are there
 
     def test_a_fault_in_a_slice_only_its_owner_holds_is_bisected_to_the_owner(self):
         # With two ranks, fc1 lies in rank 0's slice, fc3 in rank 1's. The fault lands on the owner's
@@ -159,6 +169,19 @@ class ShardParams(TempDirTest):
             # the gather check's owner is blamed, unconfirmed (a whole replay holds no slice at rest).
             got = self.bisect(self.path(name), world, "hardware-unconfirmed")
             self.assertEqual((got["step"], got["phase"], got["layer"], got["rank"]), (5, "gather", layer, rank))
+        # phase=gather-link: the owner's memory is right, but what its link delivers to every other
+        # rank in the step's first gather of fc3.weight differs; the owner's own check is clean, the
+        # others' see it: the vote names the owner (its link), and so does the bisection.
+        for world, rank in ((2, 1), (3, 2)):
+            name = "link-%d" % world
+            spec = "step=5,rank=%d,layer=fc3,index=5,phase=gather-link,kind=bitflip,bit=30" % rank
+            self.train(name, args + ["--inject", spec], world)
+            found = incidents(self.path(name))
+            got = [(x["detector"], x["step"], x["rank"], x["tensor"]) for x in found]
+            self.assertEqual(got[0], ("gather-check", 5, rank, "fc3.weight"), got)
+            self.assertIn("arrived at every other rank", found[0]["message"])
+            got = self.bisect(self.path(name), world, "hardware-unconfirmed")
+            self.assertEqual((got["step"], got["phase"], got["layer"], got["rank"]), (5, "gather-link", "fc3", rank))
         # Negative control: the same run without the fault has no incident (the check ran: --comm-check
         # is on by default) and its bits differ from the faulty run's (the fault was real).
         clean = self.train("rest-clean", args, 2)
@@ -171,7 +194,10 @@ class ShardParams(TempDirTest):
                 (MLP + ["--shard-params", "--spot-check", "0.5"], "with --shard-params use the audit"),
                 (MLP + ["--shard-params", "--inject", "step=2,rank=0,layer=fc3,index=3,phase=param,kind=nan"],
                  "with --shard-params rank 0 holds no element 3 of 'fc3'"),
-                (MLP + ["--inject", "step=2,rank=0,layer=fc1,phase=gather,kind=nan"], "give --shard-params")):
+                (MLP + ["--inject", "step=2,rank=0,layer=fc1,phase=gather,kind=nan"], "give --shard-params"),
+                (MLP + ["--inject", "step=2,rank=0,layer=fc1,phase=gather-link,kind=nan"], "give --shard-params"),
+                (MLP + ["--shard-params", "--inject", "step=2,rank=0,layer=fc3,index=3,phase=gather-link,kind=nan"],
+                 "with --shard-params rank 0 holds no element 3 of 'fc3'")):
             self.assert_refused(["train", "--run-dir", self.path("refused")] + args, EXIT_USAGE, want)
 
 
