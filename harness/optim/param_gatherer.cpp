@@ -107,7 +107,7 @@ ParamGatherer::ParamGatherer(const Comm& comm, FlatParams& flat, const ShardLayo
       }
     std::sort(unit.begin(), unit.end());
     for (std::size_t i : unit) named[i] = 1;
-    layer_names_.push_back(layer);
+    unit_of_.emplace(layer, unit_.size());  // a repeated name: its first unit, as a search found it
     unit_.push_back(std::move(unit));
   }
   for (std::size_t i = 0; i < flat_.params.size(); ++i)
@@ -340,18 +340,18 @@ void ParamGatherer::end_step() {
 
 void ParamGatherer::on_enter(const std::string& layer) {
   if (inner_) inner_->on_enter(layer);
-  const auto it = std::find(layer_names_.begin(), layer_names_.end(), layer);
-  if (it == layer_names_.end()) return;
-  const auto u = static_cast<std::size_t>(it - layer_names_.begin());
+  const auto it = unit_of_.find(layer);
+  if (it == unit_of_.end()) return;
+  const std::size_t u = it->second;
   entered_[u] = 1;
   gather(unit_[u]);
 }
 
 at::Tensor ParamGatherer::on_forward(const std::string& layer, const at::Tensor& output) {
   at::Tensor out = inner_ ? inner_->on_forward(layer, output) : output;
-  const auto it = std::find(layer_names_.begin(), layer_names_.end(), layer);
-  if (!sharded_ || it == layer_names_.end()) return out;
-  const std::size_t u = static_cast<std::size_t>(it - layer_names_.begin());
+  const auto it = unit_of_.find(layer);
+  if (!sharded_ || it == unit_of_.end()) return out;
+  const std::size_t u = it->second;
   // An output that is (a view of) a parameter is read after the call: the unit stays gathered
   // until the micro-shard ends, and a parameter gets no hook (it would stay on it for good).
   const char* p = static_cast<const char*>(out.defined() ? out.data_ptr() : nullptr);

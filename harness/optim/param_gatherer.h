@@ -24,6 +24,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <unordered_map>
 #include <utility>
 #include <vector>
 
@@ -123,7 +124,7 @@ class ParamGatherer : public LayerObserver {
   std::int64_t lo_ = 0, hi_ = 0;
   std::size_t page_ = 4096;    // elements per page: page_ / sizeof(float)
   std::vector<std::vector<std::size_t>> unit_;   // per layer: the parameters it uses
-  std::vector<std::string> layer_names_;
+  std::unordered_map<std::string, std::size_t> unit_of_;  // layer name -> its index (called per layer call)
   std::vector<std::size_t> resident_;            // parameters no layer (that is called) names: gathered for
                                                  // the whole step; sorted
   std::vector<char> entered_;                    // per layer: called in a forward pass before shard()

@@ -1,10 +1,12 @@
 """--shard-params (ZeRO-3 / FSDP-style; docs/determinism.md, "Sharded parameters") under real mpirun:
-each rank holds only its slice of the parameters and gathers a layer's parameters around its forward
-and backward. Scored against the unsharded run (the truth the contract defines): the same bits at
-W = 1..4 for the built-in models, a TorchScript model and the recipes (bf16, clipping, overlap,
---keep-gathered); checkpoints written in slices that resume at any W and layout; the parameter
-buffer's resident memory measured by the kernel (mincore) falling as 1/W; a fault in a slice that
-only its owner holds bisected to that owner; and the refusals. Each comparison has a control that
+each rank holds only its slice of the parameters, of their gradient and of their optimizer state,
+gathers a layer's parameters around its forward and backward, and sends each micro-shard's gradient
+to the slices' owners during its backward pass. Scored against the unsharded run (the truth the
+contract defines): the same bits at W = 1..4 for the built-in models, a TorchScript model and the
+recipes (bf16, clipping, small buckets, --keep-gathered); checkpoints written in slices that resume at
+any W and layout and export the unsharded tensors; the parameter and gradient buffers' resident
+memory measured by the kernel (mincore) falling as 1/W; a fault in a slice that only its owner holds,
+at rest or on its way in a gather, bisected to that owner; and the refusals. Each comparison has a control that
 could fail (another learning rate gives other bits; the unsharded buffer is all resident)."""
 import os
 import shutil
@@ -23,6 +25,20 @@ GPT = ["--model", "gpt", "--global-batch", "8", "--micro-shards", "4", "--sample
        "--lr", "0.003", "--weight-decay", "0.1", "--clip-grad-norm", "1", "--tie-head", "--layers", "2"]
 # Metrics that differ by layout: the optimizer's and the measured memory.
 LAYOUT = ("optimizer_bytes", "peak_rss_bytes", "param_resident_bytes", "grad_resident_bytes")
+
+
+def safetensors_tensors(path):
+    """A safetensors file's tensors: name -> (dtype, shape, bytes), read from its layout (an 8-byte
+    header length, the JSON header, the data)."""
+    import json
+    import struct
+    with open(path, "rb") as f:
+        blob = f.read()
+    (n,) = struct.unpack("<Q", blob[:8])
+    header = json.loads(blob[8:8 + n])
+    data = blob[8 + n:]
+    return {k: (v["dtype"], tuple(v["shape"]), data[v["data_offsets"][0]:v["data_offsets"][1]])
+            for k, v in header.items() if k != "__metadata__"}
 
 
 def without_layout(lines):
@@ -97,6 +113,15 @@ class ShardParams(TempDirTest):
         self.assertEqual(run(["verify", self.path("sharded")]).code, 0)
         res = run(["diff", self.checkpoint("sharded", 4), self.checkpoint("whole", 4)])
         self.assertEqual(res.code, 0, res.out + res.err)
+        # culprit export assembles the slices into the whole state dict: the unsharded run's tensors.
+        exported = {}
+        for src in ("sharded", "whole"):
+            out = self.path("%s.safetensors" % src)
+            res = run(["export", "--run-dir", self.path(src), "--step", "4", "--format", "safetensors", "--out", out])
+            self.assertEqual(res.code, 0, res.err)
+            exported[src] = safetensors_tensors(out)
+        self.assertTrue(exported["whole"])
+        self.assertEqual(exported["sharded"], exported["whole"])
         # From the sharded checkpoint of step 4: other worlds, sharded or not; and an unsharded one sharded.
         for src, world, flags in (("sharded", 2, ["--shard-params"]), ("sharded", 3, ["--shard-params"]),
                                   ("sharded", 1, ["--shard-params=false"]),
