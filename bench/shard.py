@@ -1,14 +1,15 @@
 #!/usr/bin/env python3
 """--shard-optimizer and --shard-params against the unsharded run, step time and memory per rank.
 
-Step time, optimizer state, parameters resident and peak memory per rank at W = 1, 2, 4, side by side
-in one run.
+Step time, optimizer state, parameters and gradient resident and peak memory per rank at W = 1, 2, 4,
+side by side in one run.
 
     .venv/bin/python bench/shard.py [--rounds 3] [--steps 10] [--models mlp-2m,gpt-4x256]
         [--variants unsharded,sharded,params,params-keep] [--worlds 1,2,4] [--json OUT]
 
 Variants: `unsharded`; `sharded` (--shard-optimizer, ZeRO-1); `params` (--shard-params, ZeRO-3: a
-layer's parameters gathered around its forward and its backward, released after); `params-keep`
+layer's parameters gathered around its forward and its backward, released after; each micro-shard's
+gradient reduce-scattered to the slices' owners during its backward pass); `params-keep`
 (--shard-params --keep-gathered: gathered once per step, kept until the rank's micro-shards are done).
 Every run has --memory-metrics. Every ratio is against `unsharded` (n/a when it is not among --variants,
 e.g. a model that fits a rank only sharded).
@@ -20,7 +21,10 @@ state: metrics.jsonl's optimizer_bytes (rank 0's; the other ranks' slices are wi
 it); memory: each rank's peak RSS over the whole process (GNU time), the largest rank; and, from
 --memory-metrics, rank 0's peak RSS during a step (peak_rss_bytes, the largest over the measured steps)
 and the resident bytes of its flat parameter buffer after the step (param_resident_bytes, mincore; the
-largest over the measured steps). Prints the per-round rows, then the sharded-optimizer table as before
+largest over the measured steps); with --shard-params also those of its gradient's buffers after the
+step (grad_resident_bytes: the leaf's pages, the partial sums, the reduced slice, the clipped slice;
+the largest over the measured steps; "—" for the variants without it). Prints the per-round rows, the
+math libraries and thread counts of the first run's run.json, the sharded-optimizer table as before
 (medians over rounds, ratios sharded/unsharded), then one table of every variant against unsharded.
 The bits are the same (tests/integration/test_shard.py and test_shard_params.py prove it; this bench
 checks the final fingerprints agree with the unsharded run's too). A run that fails (a model that does
@@ -86,6 +90,9 @@ def one(work, model, world, variant, steps):
            "peak_rss_kib": peak,  # GNU time: the largest rank's, the whole process
            "step_peak_rss_bytes": max(r["peak_rss_bytes"] for r in measured),  # rank 0's, during a step
            "param_resident_bytes": max(r["param_resident_bytes"] for r in measured),
+           # rank 0's gradient buffers after the step: --shard-params only (None without it)
+           "grad_resident_bytes": max((r["grad_resident_bytes"] for r in measured if "grad_resident_bytes" in r),
+                                      default=None),
            "fingerprint": rows[-1]["fingerprint"]}
     if not os.path.exists(os.path.join(work, "run.json")):  # the math libraries, for the report
         shutil.copy(os.path.join(run_dir, "run.json"), os.path.join(work, "run.json"))
@@ -125,13 +132,16 @@ def main():
                 if "error" in x:
                     print("round %d %-10s W=%d %-11s FAILED %s" % (r, k[0], k[1], k[2], x["error"]), flush=True)
                     continue
+                grad = x["grad_resident_bytes"]
                 print("round %d %-10s W=%d %-11s step %.4f s  optimizer %7.2f MiB  peak RSS %7.1f MiB"
-                      "  step peak RSS %7.1f MiB  params resident %7.2f MiB" %
+                      "  step peak RSS %7.1f MiB  params resident %7.2f MiB  grad resident %s" %
                       (r, k[0], k[1], k[2], x["seconds"], x["optimizer_bytes"] / 2**20, x["peak_rss_kib"] / 1024.0,
-                       x["step_peak_rss_bytes"] / 2**20, x["param_resident_bytes"] / 2**20), flush=True)
+                       x["step_peak_rss_bytes"] / 2**20, x["param_resident_bytes"] / 2**20,
+                       "%7.2f MiB" % (grad / 2**20) if grad is not None else "—"), flush=True)
         if os.path.exists(os.path.join(work, "run.json")):
             info = json.load(open(os.path.join(work, "run.json")))
-            math = {"math": info.get("math"), "intra_op_threads": info.get("intra_op_threads")}
+            math = {"math": info.get("math"), "blas": info.get("blas"),
+                    "intra_op_threads": info.get("intra_op_threads")}
     finally:
         shutil.rmtree(work, ignore_errors=True)
     if a.json:
@@ -140,11 +150,11 @@ def main():
                        "runs": [{"model": k[0], "world": k[1], "variant": k[2], "round": i, **x}
                                 for k in keys for i, x in enumerate(res[k])]}, f, indent=1)
     if math:
-        print("\nmath libraries: %s; intra-op threads per rank: %s" % (json.dumps(math["math"]),
-                                                                      math["intra_op_threads"]))
+        print("\nmath libraries: %s; blas: %s; intra-op threads per rank: %s" % (
+            json.dumps(math["math"]), json.dumps(math["blas"]), math["intra_op_threads"]))
 
     def med(xs, f):
-        v = [x[f] for x in xs if "error" not in x]
+        v = [x[f] for x in xs if "error" not in x and x.get(f) is not None]
         return statistics.median(v) if v else None
 
     def ratio(xs, us, f):
@@ -178,10 +188,11 @@ def main():
 
     print("\nevery variant against unsharded: medians over %d rounds, ratios variant / unsharded paired within a"
           " round;\nstep RSS: rank 0's peak during a step (--memory-metrics), params: its parameter buffer's"
-          " resident bytes;\nproc RSS: the largest rank's peak over the whole process (GNU time)" % a.rounds)
-    print("%-10s %2s %-11s  %9s %6s  %10s %6s  %10s %6s  %10s %6s  %10s %6s  %s" % (
+          " resident bytes;\ngrad: its gradient buffers' resident bytes (--shard-params only, — otherwise);"
+          "\nproc RSS: the largest rank's peak over the whole process (GNU time)" % a.rounds)
+    print("%-10s %2s %-11s  %9s %6s  %10s %6s  %10s %6s  %10s %6s  %10s  %10s %6s  %s" % (
         "model", "W", "variant", "step s", "ratio", "optim MiB", "ratio", "stepRSSMiB", "ratio", "params MiB",
-        "ratio", "procRSSMiB", "ratio", "same bits"))
+        "ratio", "grad MiB", "procRSSMiB", "ratio", "same bits"))
     for m in models:
         for w in worlds:
             u = res.get((m, w, "unsharded"), [])
@@ -192,7 +203,10 @@ def main():
                                        ("step_peak_rss_bytes", "%.1f", 2**20),
                                        ("param_resident_bytes", "%.2f", 2**20), ("peak_rss_kib", "%.1f", 1024)):
                     cols += [fmt(med(xs, f), spec, scale), fmt(ratio(xs, u, f), "%.3f")]
-                print("%-10s %2d %-11s  %9s %6s  %10s %6s  %10s %6s  %10s %6s  %10s %6s  %s" % (
+                g = med(xs, "grad_resident_bytes")
+                ok = any("error" not in x for x in xs)  # "—": ran, without grad_resident_bytes
+                cols.insert(8, "%.2f" % (g / 2**20) if g is not None else "—" if ok else "n/a")
+                print("%-10s %2d %-11s  %9s %6s  %10s %6s  %10s %6s  %10s %6s  %10s  %10s %6s  %s" % (
                     (m, w, v) + tuple(cols) + (same_bits(xs, u),)))
     failed = [(k, x["error"]) for k in keys for x in res[k] if "error" in x]
     for k, e in failed:
