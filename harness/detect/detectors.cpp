@@ -302,6 +302,8 @@ bool StepDetectors::spot_checked(std::int64_t s, int k) const {
 }
 
 int StepDetectors::owner_of(int k) const {
+  // --shard-params training computes micro-shard k on rank k mod W (determinism.md §2).
+  if (cfg_->shard_params) return k % comm_->size;
   for (int r = 0; r < comm_->size; ++r)
     if (shard_range(r, comm_->size, cfg_->micro_shards).hi > k) return r;
   return comm_->size - 1;

@@ -128,7 +128,9 @@ void GradientReducer::begin(const FireContext& c, int k, float* leaf, TreeAccumu
   reported_.assign(flat_.params.size(), false);
   pending_ = size_of_;
   if (scatter_) {
-    send_fault_ = faults_.on_send(c, &send_);
+    // A faulty link corrupts one message a step, as in tree_allreduce (its one block message): the
+    // rank's first leaf's.
+    send_fault_ = k == c.first_shard ? faults_.on_send(c, &send_) : nullptr;
     final_.assign(buckets_.size(), false);
     next_ = 0;
     loss_ = leaf[flat_.size];

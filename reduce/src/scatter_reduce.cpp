@@ -29,8 +29,10 @@ ScatterReduce::ScatterReduce(const Comm& comm, int micro_shards, std::vector<std
 }
 
 ScatterReduce::~ScatterReduce() {
-  // Nothing may be left in flight (end_round); a request still here is an abandoned step (an
-  // exception unwinding): the communicator is freed all the same, MPI cancels nothing of it.
+  // Nothing is left in flight after end_round; a request still here is an abandoned step (an
+  // exception unwinding): it is released before its buffers and the communicator go.
+  for (auto& f : flights_)
+    if (f->req != MPI_REQUEST_NULL) MPI_Request_free(&f->req);
   MPI_Comm_free(&comm_.comm);
 }
 
@@ -84,11 +86,23 @@ void ScatterReduce::begin_round(int round) {
 }
 
 void ScatterReduce::post(std::size_t a, std::size_t b, const float* leaf, const SendFault* fault) {
-  // MPI counts are ints: a larger range goes in pieces (every rank cuts it the same way).
-  constexpr std::size_t kMost = std::size_t{1} << 30;
-  for (; b - a > kMost; a += kMost) post(a, a + kMost, leaf, fault);
-  while (flights_.size() >= window_) complete_oldest();
+  // An owner receives a piece's part once per rank: pieces of at most 2^26 / W values keep that
+  // receive buffer under 256 MiB and MPI's int counts and displacements far from overflowing. A
+  // larger range goes in pieces from its top down, as buckets go (every rank cuts it the same way),
+  // so a piece's lowest page, shared with the next piece, is never dropped while that one is in
+  // flight (the caller's on_sent).
   const int W = comm_.size;
+  const std::size_t most =
+      piece_most_ ? piece_most_ : std::max<std::size_t>(1, (std::size_t{1} << 26) / static_cast<std::size_t>(W));
+  if (b - a > most) {
+    for (std::size_t hi = b; hi > a;) {
+      const std::size_t lo = hi - a > most ? hi - most : a;
+      post(lo, hi, leaf, fault);
+      hi = lo;
+    }
+    return;
+  }
+  while (flights_.size() >= window_) complete_oldest();
   auto f = std::make_unique<Flight>();
   f->a = a;
   f->b = b;

@@ -278,6 +278,12 @@ TEST(ScatterReduce, EachSliceIsTheGlobalTreeRootForAnyPiecesAndCuts) {
         if (variant == 1 && W > 1) cuts[1] = 0;  // rank 0 holds nothing
         ScatterReduce sr(comm, m, cuts);
         sr.set_window(variant == 0 ? 1 : 3);
+        // Variant 1 also cuts every range into pieces of at most 97 values: they leave from the top
+        // down, so each piece's on_sent range lies below the one before (the caller drops the pages
+        // of a sent range; the page it shares with the next piece must not be one that is in flight).
+        std::vector<std::pair<std::size_t, std::size_t>> sent;
+        if (variant == 1) sr.set_piece_limit(97);
+        sr.set_on_sent([&](std::size_t a, std::size_t b) { sent.emplace_back(a, b); });
         CommCheck check;
         check.enabled = true;
         sr.begin_step(&check);
@@ -287,12 +293,20 @@ TEST(ScatterReduce, EachSliceIsTheGlobalTreeRootForAnyPiecesAndCuts) {
           std::vector<float> v = k < m ? leaf(k, n) : std::vector<float>();
           // Pieces from the end, as a backward pass makes them final; one piece in variant 0.
           const std::size_t step = variant == 0 ? n : n / 3 + 1;
+          sent.clear();
           for (std::size_t hi = n; hi > 0;) {
             const std::size_t lo = hi > step ? hi - step : 0;
             sr.post(lo, hi, k < m ? v.data() : nullptr);
             hi = lo;
           }
           sr.end_round();
+          if (k < m) {
+            ASSERT_FALSE(sent.empty());
+            EXPECT_EQ(sent.front().second, n);
+            EXPECT_EQ(sent.back().first, 0u);
+            for (std::size_t i = 1; i < sent.size(); ++i) EXPECT_EQ(sent[i].second, sent[i - 1].first);
+            for (const auto& [a, b] : sent) EXPECT_LE(b - a, variant == 1 ? 97u : n);
+          }
         }
         sr.end_step();
         const auto want = tree(0, m, n);

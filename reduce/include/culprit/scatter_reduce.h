@@ -58,6 +58,8 @@ class ScatterReduce {
   // Called when the leaf's [a, b) has left (its piece completed): the caller may drop its pages.
   void set_on_sent(std::function<void(std::size_t, std::size_t)> f) { on_sent_ = std::move(f); }
   void set_window(std::size_t pieces) { window_ = pieces < 1 ? 1 : pieces; }
+  // The most values a piece spans (0: 2^26 / W); a test makes it small to cut ranges into pieces.
+  void set_piece_limit(std::size_t values) { piece_most_ = values; }
   std::size_t bytes_sent() const { return bytes_sent_; }  // this step's, for the benchmark
   // The partial sums' memory (slots of this rank's slice, kept from step to step): at most
   // log2(M/W) + 1 slices when W is a power of two dividing M, log2(M) + 1 in general.
@@ -84,6 +86,7 @@ class ScatterReduce {
   std::vector<int> free_;
   std::vector<std::unique_ptr<Flight>> flights_;  // in posting order
   std::size_t window_ = 2;
+  std::size_t piece_most_ = 0;
   CommCheck* check_ = nullptr;
   std::vector<std::vector<Fingerprint>> sent_, received_;  // per peer: each piece's
   std::function<void(std::size_t, std::size_t)> on_sent_;
