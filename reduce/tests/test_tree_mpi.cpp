@@ -263,6 +263,22 @@ int main(int argc, char** argv) {
   return culprit::testing::run_on_every_rank();
 }
 
+namespace {
+// Every rank's phase-1 comm check (ScatterReduce has no phase 2), gathered as the vote gathers them.
+std::vector<CommCheck> every_check(const CommCheck& check, int W) {
+  std::vector<Fingerprint> s(W * W), r(W * W);
+  MPI_Allgather(check.sent.data(), W, MPI_UINT64_T, s.data(), W, MPI_UINT64_T, MPI_COMM_WORLD);
+  MPI_Allgather(check.received.data(), W, MPI_UINT64_T, r.data(), W, MPI_UINT64_T, MPI_COMM_WORLD);
+  std::vector<CommCheck> all(W);
+  for (int q = 0; q < W; ++q) {
+    all[q].sent.assign(s.begin() + q * W, s.begin() + (q + 1) * W);
+    all[q].received.assign(r.begin() + q * W, r.begin() + (q + 1) * W);
+    all[q].chunks.assign(W, 0);
+  }
+  return all;
+}
+}  // namespace
+
 // ScatterReduce (--shard-params): micro-shard k computed by rank k mod W, sent piece by piece, in
 // any number of pieces; each rank's slice of the result is the global tree's root bit for bit, with
 // uneven slices (an empty one included) and rounds where some ranks have no leaf (W does not divide M).
@@ -314,16 +330,7 @@ TEST(ScatterReduce, EachSliceIsTheGlobalTreeRootForAnyPiecesAndCuts) {
         EXPECT_EQ(std::memcmp(sr.slice(), want.data() + lo, (hi - lo) * sizeof(float)), 0)
             << "rank " << comm.rank << " of " << W << ", M=" << m << ", n=" << n << ", variant " << variant;
         // The comm check: every message arrived as sent (gathered, compared pair by pair).
-        std::vector<CommCheck> all(W);
-        std::vector<Fingerprint> s(W * W), r(W * W);
-        MPI_Allgather(check.sent.data(), W, MPI_UINT64_T, s.data(), W, MPI_UINT64_T, MPI_COMM_WORLD);
-        MPI_Allgather(check.received.data(), W, MPI_UINT64_T, r.data(), W, MPI_UINT64_T, MPI_COMM_WORLD);
-        for (int q = 0; q < W; ++q) {
-          all[q].sent.assign(s.begin() + q * W, s.begin() + (q + 1) * W);
-          all[q].received.assign(r.begin() + q * W, r.begin() + (q + 1) * W);
-          all[q].chunks.assign(W, 0);
-        }
-        EXPECT_TRUE(comm_mismatches(all).empty());
+        EXPECT_TRUE(comm_mismatches(every_check(check, W)).empty());
       }
     }
   }
@@ -363,16 +370,7 @@ TEST(ScatterReduce, AFaultyLinkChangesOneValueAndTheCheckNamesIt) {
   for (std::size_t e = lo; e < hi; ++e)
     if (e == bad) EXPECT_NE(sr.slice()[e - lo], want[e]);
     else ASSERT_EQ(sr.slice()[e - lo], want[e]) << e;
-  std::vector<Fingerprint> s(W * W), r(W * W);
-  MPI_Allgather(check.sent.data(), W, MPI_UINT64_T, s.data(), W, MPI_UINT64_T, MPI_COMM_WORLD);
-  MPI_Allgather(check.received.data(), W, MPI_UINT64_T, r.data(), W, MPI_UINT64_T, MPI_COMM_WORLD);
-  std::vector<CommCheck> all(W);
-  for (int q = 0; q < W; ++q) {
-    all[q].sent.assign(s.begin() + q * W, s.begin() + (q + 1) * W);
-    all[q].received.assign(r.begin() + q * W, r.begin() + (q + 1) * W);
-    all[q].chunks.assign(W, 0);
-  }
-  const auto odd = comm_mismatches(all);
+  const auto odd = comm_mismatches(every_check(check, W));
   if (W == 1) EXPECT_TRUE(odd.empty());
   else EXPECT_EQ(odd, (std::vector<std::pair<int, int>>{{0, W - 1}}));
 }
