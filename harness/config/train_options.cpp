@@ -162,6 +162,8 @@ opts::Table<C> make_table() {
     flag<C>("shard-params", &C::shard_params, "each rank keeps only its slice of the parameters, of their gradient and of their optimizer state, and updates it; a layer's parameters are gathered just before its forward and again before its backward, and released after each, and each micro-shard's gradient goes to the slices' owners during its backward pass (ZeRO-3, FSDP); implies --shard-optimizer's slices; the same bits as without"),
     flag<C>("memory-metrics", &C::memory_metrics, "metrics.jsonl gets rank 0's peak resident memory during each step (peak_rss_bytes) and the resident bytes of its parameter buffer after it (param_resident_bytes), as the kernel reports them; with --shard-params also of its gradient's buffers (grad_resident_bytes)"),
     flag<C>("keep-gathered", &C::keep_gathered, "--shard-params: a layer's parameters, once gathered in a step, stay until the rank's micro-shards of the step are all computed (one gather per layer and step; memory: the whole model during the step)"),
+    number<C>("tensor-parallel", &C::tensor_parallel, "gpt: ranks that share each micro-shard, each computing --tp-chunks / T of every layer's chunks (tensor parallelism: attention heads and the MLP's hidden units split, the partial sums exchanged); the world is T x D ranks, D the data-parallel ranks; the same bits at every T (docs/determinism.md, \"Tensor parallelism\")", Range<int>{1, 1024}),
+    number<C>("tp-chunks", &C::tp_chunks, "gpt: cut every sum that crosses tensor-parallel shards into C chunks (each heads / C attention heads and 4 x width / C hidden units) summed in a fixed tree, whatever --tensor-parallel is (0: the plain gpt; --tensor-parallel > 1 without it: C = --heads); C must divide --heads and T must divide C", Range<int>{0, 1024}, kCritical),
     number<C>("hidden", &C::hidden, "mlp: hidden units per layer", Range<std::int64_t>{1, 1 << 20}, kCritical),
     number<C>("samples", &C::samples, "synthetic data: number of samples", Range<std::int64_t>{1, std::int64_t{1} << 40}, kCritical),
     custom<C>("sample-shape", "synthetic data: sample shape, e.g. 1,16,16 (empty: the model's default)", set_sample_shape, [](const C& c) { return join(c.sample_shape); }, kCritical),
@@ -260,6 +262,33 @@ Status validate_model_options(const C& c) {
   return Status::OK();
 }
 
+// --tensor-parallel and --tp-chunks: gpt's chunked form, and what it does not (yet) combine with.
+Status validate_tensor_parallel(const C& c, int world) {
+  const int T = c.tensor_parallel, C = c.tp_chunks;
+  if (T > 1 && C == 0)
+    return Status::BadInput("option '--tensor-parallel' splits gpt's chunks (--tp-chunks) across ranks; it applies to "
+                            "--model gpt, not " + c.model.text());
+  if (!c.chunked()) return Status::OK();
+  if (c.model.kind != ModelKind::kGpt)
+    return Status::BadInput("option '--tp-chunks' applies to --model gpt, not " + c.model.text());
+  if (c.gpt.heads % C != 0)
+    return Status::BadInput("option '--tp-chunks' " + std::to_string(C) + " does not divide --heads " +
+                            std::to_string(c.gpt.heads) + ": each chunk holds heads / C whole attention heads");
+  if (C % T != 0)
+    return Status::BadInput("option '--tensor-parallel' " + std::to_string(T) + " does not divide --tp-chunks " +
+                            std::to_string(C) + ": every tensor-parallel rank computes C / T of the chunks");
+  if (world % T != 0)
+    return Status::BadInput("world size " + std::to_string(world) + " is not a multiple of --tensor-parallel " +
+                            std::to_string(T) + ": the ranks form groups of T that share each micro-shard");
+  const char* other = c.shard_params ? "--shard-params" : c.shard_optimizer ? "--shard-optimizer"
+                      : c.detect.spot_check > 0 ? "--spot-check" : c.device == DeviceKind::kCuda ? "--device cuda"
+                      : c.precision == Precision::kBf16 ? "--precision bf16" : nullptr;
+  if (other)
+    return Status::BadInput(std::string("option '") + other + "' does not combine with --tp-chunks (gpt's " +
+                            "tensor-parallel form) yet: docs/determinism.md, \"Tensor parallelism\", says what it covers");
+  return Status::OK();
+}
+
 // A run recorded before an option existed meant what culprit did then: its run.json lacks the key.
 bool has_key(const std::string& ini, const std::string& key) {
   std::istringstream lines(ini);
@@ -283,6 +312,11 @@ void gpt_from_classes(const std::string& ini, C* c) {
   c->sample_shape.clear();
 }
 
+// --tensor-parallel > 1 without --tp-chunks: a chunk per attention head.
+void default_chunks(C* c) {
+  if (c->tensor_parallel > 1 && c->tp_chunks == 0 && c->model.kind == ModelKind::kGpt) c->tp_chunks = c->gpt.heads;
+}
+
 void apply_recorded_defaults(const std::string& ini, C* c) {
   if (!has_key(ini, "weight-decay-params")) c->optim.decay_params = DecayParams::kAll;
   gpt_from_classes(ini, c);
@@ -300,6 +334,7 @@ Status parse_train_options(const std::vector<std::string>& args, TrainConfig* cf
   opts::Parsed p;
   CULPRIT_RETURN_IF_ERROR(table.parse(args, cfg, &p));
   *help = p.help;
+  default_chunks(cfg);
   if (p.help || (!cfg->resume && cfg->resume_from.empty())) return Status::OK();
   // Resuming: the run's own configuration fills every option not given here, and the options that
   // fix its results must keep their values.
@@ -312,6 +347,15 @@ Status parse_train_options(const std::vector<std::string>& args, TrainConfig* cf
   TrainConfig resumed = orig;
   CULPRIT_RETURN_IF_ERROR(table.parse(args, &resumed, &p, &orig));
   gpt_from_classes(stored, &resumed);
+  default_chunks(&resumed);
+  // The chunks are the model (its sums' order), not a layout: a plain gpt run cannot be resumed
+  // tensor-parallel, nor one of C chunks with another C.
+  if (resumed.tp_chunks != orig.tp_chunks)
+    return Status::BadInput("the run in '" + cfg->run_dir + "' was trained with --tp-chunks " +
+                            std::to_string(orig.tp_chunks) + (orig.tp_chunks == 0 ? " (the plain gpt)" : "") +
+                            ", and its chunks fix its bits; resume it with --tp-chunks " +
+                            std::to_string(orig.tp_chunks) +
+                            (orig.tp_chunks == 0 ? " and without --tensor-parallel" : " and a --tensor-parallel that divides it"));
   for (const auto& key : table.critical()) {
     if (std::find(p.given.begin(), p.given.end(), key) == p.given.end()) continue;
     const std::string now = table.value_text(resumed, key), then = table.value_text(orig, key);
@@ -381,8 +425,11 @@ Status validate(const TrainConfig& c, int world) {
   if (c.global_batch % m != 0)
     return Status::BadInput("--global-batch " + std::to_string(c.global_batch) + " is not divisible by --micro-shards " +
                             std::to_string(m));
-  if (world > m)
-    return Status::BadInput("world size " + std::to_string(world) + " exceeds --micro-shards " + std::to_string(m) +
+  CULPRIT_RETURN_IF_ERROR(validate_tensor_parallel(c, world));
+  const int dp = c.data_parallel(world);
+  if (dp > m)
+    return Status::BadInput((c.chunked() ? "data-parallel ranks (world size / --tensor-parallel) " : "world size ") +
+                            std::to_string(dp) + " exceeds --micro-shards " + std::to_string(m) +
                             ": every rank needs at least one micro-shard");
   const OptimizerOptions& o = c.optim;
   if (o.nesterov && o.momentum <= 0) return Status::BadInput("option '--nesterov' needs --momentum > 0");

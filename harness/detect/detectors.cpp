@@ -304,9 +304,11 @@ bool StepDetectors::spot_checked(std::int64_t s, int k) const {
 int StepDetectors::owner_of(int k) const {
   // --shard-params training computes micro-shard k on rank k mod W (determinism.md §2).
   if (cfg_->shard_params) return k % comm_->size;
-  for (int r = 0; r < comm_->size; ++r)
-    if (shard_range(r, comm_->size, cfg_->micro_shards).hi > k) return r;
-  return comm_->size - 1;
+  // --tensor-parallel T: the group of data-parallel rank g computes it; named by its first rank.
+  const int T = cfg_->chunked() ? cfg_->tensor_parallel : 1, D = comm_->size / T;
+  for (int g = 0; g < D; ++g)
+    if (shard_range(g, D, cfg_->micro_shards).hi > k) return g * T;
+  return (D - 1) * T;
 }
 
 void StepDetectors::check_shards(StepFacts& f) {

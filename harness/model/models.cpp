@@ -8,17 +8,13 @@
 #include "culprit/error_line.h"
 #include "culprit/model.h"
 #include "config/sizes.h"
+#include "model/builtin.h"
 
 namespace culprit::harness {
 
 namespace F = torch::nn::functional;
 
 namespace {
-
-// A Linear layer as PyTorch eager computes it (at::linear: one addmm for 2-D and contiguous 3-D
-// inputs). The C++ frontend's Linear::forward is an implementation of its own (matmul, then += bias
-// for 3-D inputs), which under bf16 autocast rounds differently from PyTorch.
-at::Tensor linear(const torch::nn::Linear& l, const at::Tensor& x) { return torch::linear(x, l->weight, l->bias); }
 
 // Output width: number of classes, or the target size for regression.
 std::int64_t out_features(const Dataset& d) { return d.classification() ? d.classes : d.y_numel(); }
@@ -40,66 +36,6 @@ struct CnnNet : torch::nn::Module {
         fc(register_module("fc", torch::nn::Linear(16 * (h / 4) * (w / 4), out))) {}
   torch::nn::Conv2d conv1, conv2;
   torch::nn::Linear fc;
-};
-
-// ---- gpt: a tiny decoder-only transformer with dropout ---------------------------------------
-struct AttnNet : torch::nn::Module {
-  AttnNet(std::int64_t d)
-      : qkv(register_module("qkv", torch::nn::Linear(d, 3 * d))),
-        proj(register_module("proj", torch::nn::Linear(d, d))) {}
-  torch::nn::Linear qkv, proj;
-};
-struct MlpBlockNet : torch::nn::Module {
-  MlpBlockNet(std::int64_t d)
-      : fc(register_module("fc", torch::nn::Linear(d, 4 * d))),
-        proj(register_module("proj", torch::nn::Linear(4 * d, d))) {}
-  torch::nn::Linear fc, proj;
-};
-struct BlockNet : torch::nn::Module {
-  BlockNet(std::int64_t d)
-      : ln1(register_module("ln1", torch::nn::LayerNorm(torch::nn::LayerNormOptions({d})))),
-        attn(register_module("attn", std::make_shared<AttnNet>(d))),
-        ln2(register_module("ln2", torch::nn::LayerNorm(torch::nn::LayerNormOptions({d})))),
-        mlp(register_module("mlp", std::make_shared<MlpBlockNet>(d))) {}
-  torch::nn::LayerNorm ln1;
-  std::shared_ptr<AttnNet> attn;
-  torch::nn::LayerNorm ln2;
-  std::shared_ptr<MlpBlockNet> mlp;
-};
-struct GptNet : torch::nn::Module {
-  GptNet(std::int64_t vocab, std::int64_t ctx, const GptOptions& g)
-      : tok_emb(register_module("tok_emb", torch::nn::Embedding(vocab, g.width))),
-        pos_emb(register_module("pos_emb", torch::nn::Embedding(ctx, g.width))),
-        blocks(register_module("blocks", torch::nn::ModuleList())),
-        ln_f(register_module("ln_f", torch::nn::LayerNorm(torch::nn::LayerNormOptions({g.width})))) {
-    // A tied head has no tensor of its own: registering tok_emb's weight twice would list it twice
-    // among the parameters (libtorch, unlike PyTorch, does not drop the duplicate).
-    if (!g.tie_head) head = register_module("head", torch::nn::Linear(g.width, vocab));
-    for (int i = 0; i < g.layers; ++i) blocks->push_back(std::make_shared<BlockNet>(g.width));
-  }
-  torch::nn::Embedding tok_emb, pos_emb;
-  torch::nn::ModuleList blocks;
-  torch::nn::LayerNorm ln_f;
-  torch::nn::Linear head{nullptr};
-};
-
-// Shared plumbing for nn::Module based models.
-class BuiltinModel : public Model {
- public:
-  std::vector<NamedTensor> parameters() override {
-    std::vector<NamedTensor> out;
-    for (const auto& item : module()->named_parameters(true)) out.push_back({item.key(), item.value()});
-    return out;
-  }
-  std::vector<NamedTensor> buffers() override {
-    std::vector<NamedTensor> out;
-    for (const auto& item : module()->named_buffers(true)) out.push_back({item.key(), item.value()});
-    return out;
-  }
-  void set_training(bool on) override { module()->train(on); }
-
- protected:
-  virtual torch::nn::Module* module() = 0;
 };
 
 class Mlp : public BuiltinModel {
@@ -139,7 +75,7 @@ class Cnn : public BuiltinModel {
 // its own or (--tie-head) tok_emb's weight without a bias.
 class Gpt : public BuiltinModel {
  public:
-  static constexpr double kDropout = 0.1;
+  static constexpr double kDropout = kGptDropout;
   Gpt(std::int64_t vocab, std::int64_t ctx, const GptOptions& g) : g_(g), net_(std::make_shared<GptNet>(vocab, ctx, g)) {
     for (int i = 0; i < g.layers; ++i) blocks_.push_back(net_->blocks->ptr<BlockNet>(i));
     names_ = {"tok_emb", "pos_emb"};
@@ -149,7 +85,7 @@ class Gpt : public BuiltinModel {
     }
     names_.push_back("ln_f");
     names_.push_back("head");
-    if (g.init == GptInit::kGpt2) init_gpt2();
+    if (g.init == GptInit::kGpt2) init_gpt2(*net_, g.layers);
   }
   at::Tensor forward(const at::Tensor& idx) override {
     const bool train = net_->is_training();
@@ -185,18 +121,6 @@ class Gpt : public BuiltinModel {
 
  private:
   torch::nn::Module* module() override { return net_.get(); }
-  // GPT-2's initialisation, in state-dict order from the seeded generator.
-  void init_gpt2() {
-    torch::NoGradGuard ng;
-    const double residual = 0.02 / std::sqrt(2.0 * g_.layers);
-    for (auto& item : net_->named_parameters(true)) {
-      const std::string& name = item.key();
-      auto& t = item.value();
-      const bool proj = name.size() > 12 && name.compare(name.size() - 12, 12, ".proj.weight") == 0;
-      if (t.dim() >= 2) t.normal_(0.0, proj ? residual : 0.02);
-      else if (name.compare(name.size() - 5, 5, ".bias") == 0) t.zero_();
-    }
-  }
   const GptOptions g_;
   std::shared_ptr<GptNet> net_;
   std::vector<std::shared_ptr<BlockNet>> blocks_;
@@ -283,7 +207,8 @@ Status make_model(const TrainConfig& cfg, const Dataset& d, std::unique_ptr<Mode
     // wide enough for every token and target (load_dataset).
     const std::int64_t vocab = d.classes;
     CULPRIT_RETURN_IF_ERROR(check_model_size(cfg, d.x_shape, vocab, world));
-    *out = std::make_unique<Gpt>(vocab, d.x_shape[0], cfg.gpt);
+    if (cfg.chunked()) *out = make_tp_gpt(vocab, d.x_shape[0], cfg.gpt, cfg.tp_chunks);
+    else *out = std::make_unique<Gpt>(vocab, d.x_shape[0], cfg.gpt);
   } else if (cfg.model.kind == ModelKind::kPython) {
     const ExternalSource* ext = external_source();
     CULPRIT_RETURN_IF_ERROR(ext ? ext->make_model(cfg, d, out) : no_external_source("model " + m));

@@ -292,8 +292,12 @@ class EngineImpl : public Engine {
 
 }  // namespace
 
-Status Engine::open(const TrainConfig& cfg, const Comm& comm, const ckpt::Checkpoint& start, const std::string& path,
+Status Engine::open(const TrainConfig& run_cfg, const Comm& comm, const ckpt::Checkpoint& start, const std::string& path,
                     bool layer_trace, std::unique_ptr<Engine>* out, int rotate) {
+  // A replay computes every chunk of a tensor-parallel run on one rank (--tensor-parallel 1): the
+  // same bits (docs/determinism.md, "Tensor parallelism"), at any world size.
+  TrainConfig cfg = run_cfg;
+  cfg.tensor_parallel = 1;
   CULPRIT_RETURN_IF_ERROR(agree(comm, validate(cfg, comm.size)));
   // A foreign checkpoint (renamed into the run) is refused, never replayed and "reproduced".
   CULPRIT_RETURN_IF_ERROR(agree(comm, ckpt::belongs(path, start, cfg.run_id)));

@@ -126,7 +126,7 @@ void Trainer::compute_shard(const FireContext& c, int k, float* leaf) {
   }
   leaf[flat_.size] = loss.item<float>();
   bool finite = std::isfinite(leaf[flat_.size]);
-  if (reducer_->overlaps(c, k)) {  // the leaf is filled, and reduced, bucket by bucket during the backward pass
+  if (!tp_ && reducer_->overlaps(c, k)) {  // the leaf is filled, and reduced, bucket by bucket during the backward pass
     step_.comm.enabled = cfg_.detect.comm_check;
     reducer_->begin(c, k, leaf, acc_.get(), reduced(), &step_.comm);
     loss.backward();
@@ -135,6 +135,7 @@ void Trainer::compute_shard(const FireContext& c, int k, float* leaf) {
     loss.backward();
     finite = copy_grads(leaf) && finite;
     finite = faults_.on_leaf(c, k, leaf) && finite;
+    if (tp_) tp_->assemble(leaf);  // the group's chunks: the micro-shard's whole gradient
   }
   if (c.attempt == 0 && !finite && facts.bad_shard < 0) facts.bad_shard = k;
 }
@@ -217,7 +218,7 @@ void Trainer::step(std::int64_t s, StepMode mode, trace::StepRow* replayed) {
 double Trainer::begin_step(std::int64_t s, StepMode mode) {
   if (comm_.watchdog) comm_.watchdog->set_step(s);
   if (cfg_.memory_metrics && mode == StepMode::kTrain) reset_peak_rss();  // the step's own peak
-  const int first = scatters() ? comm_.rank : shard_range(comm_.rank, comm_.size, cfg_.micro_shards).lo;
+  const int first = scatters() ? comm_.rank : shard_range(dp().rank, dp().size, cfg_.micro_shards).lo;
   step_.fire = FireContext{s, self(), first, 0, mode, mode == StepMode::kReplay ? replay_round_ : 0};
   StepFacts& f = step_.facts;
   f = StepFacts();
@@ -266,7 +267,7 @@ std::vector<double> Trainer::learning_rates(std::int64_t s) {
 // Forward and backward of this rank's micro-shards, summed along the tree.
 void Trainer::compute_local_shards() {
   if (scatters()) return compute_scattered_shards();
-  const ShardRange mine = shard_range(comm_.rank, comm_.size, cfg_.micro_shards);
+  const ShardRange mine = shard_range(dp().rank, dp().size, cfg_.micro_shards);
   const std::int64_t s = step_.fire.step;
   const bool rows = cfg_.tracing() || step_.fire.mode == StepMode::kReplay;
   // The next step's samples are read while this one computes (a replay reads what it is asked).
@@ -295,7 +296,8 @@ void Trainer::reduce() {
   SendFault storage;
   const SendFault* send_fault = faults_.on_send(step_.fire, &storage);
   step_.comm.enabled = cfg_.detect.comm_check || step_.fire.mode == StepMode::kReplay;  // a replay reports comm faults
-  tree_allreduce(comm_, cfg_.micro_shards, *acc_, reduced(), &tree_ws_, send_fault, &step_.comm);
+  tree_allreduce(dp(), cfg_.micro_shards, *acc_, reduced(), &tree_ws_, send_fault, &step_.comm);
+  if (tp_) tp_->widen(&step_.comm, comm_.size);
   step_.facts.seconds += step_.comm.seconds;
   step_.facts.comm = &step_.comm;
 }
@@ -344,8 +346,8 @@ Fingerprint Trainer::record(double lr, trace::StepRow* row) {
     }
     // The chunk this rank reduced (a fault on its way to itself shows nowhere else) and the
     // optimizer state: the bisection compares both with its replay.
-    row->world = comm_.size;
-    row->chunk_fp = scatters() ? sliced_.report_fp : reduced_fp(comm_.size, comm_.rank);
+    row->world = dp().size;
+    row->chunk_fp = scatters() ? sliced_.report_fp : reduced_fp(dp().size, dp().rank);
     row->opt_fps = optimizer_fps();
     if (sharded()) row->shard = zero_->slice_record(zero_->layout().lo(comm_.rank), zero_->layout().hi(comm_.rank));
     f.opt_fps = row->opt_fps;

@@ -38,6 +38,7 @@
 #include "optim/sliced_gradient.h"
 #include "train/checkpoint_pipeline.h"
 #include "train/gradient_reducer.h"
+#include "train/tensor_layout.h"
 
 namespace culprit::harness {
 
@@ -167,6 +168,9 @@ class Trainer {
   int self() const { return device_rank_ < 0 ? comm_.rank : device_rank_; }
 
   bool sharded() const { return cfg_.sharded(); }
+  // The ranks micro-shards are assigned to and reduced over: the world, or with --tensor-parallel
+  // T > 1 the D ranks with this rank's tp coordinate (TensorLayout).
+  const Comm& dp() const { return tp_ ? tp_->data() : comm_; }
   // --shard-params in training: the gradient is reduced into slices (GradientReducer::scatters).
   bool scatters() const { return reducer_ && reducer_->scatters(); }
   float* reduced() { return reduced_pages_.defined() ? reduced_pages_.data_ptr<float>() : reduced_.data(); }
@@ -219,6 +223,7 @@ class Trainer {
   StepState step_;
   std::vector<float> spot_leaf_;  // a recomputed micro-shard's leaf
   std::unique_ptr<GradientReducer> reducer_;  // the reduction overlapped with the last backward pass
+  std::unique_ptr<TensorLayout> tp_;  // --tensor-parallel T > 1 (training): the groups; null otherwise
   at::Tensor clipped_;            // --clip-grad-norm: the clipped reduced gradient (P + 1)
   at::Tensor host_params_;        // a host copy of GPU parameters (the update invariant)
   RunInfo info_;

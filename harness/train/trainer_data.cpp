@@ -99,7 +99,7 @@ std::pair<at::Tensor, at::Tensor> Trainer::first_samples(std::int64_t n) {
 
 void Trainer::read_ahead(std::int64_t s) {
   if (s > cfg_.steps) return;
-  const ShardRange mine = shard_range(comm_.rank, comm_.size, cfg_.micro_shards);
+  const ShardRange mine = shard_range(dp().rank, dp().size, cfg_.micro_shards);
   // --shard-params computes micro-shards rank, rank + W, ... (compute_scattered_shards).
   const int first = scatters() ? comm_.rank : mine.lo, end = scatters() ? cfg_.micro_shards : mine.hi;
   const int stride = scatters() ? comm_.size : 1;

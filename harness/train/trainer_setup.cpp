@@ -86,7 +86,13 @@ void Trainer::build_flat_params() {
 
 Status Trainer::init(StepMode mode) {
   CULPRIT_RETURN_IF_ERROR(select_device());
+  // --tensor-parallel: the groups before anything computes (the model's checks below exchange).
+  if (cfg_.chunked() && cfg_.tensor_parallel > 1) {
+    tp_ = std::make_unique<TensorLayout>(comm_, cfg_.tensor_parallel);
+    model_.set_tensor_group(tp_->group());
+  }
   build_flat_params();
+  if (tp_) tp_->set_splits(flat_, model_.tensor_splits(), model_.chunks());
   zero_ = std::make_unique<ShardedOptimizer>(comm_, flat_, sharded());
   std::vector<at::Tensor> tensors;
   for (const auto& p : flat_.params) tensors.push_back(p.tensor);

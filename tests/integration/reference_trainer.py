@@ -126,6 +126,7 @@ def parse_args():
     p.add_argument("--heads", type=int, default=2)
     p.add_argument("--vocab", type=int, default=0)
     p.add_argument("--tie-head", action="store_true")
+    p.add_argument("--tp-chunks", type=int, default=0, help="gpt's tensor-parallel form: C chunks, all computed here")
     p.add_argument("--precision", default="fp32", choices=["fp32", "bf16"])
     p.add_argument("--clip-grad-norm", type=float, default=0.0)
     p.add_argument("--weight-decay-params", default="auto", choices=["auto", "matrices", "all"])

@@ -219,6 +219,14 @@ struct TrainConfig {
   bool keep_gathered = false;      // --shard-params: a gathered layer stays for the step's local micro-shards
   bool memory_metrics = false;     // metrics.jsonl: each step's peak resident memory and the parameters' resident bytes
   bool sharded() const { return shard_optimizer || shard_params; }  // the optimizer state in slices
+  // --tp-chunks C > 0: gpt's tensor-parallel form, every cross-shard sum cut into C chunks summed in a
+  // fixed tree (docs/determinism.md, "Tensor parallelism"); --tensor-parallel T ranks share each
+  // micro-shard, each computing C / T of the chunks. The chunks define the bits; T is a layout.
+  int tp_chunks = 0;
+  int tensor_parallel = 1;
+  bool chunked() const { return tp_chunks > 0; }
+  // The data-parallel ranks: world / T.
+  int data_parallel(int world) const { return chunked() ? world / tensor_parallel : world; }
   std::int64_t samples = 2048;     // synthetic data set size
   std::int64_t hidden = 64;        // mlp: hidden width
   std::vector<std::int64_t> sample_shape;  // synthetic sample shape; empty: the model's default

@@ -30,6 +30,16 @@ class LayerObserver {
   virtual at::Tensor on_forward(const std::string& layer, const at::Tensor& output) = 0;
 };
 
+// A parameter cut into a tensor-parallel model's chunks (--tp-chunks): along `dim` (0: rows, the
+// outputs of a column-parallel layer; 1: columns, the inputs of a row-parallel one), each of its
+// `groups` equal parts (qkv: q, k and v) cut into the model's C chunks; chunk c is part c of every
+// group.
+struct TensorSplit {
+  std::string name;
+  int dim = 0;
+  int groups = 1;
+};
+
 // The pseudo-layer of an opaque (TorchScript) forward: the model's output.
 constexpr const char* kOutputLayer = "(output)";
 
@@ -72,6 +82,13 @@ class Model {
   // culprit's --lr-schedule).
   virtual std::vector<double> learning_rates(std::int64_t step) { return {}; }
   void set_observer(LayerObserver* o) { observer_ = o; }
+  // A tensor-parallel model (--tp-chunks): the ranks that share each micro-shard (group.size = T,
+  // this rank group.rank); it computes chunks [rank * C / T, (rank + 1) * C / T). Collective
+  // within the group from then on: every forward and backward exchanges partial sums.
+  virtual void set_tensor_group(const Comm& group) {}
+  // Its parameters cut into chunks (a rank's gradient of them holds only its chunks); empty: none.
+  virtual std::vector<TensorSplit> tensor_splits() const { return {}; }
+  virtual int chunks() const { return 0; }
 
  protected:
   // Every layer call is enter(layer) before it and tap(layer, output) after it.
