@@ -98,8 +98,25 @@ SHARDED = {"mlp-zero3": "mlp", "cnn-zero3": "cnn", "gpt-zero3": "gpt", "ts-zero3
 SHARDED_SET = ("cnn-zero3", "gpt-zero3", "gpt-bf16-zero3", "mlp-zero3", "py-zero3", "ts-zero3")
 LAYOUTS = {}  # sharded model -> (parameter names, sizes, {layer: its first parameter's index}), by probe_layout
 CHUNK = 1024  # fp1 chunk: float32 elements, counted from each parameter's first element
+# --models tp: gpt's tensor-parallel form (--tp-chunks 4, four heads), T = 2 or 4 ranks sharing each
+# micro-shard, D = 1 or 2 data-parallel groups (W = T x D), bisected at T = 1 on 2-4 ranks (a layout
+# other than the training one: every chunk on one rank). A forward or backward fault lands on a
+# layer's output: a chunk's ("blocks.0.mlp.fc[2]", on the rank that computes that chunk) or a
+# replicated layer's (on any rank); a param or optimizer fault on a parameter (every rank holds every
+# parameter whole); grad on the rank's copy of the micro-shard's assembled gradient; tp-link on what a
+# rank sends in the group's exchanges (every receiver gets it changed). Not drawn: comm (the
+# data-parallel tree of a tensor-parallel run: docs/bisect.md, "Tensor parallelism").
+TP = {"gpt-tp2": 2, "gpt-tp4": 4}
+TP_CHUNKS = 4
+TP_LAYERS = ["tok_emb", "blocks.0.attn.qkv[0]", "blocks.0.attn.qkv[3]", "blocks.0.attn.proj[1]", "blocks.0.attn.proj",
+             "blocks.0.mlp.fc[2]", "blocks.1.mlp.proj[3]", "blocks.1.mlp.proj", "head"]
+TP_PARAM_LAYERS = ["tok_emb", "blocks.0.attn.qkv", "blocks.0.attn.proj", "blocks.0.mlp.fc", "blocks.1.mlp.proj", "head"]
+TP_PHASES = ["forward", "backward", "grad", "param", "optimizer", "tp-link"]
+# tp-link: a rank's link in the group's exchanges, of a row-parallel layer's partial products
+# (forward) or a column-parallel layer's partial input gradients (backward).
+TP_EXCHANGES = ["blocks.0.attn.qkv", "blocks.0.attn.proj", "blocks.0.mlp.fc", "blocks.1.mlp.proj"]
 DEFAULT_MODELS = ("cnn", "gpt", "mlp", "ts")
-PHASES = ["forward", "backward", "grad", "comm", "param", "optimizer", "data"]
+PHASES = ["forward", "backward", "grad", "comm", "param", "optimizer", "data", "tp-link"]
 SHARD_PHASES = {"forward", "backward", "grad", "data"}
 KINDS = ["bitflip", "nan", "scale", "noise"]
 MODES = ["transient", "persistent", "intermittent"]
@@ -143,6 +160,8 @@ def draw(rng, i, models=DEFAULT_MODELS, phases=PHASES, modes=MODES):
     model = rng.choice(sorted(models))
     # Sharded parameters on one rank are the unsharded run: 2-4 ranks (W = 3 uneven over M = 4).
     wt, wb = rng.randint(1 if set(phases) - {"comm"} and model not in SHARDED else 2, 4), rng.randint(2, 4)
+    if model in TP:
+        return draw_tp(rng, i, model, phases, modes)
     t = {"trial": i, "model": model, "w_train": wt, "w_bisect": wb, "fault": None}
     if i % 10 == 9:
         return t
@@ -162,6 +181,35 @@ def draw(rng, i, models=DEFAULT_MODELS, phases=PHASES, modes=MODES):
         # A bfloat16 value keeps bits 16..31 of a float32 (culprit refuses lower bits there).
         low = 16 if "bf16" in model and phase in ("forward", "backward") else 0
         f["bit"] = rng.randint(low, 30)
+        spec += ",bit=%d" % f["bit"]
+    if kind == "scale":
+        spec += ",factor=%g" % rng.choice([0.5, 2, 3, 1e3])
+    if mode == "intermittent":
+        spec += ",p=0.5"
+    f["spec"] = spec
+    t["fault"] = f
+    return t
+
+
+def draw_tp(rng, i, model, phases, modes):
+    """A tensor-parallel trial: W = T x D, the fault on a chunk's layer drawn on the chunk's rank."""
+    T = TP[model]
+    D = rng.choice([1, 2])
+    t = {"trial": i, "model": model, "w_train": T * D, "w_bisect": rng.randint(2, 4), "fault": None}
+    if i % 10 == 9:
+        return t
+    phase = rng.choice([p for p in phases if p in TP_PHASES and (p != "comm" or D > 1)])
+    kind, mode = rng.choice(KINDS), rng.choice(modes)
+    f = {"phase": phase, "kind": kind, "mode": mode, "step": rng.randint(2, STEPS - 2), "index": rng.randrange(8)}
+    f["layer"] = rng.choice(TP_LAYERS if phase in ("forward", "backward") else
+                            TP_EXCHANGES if phase == "tp-link" else TP_PARAM_LAYERS)
+    g = rng.randrange(D)
+    m = re.search(r"\[(\d+)\]$", f["layer"])
+    f["rank"] = g * T + (int(m.group(1)) // (TP_CHUNKS // T) if m else rng.randrange(T))
+    spec = "step=%d,rank=%d,index=%d,phase=%s,kind=%s,mode=%s,layer=%s" % (
+        f["step"], f["rank"], f["index"], phase, kind, mode, f["layer"])
+    if kind == "bitflip":
+        f["bit"] = rng.randint(0, 30)
         spec += ",bit=%d" % f["bit"]
     if kind == "scale":
         spec += ",factor=%g" % rng.choice([0.5, 2, 3, 1e3])
@@ -267,7 +315,8 @@ def trace_rows(run_dir):
                                                            int(st["grad_fp"][i]), tuple(st["param_fp"][i]), tuple(st["opt_fp"][i]))
             sh = f["shards"]
             for i in range(nh):
-                key = ("shard", int(sh["step"][i]), int(sh["shard"][i]))
+                # by rank too: each rank of a tensor-parallel group records its own row of a micro-shard
+                key = ("shard", int(sh["step"][i]), int(sh["shard"][i]), rank)
                 rows[key] = tuple(int(sh[c][i]) for c in ("grad_fp", "input_fp")) + tuple(
                     tuple(sh[c][i]) for c in ("fwd_fp", "bwd_fp", "param_grad_fp", "sample_fp"))
     return rows
@@ -294,6 +343,8 @@ def diagnose(run_dir, wb):
 def expected_verdicts(t, f):
     if f["phase"] == "data":
         return {"data"}
+    if f["phase"] == "tp-link":  # a replay computes every chunk on one rank: the link is never rerun
+        return {"hardware-unconfirmed"}
     if f["rank"] >= t["w_bisect"]:
         return {"hardware-unconfirmed"}
     return {"transient": {"hardware-transient"}, "persistent": {"hardware-persistent"},
@@ -426,7 +477,8 @@ def main():
     ap.add_argument("--rescore", default="", help="score the trials of an earlier --out file again and summarise")
     ap.add_argument("--models", default=",".join(DEFAULT_MODELS),
                     help="models to draw from: %s, py (recipes: %s; sharded parameters: %s, or sharded for all of "
-                    "them)" % (", ".join(DEFAULT_MODELS), ", ".join(RECIPES), ", ".join(SHARDED)))
+                    "them; tensor-parallel: %s, or tp for both)" % (", ".join(DEFAULT_MODELS), ", ".join(RECIPES),
+                                                                   ", ".join(SHARDED), ", ".join(TP)))
     ap.add_argument("--phases", default=",".join(PHASES), help="phases to draw from (a targeted slice: comm)")
     ap.add_argument("--modes", default=",".join(MODES), help="modes to draw from (a targeted slice: persistent)")
     ap.add_argument("--again", default="", help="run the trials listed in FILE, one per line as this script prints "
@@ -443,8 +495,9 @@ def main():
         print(summary(results))
         return 0
     MODELS.update(RECIPES)
-    models = [m for name in a.models.split(",") for m in (SHARDED_SET if name == "sharded" else [name])]
-    unknown = [m for m in models if m not in MODELS and m not in SHARDED]
+    models = [m for name in a.models.split(",")
+              for m in (SHARDED_SET if name == "sharded" else sorted(TP) if name == "tp" else [name])]
+    unknown = [m for m in models if m not in MODELS and m not in SHARDED and m not in TP]
     if unknown:
         ap.error("unknown model(s) %s" % ", ".join(unknown))
     phases, modes = a.phases.split(","), a.modes.split(",")
@@ -455,6 +508,9 @@ def main():
     make_torchscript(work)
     for name, base in SHARDED.items():
         MODELS[name] = (MODELS[base][0] + ["--shard-params"], MODELS[base][1])
+    for name, T in TP.items():
+        MODELS[name] = (MODELS["gpt"][0] + ["--heads", "4", "--tp-chunks", str(TP_CHUNKS), "--tensor-parallel", str(T)],
+                        TP_LAYERS)
     results = []
     out = open(a.out, "w") if a.out else None
     t0 = time.time()

@@ -56,10 +56,14 @@ void Context::placement(int r, std::int64_t s, std::string* host, std::string* d
   // the run's first rows (which would name a node r left behind: a healthy one excluded). Rows are
   // ordered by step: the last one of rank r at or before s, else its first after.
   const trace::ShardRow* at = nullptr;
-  for (const auto& [key, row] : run.trace.shards) {
-    if (row.rank != r) continue;
+  for (const auto& [key, merged] : run.trace.shards) {
+    // A tensor-parallel micro-shard: every rank of its group recorded it (ShardRow::group).
+    const trace::ShardRow* row = merged.rank == r ? &merged : nullptr;
+    for (const auto& m : merged.group)
+      if (m.rank == r) row = &m;
+    if (!row) continue;
     if (key.first > s && at) break;
-    at = &row;
+    at = row;
     if (key.first >= s) break;
   }
   if (!at) return;

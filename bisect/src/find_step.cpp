@@ -23,6 +23,11 @@ void compare_shard(const Context& ctx, const ShardResult& r, const trace::ShardR
   const ShardResult want = harness::shard_result(row);
   if (replay::first_difference(r, want, ctx.schema.layers, ctx.schema.params, ctx.schema.layers_recorded))
     c->bad[r.shard] = 1;
+  // A tensor-parallel group's every rank's record (a fault can show in one rank's copy only).
+  for (std::size_t m = 0; m < row.group.size() && !c->bad[r.shard]; ++m)
+    if (replay::first_difference(r, harness::shard_result(trace::merged_view(row.group, m)), ctx.schema.layers,
+                                 ctx.schema.params, ctx.schema.layers_recorded))
+      c->bad[r.shard] = 1;
   c->rows[0] |= r.input_fp != want.input_fp;
   const std::size_t nl = ctx.schema.layers.size();
   for (std::size_t i = 0; ctx.layer && i < nl && i < r.fwd.size() && i < want.fwd.size(); ++i) {

@@ -75,6 +75,11 @@ void replay_faulted(Context& ctx, std::int64_t step, const std::vector<int>& sus
 
 // One micro-shard's opinions: the record and every rank's recomputation, settled by opinions.h
 // (never by rank order). Collective.
+// A tensor-parallel exchange whose part arrived unlike its owner computed it.
+struct ExchangeLink {
+  int sender = -1, receiver = -1;
+  std::string layer;
+};
 struct ShardVote {
   Values v;
   Opinions o;
@@ -83,6 +88,7 @@ struct ShardVote {
   ShardResult mine;              // this rank's, whole
   const trace::ShardRow* row = nullptr;
   Arbitration arbiter;           // tried on a tie of two
+  ExchangeLink link;             // a tensor-parallel exchange's part changed on its way
 };
 // The data source as the third opinion on sample `sample` (data set index), which ranks 0 and 1
 // loaded as loads[0] and loads[1]: both ranks read it afresh outside the step (no batch, no device,
@@ -168,6 +174,92 @@ Status witness_load(Context& ctx, int k, ShardVote* sv) {
   return Status::OK();
 }
 
+// Where a member of a tensor-parallel group's record first differs from replay r, in
+// first_difference's order (forward outputs first to last, gradients last to first, the
+// parameters' gradients, the micro-shard's gradient, the loss), among the entries it recorded (it
+// leaves other ranks' chunks 0); SIZE_MAX: nowhere.
+std::size_t first_recorded_difference(const trace::ShardRow& m, const ShardResult& r) {
+  const std::size_t nl = std::min(m.fwd.size(), r.fwd.size());
+  for (std::size_t i = 0; i < nl; ++i)
+    if (m.fwd[i] != 0 && m.fwd[i] != r.fwd[i]) return i;
+  for (std::size_t i = std::min(m.bwd.size(), r.bwd.size()); i-- > 0;)
+    if (m.bwd[i] != 0 && m.bwd[i] != r.bwd[i]) return nl + (nl - 1 - i);
+  const std::size_t np = std::min(m.param_grad.size(), r.param_grad.size());
+  for (std::size_t p = 0; p < np; ++p)
+    if (m.param_grad[p] != r.param_grad[p]) return 2 * nl + p;
+  if (m.grad_fp != r.grad_fp) return 2 * nl + np;
+  if (!replay::same_bits(m.loss, r.loss)) return 2 * nl + np + 1;
+  return SIZE_MAX;
+}
+
+// The shard a rank of a tensor-parallel run computes: its coordinate in its group and its chunks.
+void shard_note(Context& ctx, int rank) {
+  const int T = ctx.run.cfg.tensor_parallel, C = ctx.run.cfg.tp_chunks;
+  if (T < 2 || C < T) return;
+  const int t = rank % T, n = C / T;
+  ctx.note("rank " + std::to_string(rank) + " is tensor-parallel shard " + std::to_string(t) + " of " + std::to_string(T) +
+           " in group " + std::to_string(rank / T) + " (chunks " + std::to_string(t * n) + ".." +
+           std::to_string(t * n + n - 1) + " of " + std::to_string(C) + ")");
+}
+
+// A chunk's layer entry (tp_gpt.cpp: "layer[c]", a column-parallel layer's "layer.dx[c]"): its
+// exchange's layer and chunk; chunk -1: a layer every rank of the group computes.
+std::pair<std::string, int> chunk_entry(const std::string& name) {
+  const auto open = name.rfind('[');
+  if (open == std::string::npos || name.back() != ']') return {name, -1};
+  std::string layer = name.substr(0, open);
+  if (layer.size() > 3 && layer.compare(layer.size() - 3, 3, ".dx") == 0) layer.resize(layer.size() - 3);
+  return {layer, std::stoi(name.substr(open + 1, name.size() - open - 2))};
+}
+
+// A tensor-parallel micro-shard's record is its group's rows (trace_read.cpp), each with the
+// layers its rank computed and, for the exchanges, the other chunks' parts as they arrived there.
+// The rank that speaks for it is the one whose own record first differs from the replay most ranks
+// computed: the rank that computed the chunk (or its copy of a replicated layer) where the fault
+// first shows; on a tie, the chunk's own rank. A part that arrived unlike its owner's record of it
+// (which the replay confirms) changed on the way: the owner's link (*link). The same on every
+// rank: the replays are gathered.
+void attribute_group(Context& ctx, std::int64_t step, int k, ShardVote* sv, ExchangeLink* link) {
+  trace::ShardRow& row = ctx.run.trace.shards.at({step, k});
+  if (row.group.size() < 2 || sv->all.empty()) return;
+  const ShardResult* pick = &sv->all[0];
+  int most = 0;
+  for (const auto& r : sv->all) {
+    const int n = static_cast<int>(std::count_if(sv->all.begin(), sv->all.end(),
+                                                 [&](const ShardResult& o) { return replay::same_result(o, r); }));
+    if (n > most) most = n, pick = &r;
+  }
+  const int T = std::max(1, ctx.run.cfg.tensor_parallel), C = std::max(1, ctx.run.cfg.tp_chunks);
+  const auto& layers = ctx.schema.layers;
+  const auto owner_of = [&](std::size_t at) {  // the tp coordinate that computed entry `at`; -1: every one
+    const std::size_t nl = layers.size();
+    if (at >= 2 * nl) return -1;
+    const int c = chunk_entry(layers[at < nl ? at : 2 * nl - 1 - at]).second;
+    return c < 0 ? -1 : c / std::max(1, C / T);
+  };
+  std::size_t who = 0, best = SIZE_MAX;
+  for (std::size_t m = 0; m < row.group.size(); ++m) {
+    const std::size_t at = first_recorded_difference(row.group[m], *pick);
+    const bool own = at != SIZE_MAX && owner_of(at) == row.group[m].rank % T;
+    if (at < best || (at == best && own)) best = at, who = m;
+  }
+  if (best == SIZE_MAX) return;  // every rank's record is the replay's
+  const int owner = owner_of(best);
+  if (owner >= 0 && owner != row.group[who].rank % T) {
+    const std::size_t nl = layers.size();
+    link->sender = row.group[who].rank - row.group[who].rank % T + owner;
+    link->receiver = row.group[who].rank;
+    link->layer = chunk_entry(layers[best < nl ? best : 2 * nl - 1 - best]).first;
+  }
+  row = trace::merged_view(row.group, who);
+  ctx.note("micro-shard " + std::to_string(k) + ": of its tensor-parallel group's records (ranks " + [&] {
+             std::string l;
+             for (const auto& m : row.group) l += (l.empty() ? "" : ", ") + std::to_string(m.rank);
+             return l;
+           }() + "), rank " + std::to_string(row.rank) + "'s differs first from the replay");
+  shard_note(ctx, link->sender >= 0 ? link->sender : row.rank);
+}
+
 Status vote_shard(Context& ctx, std::int64_t step, int k, ShardVote* out) {
   out->row = &ctx.run.trace.shards.at({step, k});
   const std::size_t nl = ctx.layer ? ctx.schema.layers.size() : 0, np = ctx.layer ? ctx.schema.params.size() : 0;
@@ -175,6 +267,7 @@ Status vote_shard(Context& ctx, std::int64_t step, int k, ShardVote* out) {
   CULPRIT_RETURN_IF_ERROR(agree(ctx.comm, ctx.engine->compute_shard(k, ctx.round, &mine)));
   mine.rank = ctx.comm.rank;
   out->all = allgather(ctx.comm, mine, nl, np);
+  attribute_group(ctx, step, k, out, &out->link);
   out->o.records = {{out->row->rank, out->v.id(harness::shard_result(*out->row))}};
   for (const auto& r : out->all) out->o.replay.push_back(out->v.id(r));
   out->s = settle(out->o);
@@ -331,6 +424,26 @@ bool gathered_slice(Context& ctx, Finding* f, Evidence* ev) {
   return true;
 }
 
+// A tensor-parallel exchange: what rank `sender` computed (its record and the replay agree) arrived
+// at `receiver` changed. A replay computes every chunk on one rank: nothing crosses the link again,
+// so transient and persistent cannot be told apart.
+Status exchange_link(Context& ctx, const ShardVote& sv, int k, Finding* f, Evidence* ev) {
+  f->bad_shard = k;
+  f->blamed = sv.link.sender;
+  f->phase = Phase::kTpLink;
+  f->layer = sv.link.layer;
+  f->reference = harness::shard_result(*sv.row);
+  f->healthy = sv.all.front();
+  ev->blamed = true;
+  ev->exchange = true;
+  ctx.note("micro-shard " + std::to_string(k) + ": the part of layer " + sv.link.layer + " that rank " +
+           std::to_string(sv.link.sender) + " computed (its record and the replay agree) arrived at rank " +
+           std::to_string(sv.link.receiver) + " changed: rank " + std::to_string(sv.link.sender) +
+           "'s link in the tensor-parallel exchange. A replay computes every chunk on one rank: nothing crosses it "
+           "again, so transient and persistent cannot be told apart");
+  return Status::OK();
+}
+
 Status localize_shard(Context& ctx, Finding* f, Evidence* ev) {
   if (gathered_slice(ctx, f, ev)) return Status::OK();
   std::vector<int> suspects;
@@ -339,6 +452,7 @@ Status localize_shard(Context& ctx, Finding* f, Evidence* ev) {
     const int k = f->bad_shards[i];
     ShardVote sv;
     CULPRIT_RETURN_IF_ERROR(vote_shard(ctx, f->step, k, &sv));
+    if (sv.link.sender >= 0) return exchange_link(ctx, sv, k, f, ev);
     if (sv.arbiter.healthy >= 0 && by.healthy < 0) by = {sv.arbiter.healthy, k};
     if (sv.s.ambiguous && sv.arbiter.tried && sv.arbiter.healthy < 0) {
       if (by.healthy < 0) CULPRIT_RETURN_IF_ERROR(arbitrate_later(ctx, *f, i, &by));

@@ -19,7 +19,7 @@ Transition next(State s, const Evidence& e) {
       if (e.input_differs) return {State::kDone, Verdict::kData};
       if (e.ambiguous_pair) return {State::kDone, Verdict::kHardwarePersistent};
       if (e.healthy_disagree) return {State::kDone, Verdict::kSoftwareNondeterminism};
-      if (e.blamed && (e.outside || e.at_rest)) return {State::kDone, Verdict::kHardwareUnconfirmed};
+      if (e.blamed && (e.outside || e.at_rest || e.exchange)) return {State::kDone, Verdict::kHardwareUnconfirmed};
       if (e.blamed && e.rerunnable) return {State::kRerun, Verdict::kNone};
       if (e.blamed) return {State::kDone, e.update_reproduced ? Verdict::kHardwarePersistent : Verdict::kHardwareTransient};
       return {State::kDone, Verdict::kSoftwareNondeterminism};

@@ -37,6 +37,8 @@ struct Evidence {
   bool outside = false;               // the blamed rank is not part of this world: never rerun
   bool at_rest = false;               // the blamed rank's slice changed at rest (--shard-params'
                                       // gather check): a whole replay cannot rerun it
+  bool exchange = false;              // the blamed rank's link in a tensor-parallel exchange: a
+                                      // replay computes every chunk on one rank, nothing crosses it
   bool rerunnable = false;            // the blamed computation is a micro-shard (else: the update)
   bool update_reproduced = false;     // the update's fault reappeared on its rank in the replay
   bool ambiguous_pair = false;        // two ranks, each reproducing its own result: one of them is

@@ -35,7 +35,40 @@ std::vector<std::string> list_files(const std::string& run_dir, int rank) {
   return out;
 }
 
+bool has_gap(const std::vector<Fingerprint>& v) { return std::find(v.begin(), v.end(), Fingerprint{0}) != v.end(); }
+
+// A micro-shard's row: the newest of its rank, or (two ranks' rows that each left some layer
+// unrecorded: a tensor-parallel group's) one more member of its group, shown merged.
+void add_shard_row(const ShardRow& r, std::map<std::pair<std::int64_t, int>, ShardRow>* shards) {
+  const std::pair<std::int64_t, int> key{r.step, r.shard};
+  auto it = shards->find(key);
+  if (it == shards->end() || !has_gap(r.fwd) || !has_gap(it->second.fwd)) {
+    (*shards)[key] = r;
+    return;
+  }
+  std::vector<ShardRow> group = it->second.group;
+  if (group.empty()) group.push_back(it->second);
+  bool replaced = false;
+  for (auto& m : group)
+    if (m.rank == r.rank) m = r, replaced = true;
+  if (!replaced) group.push_back(r);
+  std::sort(group.begin(), group.end(), [](const ShardRow& a, const ShardRow& b) { return a.rank < b.rank; });
+  it->second = merged_view(group, 0);
+}
+
 }  // namespace
+
+ShardRow merged_view(const std::vector<ShardRow>& group, std::size_t who) {
+  ShardRow v = group[who];
+  v.group.clear();
+  for (const auto& m : group)
+    for (std::size_t i = 0; i < v.fwd.size() && i < m.fwd.size(); ++i) {
+      if (v.fwd[i] == 0) v.fwd[i] = m.fwd[i];
+      if (i < v.bwd.size() && i < m.bwd.size() && v.bwd[i] == 0) v.bwd[i] = m.bwd[i];
+    }
+  v.group = group;
+  return v;
+}
 
 std::vector<std::string> list(const std::string& run_dir) { return list_files(run_dir, -1); }
 std::vector<std::string> list_rank(const std::string& run_dir, int rank) { return list_files(run_dir, rank); }
@@ -77,7 +110,7 @@ Status read_run(const std::string& run_dir, RunTrace* out, const std::string& ru
       out->first_step = out->first_step ? std::min(out->first_step, s.step) : s.step;
       out->last_step = std::max(out->last_step, s.step);
     }
-    for (const auto& r : tf.shards) out->shards[{r.step, r.shard}] = r;
+    for (const auto& r : tf.shards) add_shard_row(r, &out->shards);
   }
   return Status::OK();
 }

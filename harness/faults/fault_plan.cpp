@@ -321,6 +321,34 @@ void FaultPlan::on_gather_link(const FireContext& c, std::size_t param, const st
   }
 }
 
+void FaultPlan::on_tp_link(const FireContext& c, int k, const std::string& layer, int sender, float* part,
+                           std::int64_t n) const {
+  for (const auto& f : specs_) {
+    if (f.phase != Phase::kTpLink || f.rank != sender || f.layer != layer || n <= 0) continue;
+    FireContext from = c;
+    from.rank = sender;
+    if (!hits(f, Phase::kTpLink, from, k, true)) continue;
+    float& v = part[f.index % n];
+    v = corrupt_value(f, v);
+  }
+}
+
+Status FaultPlan::check_tp_link(const std::vector<std::string>& exchanges, int T) const {
+  for (const auto& f : specs_) {
+    if (f.phase != Phase::kTpLink) continue;
+    if (T < 2)
+      return Status::BadInput("--inject " + f.text + ": phase tp-link lands in a tensor-parallel exchange: give "
+                              "--tensor-parallel 2 or more");
+    if (std::find(exchanges.begin(), exchanges.end(), f.layer) == exchanges.end()) {
+      std::string list;
+      for (const auto& e : exchanges) list += (list.empty() ? "" : ", ") + e;
+      return Status::BadInput("--inject " + f.text + ": layer '" + f.layer + "' exchanges nothing across tensor-parallel "
+                              "ranks; phase tp-link takes one of " + list);
+    }
+  }
+  return Status::OK();
+}
+
 bool FaultPlan::has_phase(Phase p) const {
   for (const auto& f : specs_)
     if (f.phase == p) return true;

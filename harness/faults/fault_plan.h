@@ -103,13 +103,20 @@ class FaultPlan {
   // element changes in this rank's copy only (after the gather, before the gather check). c: this
   // rank's context; the fault fires as the sender's device would.
   void on_gather_link(const FireContext& c, std::size_t param, const std::vector<NamedTensor>& params) const;
+  // --tensor-parallel: the `n` values tensor-parallel rank `sender` (a world rank) sent in the
+  // exchange of `layer` in micro-shard k, as they arrive here: a tp-link fault of the sender's
+  // changes them on the way (every receiver sees it; the sender computes with its own).
+  void on_tp_link(const FireContext& c, int k, const std::string& layer, int sender, float* part, std::int64_t n) const;
   // gather (--shard-params): the rank's slice of a layer's first parameter (param) corrupted in
   // place just before the step's first gather of it: its memory at rest changed after the update
   // was recorded, and the gather spreads the changed value.
   // held(param, element): whether the rank holds it (another rank's element is never touched).
   void on_gather(const FireContext& c, std::size_t param, const std::vector<NamedTensor>& params,
                  const std::function<bool(std::size_t, std::int64_t)>& held) const;
-  bool has_phase(Phase p) const;  // whether a spec lands in phase p
+  bool has_phase(Phase p) const;
+  // Phase tp-link lands in a tensor-parallel exchange: its layer must be one of `exchanges` (the
+  // row- and column-parallel layers) and the run must exchange (T > 1).
+  Status check_tp_link(const std::vector<std::string>& exchanges, int T) const;  // whether a spec lands in phase p
   enum class RestPart { kAll, kHeld, kCopy };
   void after_update(const FireContext& c, const std::vector<NamedTensor>& params,
                     const std::vector<std::pair<std::size_t, at::Tensor>>& lost, const OptimizerState& opt,

@@ -34,4 +34,14 @@ at::Tensor LayerTrace::on_forward(const std::string& layer, const at::Tensor& ou
   return out;
 }
 
+void LayerTrace::on_exchange(const std::string& layer, int chunk, int sender, bool backward, bool own, at::Tensor part) {
+  if (!own && group_size_ > 1)
+    plan_->on_tp_link(fire_, shard_, layer, fire_.rank - tp_ + sender, part.data_ptr<float>(), part.numel());
+  if (fwd_.empty() || (own && !backward)) return;
+  const std::string slot = layer + (backward ? ".dx[" : "[") + std::to_string(chunk) + "]";
+  const auto it = index_.find(slot);
+  if (it == index_.end()) return;
+  (backward ? bwd_ : fwd_)[it->second] = tensor_fingerprint(part);
+}
+
 }  // namespace culprit::harness

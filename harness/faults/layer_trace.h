@@ -21,6 +21,16 @@ class LayerTrace : public LayerObserver {
   // Before each micro-shard's forward: its firing context; the fingerprints start at zero.
   void begin_shard(const FireContext& c, int k);
   at::Tensor on_forward(const std::string& layer, const at::Tensor& output) override;
+  // --tensor-parallel: the received parts of the exchanges (tp-link faults land here) and their
+  // fingerprints: a row-parallel layer's partial product of chunk c in layer[c]'s forward slot (the
+  // owner taps its own as a layer output), a column-parallel layer's partial input gradient of
+  // chunk c in layer.dx[c]'s backward slot (the owner's too).
+  void on_exchange(const std::string& layer, int chunk, int sender, bool backward, bool own, at::Tensor part) override;
+  // The tensor-parallel group: T ranks, this one tp (world rank = group base + tp).
+  void set_group(int T, int tp) {
+    group_size_ = T;
+    tp_ = tp;
+  }
   const std::vector<Fingerprint>& forward() const { return fwd_; }
   const std::vector<Fingerprint>& backward() const { return bwd_; }
   // Each layer's output dtype in the last forward pass that reached it (--precision bf16: bfloat16
@@ -34,6 +44,7 @@ class LayerTrace : public LayerObserver {
   int shard_ = 0;
   std::vector<Fingerprint> fwd_, bwd_;  // the current micro-shard's, per layer (empty: not recorded)
   std::map<std::string, at::ScalarType> dtypes_;
+  int group_size_ = 1, tp_ = 0;
 };
 
 }  // namespace culprit::harness

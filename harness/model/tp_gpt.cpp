@@ -52,10 +52,32 @@ at::Tensor tree(const std::vector<at::Tensor>& parts, std::size_t lo, std::size_
   return tree(parts, lo, mid) + tree(parts, mid, hi);
 }
 
+// Which exchange a sum is: its layer, its direction, and who observes it (model.h: on_exchange).
+struct Exchange {
+  std::string layer;
+  bool backward = false;
+  LayerObserver* observer = nullptr;
+};
+Exchange exchange_of(AutogradContext* ctx, bool backward) {
+  return {ctx->saved_data["layer"].toStringRef(), backward,
+          reinterpret_cast<LayerObserver*>(ctx->saved_data["observer"].toInt())};
+}
+
+// The observer sees every chunk's part, this rank's as computed and the others' as they arrived.
+void observe(const TensorGroup& g, const Exchange& x, std::vector<at::Tensor>& parts) {
+  if (!x.observer) return;
+  const int owned = g.owned();
+  for (int c = 0; c < g.chunks; ++c)
+    x.observer->on_exchange(x.layer, c, c / owned, x.backward, c / owned == g.comm.rank, parts[static_cast<std::size_t>(c)]);
+}
+
 // The sum over all C chunks of a partial that each rank holds for its own chunks (in chunk order):
 // gathered whole in the group, then the tree. Collective within the group.
-at::Tensor chunk_sum(const TensorGroup& g, const std::vector<at::Tensor>& mine) {
-  if (g.comm.size == 1) return tree(mine, 0, mine.size());
+at::Tensor chunk_sum(const TensorGroup& g, const Exchange& x, std::vector<at::Tensor> mine) {
+  if (g.comm.size == 1) {
+    observe(g, x, mine);
+    return tree(mine, 0, mine.size());
+  }
   const at::Tensor send = at::stack(mine).contiguous();
   std::vector<std::int64_t> shape = send.sizes().vec();
   shape[0] = g.chunks;
@@ -66,7 +88,8 @@ at::Tensor chunk_sum(const TensorGroup& g, const std::vector<at::Tensor>& mine) 
   CULPRIT_COLLECTIVE(g.comm, "the tensor-parallel exchange",
                      MPI_Iallgather(send.data_ptr<float>(), static_cast<int>(n), MPI_FLOAT, all.data_ptr<float>(),
                                     static_cast<int>(n), MPI_FLOAT, g.comm.comm, &_culprit_req));
-  const std::vector<at::Tensor> parts = all.unbind(0);
+  std::vector<at::Tensor> parts = all.unbind(0);
+  observe(g, x, parts);
   return tree(parts, 0, parts.size());
 }
 
@@ -91,8 +114,10 @@ at::Tensor cols(const at::Tensor& t, int c, int chunks) {
 // Column-parallel: this rank's chunks of linear(h, W, b), W cut along its outputs.
 struct ColumnParallel : torch::autograd::Function<ColumnParallel> {
   static variable_list forward(AutogradContext* ctx, Variable h, Variable w, Variable b, std::int64_t groups,
-                               std::int64_t group) {
+                               std::int64_t group, const std::string& layer, std::int64_t observer) {
     ctx->saved_data["group"] = group;
+    ctx->saved_data["layer"] = layer;
+    ctx->saved_data["observer"] = observer;
     ctx->saved_data["groups"] = groups;
     ctx->save_for_backward({h, w});
     const TensorGroup& g = *reinterpret_cast<const TensorGroup*>(group);
@@ -123,7 +148,7 @@ struct ColumnParallel : torch::autograd::Function<ColumnParallel> {
       put_rows(dw, c, g.chunks, G, dy2.t().mm(h2));
       put_rows(db, c, g.chunks, G, dy2.sum(0));
     }
-    return {chunk_sum(g, dh), dw, db, Variable(), Variable()};
+    return {chunk_sum(g, exchange_of(ctx, true), dh), dw, db, Variable(), Variable(), Variable(), Variable()};
   }
 };
 
@@ -163,15 +188,18 @@ struct RowPartials : torch::autograd::Function<RowPartials> {
 
 // Row-parallel, the sum: the tree over all C partial products (every rank of the group the same).
 struct ChunkSum : torch::autograd::Function<ChunkSum> {
-  static Variable forward(AutogradContext* ctx, at::TensorList partials, std::int64_t group) {
+  static Variable forward(AutogradContext* ctx, at::TensorList partials, std::int64_t group, const std::string& layer,
+                          std::int64_t observer) {
     ctx->saved_data["group"] = group;
+    ctx->saved_data["layer"] = layer;
+    ctx->saved_data["observer"] = observer;
     ctx->saved_data["n"] = static_cast<std::int64_t>(partials.size());
     const TensorGroup& g = *reinterpret_cast<const TensorGroup*>(group);
-    return chunk_sum(g, std::vector<at::Tensor>(partials.begin(), partials.end()));
+    return chunk_sum(g, exchange_of(ctx, false), std::vector<at::Tensor>(partials.begin(), partials.end()));
   }
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     variable_list out(static_cast<std::size_t>(ctx->saved_data["n"].toInt()), grads[0]);
-    out.push_back(Variable());
+    out.insert(out.end(), {Variable(), Variable(), Variable()});
     return out;
   }
 };
@@ -193,14 +221,20 @@ class TpGpt : public BuiltinModel {
     const auto per_chunk = [&](const std::string& l) {
       for (int c = 0; c < chunks; ++c) names_.push_back(chunk_name(l, c));
     };
+    // A column-parallel layer's partial input gradients (backward slots only, LayerTrace::on_exchange),
+    // before its chunks: the backward pass computes them after the chunks' output gradients.
+    const auto column_chunks = [&](const std::string& l) {
+      for (int c = 0; c < chunks; ++c) names_.push_back(l + ".dx[" + std::to_string(c) + "]");
+      per_chunk(l);
+    };
     for (int i = 0; i < g.layers; ++i) {
       const std::string b = "blocks." + std::to_string(i) + ".";
       names_.push_back(b + "ln1");
-      per_chunk(b + "attn.qkv");
+      column_chunks(b + "attn.qkv");
       per_chunk(b + "attn.proj");
       names_.push_back(b + "attn.proj");
       names_.push_back(b + "ln2");
-      per_chunk(b + "mlp.fc");
+      column_chunks(b + "mlp.fc");
       per_chunk(b + "mlp.proj");
       names_.push_back(b + "mlp.proj");
     }
@@ -208,8 +242,8 @@ class TpGpt : public BuiltinModel {
     names_.push_back("head");
     if (g.init == GptInit::kGpt2) init_gpt2(*net_, g.layers);
   }
-  // A chunk's layer: its name, '#', the chunk.
-  static std::string chunk_name(const std::string& layer, int c) { return layer + "#" + std::to_string(c); }
+  // A chunk's layer: its name, then the chunk in brackets (blocks.0.mlp.fc[2]).
+  static std::string chunk_name(const std::string& layer, int c) { return layer + "[" + std::to_string(c) + "]"; }
 
   void set_tensor_group(const Comm& group) override { group_.comm = group; }
   int chunks() const override { return group_.chunks; }
@@ -269,11 +303,12 @@ class TpGpt : public BuiltinModel {
 
  private:
   torch::nn::Module* module() override { return net_.get(); }
+  std::int64_t observer_arg() const { return reinterpret_cast<std::int64_t>(observer_); }
   static at::Tensor dropout(const at::Tensor& x, bool train) { return train ? x * keep_mask(x.sizes()) : x; }
   // This rank's chunks of a column-parallel layer, each one a layer of its own (LayerTrace).
   variable_list column(const std::string& layer, const at::Tensor& h, const torch::nn::Linear& l, int groups) {
     for (int j = 0; j < group_.owned(); ++j) enter(chunk_name(layer, group_.first() + j));
-    variable_list out = ColumnParallel::apply(h, l->weight, l->bias, groups, group_arg(group_));
+    variable_list out = ColumnParallel::apply(h, l->weight, l->bias, groups, group_arg(group_), layer, observer_arg());
     for (int j = 0; j < group_.owned(); ++j) out[j] = tap(chunk_name(layer, group_.first() + j), out[j]);
     return out;
   }
@@ -284,7 +319,7 @@ class TpGpt : public BuiltinModel {
     variable_list parts = RowPartials::apply(at::TensorList(ys), l->weight, group_arg(group_));
     for (int j = 0; j < group_.owned(); ++j) parts[j] = tap(chunk_name(layer, group_.first() + j), parts[j]);
     enter(layer);
-    return tap(layer, ChunkSum::apply(at::TensorList(parts), group_arg(group_)) + l->bias);
+    return tap(layer, ChunkSum::apply(at::TensorList(parts), group_arg(group_), layer, observer_arg()) + l->bias);
   }
 
   const GptOptions g_;

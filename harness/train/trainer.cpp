@@ -134,8 +134,8 @@ void Trainer::compute_shard(const FireContext& c, int k, float* leaf) {
   } else {
     loss.backward();
     finite = copy_grads(leaf) && finite;
-    finite = faults_.on_leaf(c, k, leaf) && finite;
     if (tp_) tp_->assemble(leaf);  // the group's chunks: the micro-shard's whole gradient
+    finite = faults_.on_leaf(c, k, leaf) && finite;  // this rank's copy of it
   }
   if (c.attempt == 0 && !finite && facts.bad_shard < 0) facts.bad_shard = k;
 }

@@ -148,8 +148,17 @@ Status Trainer::init(StepMode mode) {
     if (mode == StepMode::kTrain && faults_.has_phase(p) && !cfg_.shard_params)
       return Status::BadInput(std::string("--inject phase=") + name_of(p) +
                               " lands in a parameter gather of --shard-params: give --shard-params");
-  if (cfg_.trace == TraceLevel::kLayer || faults_.at_layer_outputs()) {
+  // A tensor-parallel exchange's faulty link: the run's only (a replay computes every chunk here).
+  if (mode == StepMode::kTrain) {
+    std::vector<std::string> exchanges;
+    for (const auto& s : model_.tensor_splits())
+      if (s.name.size() > 7 && s.name.compare(s.name.size() - 7, 7, ".weight") == 0)
+        exchanges.push_back(s.name.substr(0, s.name.size() - 7));
+    CULPRIT_RETURN_IF_ERROR(faults_.check_tp_link(exchanges, tp_ ? tp_->size() : 1));
+  }
+  if (cfg_.trace == TraceLevel::kLayer || faults_.at_layer_outputs() || faults_.has_phase(Phase::kTpLink)) {
     layers_ = std::make_unique<LayerTrace>(&faults_, model_layers, cfg_.trace == TraceLevel::kLayer);
+    if (tp_) layers_->set_group(tp_->size(), tp_->group().rank);
     model_.set_observer(layers_.get());
   }
   // --shard-params: the gatherer observes the setup's forward pass (which layers are called).

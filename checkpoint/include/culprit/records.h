@@ -19,12 +19,12 @@ namespace culprit {
 // ---- vocabularies ----
 
 // Where a fault lands and where a diagnosis places it (--inject's phase=; diagnosis.json's phase).
-enum class Phase { kForward, kBackward, kGrad, kComm, kParam, kOptimizer, kData, kLr, kRng, kGather, kGatherLink };
+enum class Phase { kForward, kBackward, kGrad, kComm, kParam, kOptimizer, kData, kLr, kRng, kGather, kGatherLink, kTpLink };
 inline constexpr NameRow<Phase> kPhaseNames[] = {
     {Phase::kForward, "forward"}, {Phase::kBackward, "backward"}, {Phase::kGrad, "grad"},
     {Phase::kComm, "comm"},       {Phase::kParam, "param"},       {Phase::kOptimizer, "optimizer"},
     {Phase::kData, "data"},       {Phase::kLr, "lr"},             {Phase::kRng, "rng"},
-    {Phase::kGather, "gather"},   {Phase::kGatherLink, "gather-link"}};
+    {Phase::kGather, "gather"},   {Phase::kGatherLink, "gather-link"}, {Phase::kTpLink, "tp-link"}};
 constexpr NameTable<Phase> enum_names(Phase) { return {kPhaseNames, std::size(kPhaseNames), "phase"}; }
 
 // Who wrote an incident record: an online detector, the collective watchdog, or a jobs/ script.

@@ -101,7 +101,17 @@ struct ShardRow {
   std::vector<Fingerprint> bwd;     // per layer: the gradient flowing back into its output
   std::vector<Fingerprint> param_grad;  // per parameter: its slice of the leaf (level "layer")
   std::vector<Fingerprint> sample_fps;  // per sample of the micro-shard, as loaded (format 3)
+  // Not in the file. A tensor-parallel micro-shard (--tensor-parallel T > 1) is recorded by each of
+  // its group's T ranks, each row holding the layers that rank computed (its chunks', and the
+  // replicated ones; 0 for the others' chunks). The reader keeps every rank's row here and shows
+  // one merged view (merged_view): that of one rank, its zero entries filled from the others.
+  std::vector<ShardRow> group;
 };
+
+// The merged view of a tensor-parallel micro-shard's rows (ShardRow::group): row `who` (its rank,
+// host, device and every entry it recorded), each layer entry it left 0 taken from the lowest
+// other rank that recorded it. The view keeps `group`.
+ShardRow merged_view(const std::vector<ShardRow>& group, std::size_t who);
 
 // A row's checksum (checkpoint_format.h: kRowCheckSeed): `rank` the file's, `index` the row's.
 Fingerprint row_check(const StepRow& r, int rank, std::int64_t index);

@@ -28,6 +28,11 @@ class LayerObserver {
   virtual ~LayerObserver() = default;
   virtual void on_enter(const std::string& layer) {}
   virtual at::Tensor on_forward(const std::string& layer, const at::Tensor& output) = 0;
+  // A tensor-parallel model's exchange of `layer` (a row-parallel layer's partial products in the
+  // forward pass, a column-parallel layer's partial input gradients in the backward pass): `part`
+  // is chunk `chunk`'s, computed by tensor-parallel rank `sender` of the group (own: this rank; else
+  // as it arrived here, which the observer may change in place: a faulty link).
+  virtual void on_exchange(const std::string& layer, int chunk, int sender, bool backward, bool own, at::Tensor part) {}
 };
 
 // A parameter cut into a tensor-parallel model's chunks (--tp-chunks): along `dim` (0: rows, the
