@@ -104,14 +104,15 @@ CHUNK = 1024  # fp1 chunk: float32 elements, counted from each parameter's first
 # layer's output: a chunk's ("blocks.0.mlp.fc[2]", on the rank that computes that chunk) or a
 # replicated layer's (on any rank); a param or optimizer fault on a parameter (every rank holds every
 # parameter whole); grad on the rank's copy of the micro-shard's assembled gradient; tp-link on what a
-# rank sends in the group's exchanges (every receiver gets it changed). Not drawn: comm (the
-# data-parallel tree of a tensor-parallel run: docs/bisect.md, "Tensor parallelism").
+# rank sends in the group's exchanges (every receiver gets it changed); comm on the data-parallel
+# tree's messages (D = 2), named by the run's online comm check (a T = 1 replay reduces over other
+# ranks: hardware-unconfirmed, as tp-link).
 TP = {"gpt-tp2": 2, "gpt-tp4": 4}
 TP_CHUNKS = 4
 TP_LAYERS = ["tok_emb", "blocks.0.attn.qkv[0]", "blocks.0.attn.qkv[3]", "blocks.0.attn.proj[1]", "blocks.0.attn.proj",
              "blocks.0.mlp.fc[2]", "blocks.1.mlp.proj[3]", "blocks.1.mlp.proj", "head"]
 TP_PARAM_LAYERS = ["tok_emb", "blocks.0.attn.qkv", "blocks.0.attn.proj", "blocks.0.mlp.fc", "blocks.1.mlp.proj", "head"]
-TP_PHASES = ["forward", "backward", "grad", "param", "optimizer", "tp-link"]
+TP_PHASES = ["forward", "backward", "grad", "param", "optimizer", "tp-link", "comm"]
 # tp-link: a rank's link in the group's exchanges, of a row-parallel layer's partial products
 # (forward) or a column-parallel layer's partial input gradients (backward).
 TP_EXCHANGES = ["blocks.0.attn.qkv", "blocks.0.attn.proj", "blocks.0.mlp.fc", "blocks.1.mlp.proj"]
@@ -194,7 +195,8 @@ def draw(rng, i, models=DEFAULT_MODELS, phases=PHASES, modes=MODES):
 def draw_tp(rng, i, model, phases, modes):
     """A tensor-parallel trial: W = T x D, the fault on a chunk's layer drawn on the chunk's rank."""
     T = TP[model]
-    D = rng.choice([1, 2])
+    # comm needs a data-parallel tree (D = 2); a slice of comm alone draws no D
+    D = rng.choice([1, 2]) if any(p != "comm" for p in phases if p in TP_PHASES) else 2
     t = {"trial": i, "model": model, "w_train": T * D, "w_bisect": rng.randint(2, 4), "fault": None}
     if i % 10 == 9:
         return t
@@ -343,8 +345,8 @@ def diagnose(run_dir, wb):
 def expected_verdicts(t, f):
     if f["phase"] == "data":
         return {"data"}
-    if f["phase"] == "tp-link":  # a replay computes every chunk on one rank: the link is never rerun
-        return {"hardware-unconfirmed"}
+    if f["phase"] == "tp-link" or (f["phase"] == "comm" and t["model"] in TP):
+        return {"hardware-unconfirmed"}  # a replay computes every chunk on one rank: the link is never rerun
     if f["rank"] >= t["w_bisect"]:
         return {"hardware-unconfirmed"}
     return {"transient": {"hardware-transient"}, "persistent": {"hardware-persistent"},

@@ -369,6 +369,38 @@ Status settle_tie(Context& ctx, const StepResult& sr, UpdateVote* u, int* redone
   return Status::OK();
 }
 
+// A tensor-parallel run reduced over the D ranks of each tp coordinate (TensorLayout); a replay
+// (T = 1) reduces over other ranks and cannot exercise those links again. The rank to blame, from
+// the run's own records: the sender its online comm check named at this step (a message changed on
+// its way), else the one rank whose recorded chunk of the reduction (trace::StepRow::chunk_fp, of
+// D chunks) differs from the healthy reduction's (its own chunk: a fault no message carried).
+// Unconfirmed either way (*odd unchanged when neither names one rank).
+void tp_reduction(Context& ctx, std::int64_t s, int* odd, Evidence* ev) {
+  for (const auto& inc : ctx.incidents)
+    if (inc.step == s && inc.detector == Detector::kComm && inc.sender >= 0) {
+      *odd = inc.sender;
+      ev->exchange = true;
+      ctx.note("step " + std::to_string(s) + ": the comm check of the tensor-parallel run's data-parallel reduction "
+               "named rank " + std::to_string(*odd) + " as the sender (" + inc.message + "); a replay reduces over "
+               "other ranks and cannot send that message again");
+      return;
+    }
+  const int T = ctx.run.cfg.tensor_parallel;
+  std::vector<int> wrong;
+  for (int r : ctx.run.trace.ranks) {
+    auto it = ctx.run.trace.steps.find({r, s});
+    if (it == ctx.run.trace.steps.end() || it->second.world < 1) continue;
+    const auto healthy = ctx.engine->reduced_chunk_fps(it->second.world);
+    if (it->second.chunk_fp != healthy[static_cast<std::size_t>(r / T) % healthy.size()]) wrong.push_back(r);
+  }
+  if (wrong.size() != 1) return;
+  *odd = wrong[0];
+  ev->exchange = true;
+  ctx.note("step " + std::to_string(s) + ": of the tensor-parallel run's data-parallel reduction, only rank " +
+           std::to_string(*odd) + "'s own chunk differs from the healthy one, and no message was seen to change: "
+           "its reduction of that chunk; a replay reduces over other ranks and cannot repeat it");
+}
+
 }  // namespace
 
 Status localize_update(Context& ctx, Finding* f, Evidence* ev) {
@@ -404,6 +436,8 @@ Status localize_update(Context& ctx, Finding* f, Evidence* ev) {
     if (record_healthy) return update_replay_faulted(ctx, s, *f, none, ev);
     redone = runs - 1;
     times = wrong;
+    if (ctx.run.cfg.chunked() && ctx.run.cfg.tensor_parallel > 1) tp_reduction(ctx, s, &odd_rank, ev);
+    if (ev->exchange) reproduced = false, times = -1;
   } else if (u.s.healthy >= 0 && u.s.wrong_records.empty()) {
     return update_replay_faulted(ctx, s, *f, u, ev);
   } else if (u.s.healthy >= 0 && u.s.wrong_records.size() == 1) {

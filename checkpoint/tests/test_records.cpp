@@ -69,7 +69,7 @@ TEST(Vocabularies, EveryNameParsesBackToItsValue) {
   round_trip(enum_names(culprit::DeviceVerdict{}));
   Verdict v{};
   EXPECT_FALSE(culprit::parse_name("hardware", &v));
-  EXPECT_EQ(culprit::names_list<Phase>(), "forward, backward, grad, comm, param, optimizer, data, lr, rng, gather, gather-link");
+  EXPECT_EQ(culprit::names_list<Phase>(), "forward, backward, grad, comm, param, optimizer, data, lr, rng, gather, gather-link, tp-link");
   EXPECT_EQ(culprit::verdict_exit_code(Verdict::kNone), 0);
   EXPECT_EQ(culprit::verdict_exit_code(Verdict::kHardwareTransient), 20);
   EXPECT_EQ(culprit::verdict_exit_code(Verdict::kData), 24);

@@ -80,8 +80,7 @@ void TensorLayout::widen(CommCheck* check, int world) const {
     const auto q = static_cast<std::size_t>(world_rank(g));
     if (g < static_cast<int>(check->sent.size())) w.sent[q] = check->sent[g];
     if (g < static_cast<int>(check->received.size())) w.received[q] = check->received[g];
-    for (int t = 0; t < tp_.size; ++t)
-      if (g < static_cast<int>(check->chunks.size())) w.chunks[static_cast<std::size_t>(world_rank(g, t))] = check->chunks[g];
+    if (g < static_cast<int>(check->chunks.size())) w.chunks[q] = check->chunks[g];
   }
   *check = std::move(w);
 }

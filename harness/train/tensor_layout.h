@@ -38,7 +38,7 @@ class TensorLayout {
   void assemble(float* leaf);
   // The tree reduction's comm check over the data-parallel ranks, widened to the world's ranks
   // (the vote compares every rank's): a pair of ranks in different data-parallel communicators
-  // exchanged nothing, and chunk c of the reduction is the same in every one of them.
+  // exchanged nothing (0: comm_mismatches skips a chunk that never came).
   void widen(CommCheck* check, int world) const;
 
  private:

@@ -197,8 +197,11 @@ std::vector<std::pair<int, int>> comm_mismatches(const std::vector<CommCheck>& a
       if (from == to || all[from].sent.size() != static_cast<std::size_t>(W) ||
           all[to].received.size() != static_cast<std::size_t>(W))
         continue;
-      // Phase 1: what `from` sent to `to`; phase 2: the reduced chunk `from` owns, as `to` got it.
-      if (all[from].sent[to] != all[to].received[from] || all[from].chunks[from] != all[to].chunks[from])
+      // Phase 1: what `from` sent to `to`; phase 2: the reduced chunk `from` owns, as `to` got it
+      // (0: nothing went from `from` to `to`, as between two tensor-parallel ranks' data-parallel
+      // reductions: harness/train/tensor_layout.cpp).
+      if (all[from].sent[to] != all[to].received[from] ||
+          (all[to].chunks[from] != 0 && all[from].chunks[from] != all[to].chunks[from]))
         out.push_back({from, to});
     }
   return out;

@@ -103,3 +103,28 @@ TEST(MakeBuckets, WholeParametersFromTheEnd) {
   ASSERT_EQ(each.size(), offsets.size());
   for (std::size_t i = 0; i < each.size(); ++i) EXPECT_EQ(each[i].lo, static_cast<std::size_t>(offsets[offsets.size() - 1 - i]));
 }
+
+// Two data-parallel reductions side by side (a tensor-parallel run's, widened to world ranks by
+// harness/train/tensor_layout.cpp): ranks {0, 2} and {1, 3}. A pair across them exchanged nothing
+// (fingerprints 0), so a corrupted chunk in one reduction names its own pair only.
+TEST(CommMismatches, PairsThatExchangedNothingAreSkipped) {
+  const auto check = [](std::vector<Fingerprint> sent, std::vector<Fingerprint> received, std::vector<Fingerprint> chunks) {
+    CommCheck c;
+    c.enabled = true;
+    c.sent = std::move(sent);
+    c.received = std::move(received);
+    c.chunks = std::move(chunks);
+    return c;
+  };
+  // Rank 2's message to rank 0 arrived changed (phase 1); the chunk rank 0 owns is then another sum
+  // in {0, 2} than in {1, 3}, which a cross comparison would call a mismatch of every pair.
+  std::vector<CommCheck> all = {check({0, 0, 11, 0}, {0, 0, 99, 0}, {50, 0, 60, 0}),
+                                check({0, 0, 0, 13}, {0, 0, 0, 14}, {0, 51, 0, 61}),
+                                check({12, 0, 0, 0}, {11, 0, 0, 0}, {50, 0, 60, 0}),
+                                check({0, 14, 0, 0}, {0, 13, 0, 0}, {0, 51, 0, 61})};
+  EXPECT_EQ(comm_mismatches(all), (std::vector<std::pair<int, int>>{{2, 0}}));
+  // Control: rank 1 filling in rank 0's chunk as its own reduction holds it (another sum) is
+  // compared, and named.
+  all[1].chunks = {52, 51, 60, 61};
+  EXPECT_EQ(comm_mismatches(all).size(), 2u);
+}
