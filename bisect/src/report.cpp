@@ -48,7 +48,8 @@ void summary_table(std::ostringstream& h, const Diagnosis& d) {
   const std::vector<std::pair<std::string, std::string>> fields = {
       {"verdict", name_of(d.verdict)}, {"step", d.step >= 0 ? std::to_string(d.step) : "-"},
       {"phase", phase.empty() ? "-" : phase}, {"layer", d.layer.empty() ? "-" : d.layer},
-      {"rank", d.rank >= 0 ? std::to_string(d.rank) : "-"}, {"host", d.host.empty() ? "-" : d.host},
+      {"rank", d.rank >= 0 ? std::to_string(d.rank) : "-"}, {"shard", d.shard >= 0 ? std::to_string(d.shard) : "-"},
+      {"host", d.host.empty() ? "-" : d.host},
       {"device", d.device.empty() ? "-" : d.device},
       {"candidates", d.candidates.empty() ? "-" : "one of ranks " + rank_list(d.candidates) + " (nobody excluded)"},
       {"sample", d.sample >= 0 ? std::to_string(d.sample) : "-"},
@@ -362,6 +363,8 @@ void conclude(const Context& ctx, const Finding& f, Verdict v, Diagnosis* d) {
   }
   if (v == Verdict::kData) d->phase = Phase::kData;
   if (f.blamed >= 0) ctx.placement(f.blamed, f.step, &d->host, &d->device);
+  const int T = ctx.run.cfg.chunked() ? ctx.run.cfg.tensor_parallel : 1;
+  if (T > 1 && d->rank >= 0) d->shard = d->rank % T;
 }
 
 Status write_html(const Context& ctx, const Diagnosis& d) {
@@ -377,6 +380,7 @@ void print_summary(const Diagnosis& d, const std::string& run_dir) {
   if (!d.sample_file.empty())
     std::printf("stored:  file '%s' offset %lld\n", d.sample_file.c_str(), static_cast<long long>(d.sample_offset));
   if (d.rank >= 0) std::printf("rank:    %d (host %s, device %s)\n", d.rank, d.host.c_str(), d.device.c_str());
+  if (d.shard >= 0) std::printf("shard:   %d (the rank's tensor-parallel coordinate)\n", d.shard);
   if (!d.candidates.empty()) {
     std::string c;
     for (int r : d.candidates) c += (c.empty() ? "" : ", ") + std::to_string(r);

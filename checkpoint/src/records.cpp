@@ -162,6 +162,7 @@ json to_json(const Diagnosis& d) {
   j["layer"] = d.layer;
   j["phase"] = d.phase ? name_of(*d.phase) : "";
   j["rank"] = d.rank;
+  j["shard"] = d.shard;
   j["host"] = d.host;
   j["device"] = d.device;
   j["candidates"] = d.candidates;
@@ -194,6 +195,7 @@ Diagnosis diagnosis_from(const json& j) {
   d.layer = j.at("layer").get<std::string>();
   if (!j.at("phase").get<std::string>().empty()) d.phase = named<Phase>(j, "phase");
   d.rank = integer_at<int>(j, "rank");
+  d.shard = integer_or<int>(j, "shard", -1);
   d.host = j.at("host").get<std::string>();
   d.device = j.at("device").get<std::string>();
   // Version 2's fields; a version 0 or 1 record has none of them.

@@ -207,6 +207,7 @@ TEST_F(Records, DiagnosisRoundTripsAndItsFieldsReadForScripts) {
   d.layer = "fc2";
   d.phase = Phase::kComm;
   d.rank = 1;
+  d.shard = 1;
   d.host = "node2";
   d.device = "cpu";
   d.reruns = 8;
@@ -235,6 +236,7 @@ TEST_F(Records, DiagnosisRoundTripsAndItsFieldsReadForScripts) {
   EXPECT_DOUBLE_EQ(got.startup_seconds, 0.25);
   EXPECT_EQ(got.candidates, d.candidates);
   EXPECT_EQ(got.sample, 17);
+  EXPECT_EQ(got.shard, 1);
   ASSERT_EQ(got.coverage.examined.size(), 1u);
   EXPECT_EQ(got.coverage.examined[0].from, 3);
   EXPECT_EQ(got.coverage.examined[0].to, 5);

@@ -131,12 +131,14 @@ class TensorParallel(TempDirTest):
                 self.assertIn(res.code, (0, 10), res.err)  # tp-link: the replicas diverge, the vote halts
                 d = self.bisect(self.path(name), 3, verdict)
                 step = int(spec.split(",")[0].split("=")[1])
-                self.assertEqual((d["step"], d["phase"], d["layer"], d["rank"]), (step, name, layer, rank), d)
+                self.assertEqual((d["step"], d["phase"], d["layer"], d["rank"], d["shard"]),
+                                 (step, name, layer, rank, rank % 2), d)
                 self.assertTrue(any("rank %d is tensor-parallel shard %d of 2" % (rank, rank) in e for e in d["evidence"]),
                                 d["evidence"])
         # Control: the clean run has nothing to find.
         self.train("clean", train, world=2)
-        self.assertEqual(self.bisect(self.path("clean"), 3, "none")["verdict"], "none")
+        clean = self.bisect(self.path("clean"), 3, "none")
+        self.assertEqual((clean["verdict"], clean["shard"]), ("none", -1))
 
 
 if __name__ == "__main__":

@@ -182,6 +182,10 @@ struct Diagnosis {
   std::string layer;
   std::optional<Phase> phase;
   int rank = -1;
+  // A tensor-parallel run's blamed rank: its shard, the coordinate in its group of T ranks
+  // (rank mod T; it computes chunks [shard C/T, (shard + 1) C/T)); -1: not tensor-parallel or none.
+  // Optional in version 2 (a record without it reads -1).
+  int shard = -1;
   std::string host, device;
   std::vector<int> candidates;  // ranks one of which is at fault when `rank` cannot be told (-1)
   std::int64_t sample = -1;     // data: the first differing sample's index in the data set
