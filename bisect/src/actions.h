@@ -89,6 +89,10 @@ struct Context {
   }
   // The first incident names a rank of this world at step s.
   bool incident_names(std::int64_t s) const;
+  // The tensor-parallel degree T that trained step s (1: none): the ranks that recorded it over
+  // its data-parallel ranks (trace::StepRow::world), so a run resumed at another T is read as
+  // each part ran.
+  int tensor_parallel_at(std::int64_t s) const;
   // Where rank r ran at step `step` of the recorded run (the resumed part of a run may have other
   // hosts): for a blamed recorded rank.
   void placement(int r, std::int64_t step, std::string* host, std::string* device) const;

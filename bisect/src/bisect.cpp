@@ -50,6 +50,18 @@ bool Context::incident_names(std::int64_t s) const {
   return first && first->step == s && first->rank >= 0 && first->rank < W;
 }
 
+int Context::tensor_parallel_at(std::int64_t s) const {
+  if (!run.cfg.chunked()) return 1;
+  int ranks = 0, world = 0;
+  for (int r : run.trace.ranks) {
+    auto it = run.trace.steps.find({r, s});
+    if (it == run.trace.steps.end()) continue;
+    ++ranks;
+    world = it->second.world;
+  }
+  return world > 0 && ranks % world == 0 ? std::max(1, ranks / world) : 1;
+}
+
 void Context::placement(int r, std::int64_t s, std::string* host, std::string* device) const {
   // Rank r's host at step s: a run resumed on other nodes (a node excluded, a smaller world) gives
   // its ranks other hosts from the resumed step on, so the rows of that step say where r ran, not

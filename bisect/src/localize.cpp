@@ -89,6 +89,7 @@ struct ShardVote {
   const trace::ShardRow* row = nullptr;
   Arbitration arbiter;           // tried on a tie of two
   ExchangeLink link;             // a tensor-parallel exchange's part changed on its way
+  std::size_t majority = 0;      // a tensor-parallel group: the replay most ranks computed (in `all`)
 };
 // The data source as the third opinion on sample `sample` (data set index), which ranks 0 and 1
 // loaded as loads[0] and loads[1]: both ranks read it afresh outside the step (no batch, no device,
@@ -193,8 +194,8 @@ std::size_t first_recorded_difference(const trace::ShardRow& m, const ShardResul
 }
 
 // The shard a rank of a tensor-parallel run computes: its coordinate in its group and its chunks.
-void shard_note(Context& ctx, int rank) {
-  const int T = ctx.run.cfg.tensor_parallel, C = ctx.run.cfg.tp_chunks;
+void shard_note(Context& ctx, std::int64_t step, int rank) {
+  const int T = ctx.tensor_parallel_at(step), C = ctx.run.cfg.tp_chunks;
   if (T < 2 || C < T) return;
   const int t = rank % T, n = C / T;
   ctx.note("rank " + std::to_string(rank) + " is tensor-parallel shard " + std::to_string(t) + " of " + std::to_string(T) +
@@ -229,7 +230,17 @@ void attribute_group(Context& ctx, std::int64_t step, int k, ShardVote* sv, Exch
                                                  [&](const ShardResult& o) { return replay::same_result(o, r); }));
     if (n > most) most = n, pick = &r;
   }
-  const int T = std::max(1, ctx.run.cfg.tensor_parallel), C = std::max(1, ctx.run.cfg.tp_chunks);
+  sv->majority = static_cast<std::size_t>(pick - sv->all.data());
+  // A member that loaded another input than the replay (a data fault on its copy) speaks first.
+  for (std::size_t m = 0; m < row.group.size(); ++m)
+    if (row.group[m].input_fp != pick->input_fp) {
+      row = trace::merged_view(row.group, m);
+      ctx.note("micro-shard " + std::to_string(k) + ": rank " + std::to_string(row.rank) +
+               " of its tensor-parallel group loaded another input than the replay");
+      shard_note(ctx, step, row.rank);
+      return;
+    }
+  const int T = ctx.tensor_parallel_at(step), C = std::max(1, ctx.run.cfg.tp_chunks);
   const auto& layers = ctx.schema.layers;
   const auto owner_of = [&](std::size_t at) {  // the tp coordinate that computed entry `at`; -1: every one
     const std::size_t nl = layers.size();
@@ -257,7 +268,7 @@ void attribute_group(Context& ctx, std::int64_t step, int k, ShardVote* sv, Exch
              for (const auto& m : row.group) l += (l.empty() ? "" : ", ") + std::to_string(m.rank);
              return l;
            }() + "), rank " + std::to_string(row.rank) + "'s differs first from the replay");
-  shard_note(ctx, link->sender >= 0 ? link->sender : row.rank);
+  shard_note(ctx, step, link->sender >= 0 ? link->sender : row.rank);
 }
 
 Status vote_shard(Context& ctx, std::int64_t step, int k, ShardVote* out) {
@@ -433,7 +444,7 @@ Status exchange_link(Context& ctx, const ShardVote& sv, int k, Finding* f, Evide
   f->phase = Phase::kTpLink;
   f->layer = sv.link.layer;
   f->reference = harness::shard_result(*sv.row);
-  f->healthy = sv.all.front();
+  f->healthy = sv.all[sv.majority];
   ev->blamed = true;
   ev->exchange = true;
   ctx.note("micro-shard " + std::to_string(k) + ": the part of layer " + sv.link.layer + " that rank " +

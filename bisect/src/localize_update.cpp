@@ -112,6 +112,40 @@ UpdateVote vote_update(const Context& ctx, std::int64_t s, const StepResult& sr)
   return u;
 }
 
+bool tensor_parallel(const Context& ctx, std::int64_t s) { return ctx.tensor_parallel_at(s) > 1; }
+
+// A tensor-parallel run reduced over the D ranks of each tp coordinate (TensorLayout); a replay
+// (T = 1) reduces over other ranks and cannot exercise those links again. The rank to blame, from
+// the run's own records: the sender its online comm check named at this step (a message changed on
+// its way), else the one rank whose recorded chunk of the reduction (trace::StepRow::chunk_fp, of D
+// chunks, the rank's data-parallel index r / T) differs from `healthy` (the step computed alone:
+// a fault in the chunk it kept, which no message carried); -1: no one rank. Agreed (collective).
+int tp_reduction(Context& ctx, std::int64_t s, const std::vector<Fingerprint>& healthy) {
+  int odd = -1;
+  for (const auto& inc : ctx.incidents)
+    if (odd < 0 && inc.step == s && inc.detector == Detector::kComm && inc.sender >= 0) odd = inc.sender;
+  const int T = ctx.tensor_parallel_at(s);
+  std::vector<int> wrong;
+  for (int r : ctx.run.trace.ranks) {
+    auto it = ctx.run.trace.steps.find({r, s});
+    if (odd >= 0 || it == ctx.run.trace.steps.end() || it->second.world != static_cast<int>(healthy.size())) continue;
+    if (it->second.chunk_fp != healthy[static_cast<std::size_t>(r / T)]) wrong.push_back(r);
+  }
+  if (odd < 0 && wrong.size() == 1) odd = wrong[0];
+  // Each rank's step computed alone is healthy unless its own device fired in it: agree, or no one.
+  int lo = odd, hi = odd;
+  CULPRIT_COLLECTIVE(ctx.comm, "the bisection", MPI_Iallreduce(MPI_IN_PLACE, &lo, 1, MPI_INT, MPI_MIN, ctx.comm.comm, &_culprit_req));
+  CULPRIT_COLLECTIVE(ctx.comm, "the bisection", MPI_Iallreduce(MPI_IN_PLACE, &hi, 1, MPI_INT, MPI_MAX, ctx.comm.comm, &_culprit_req));
+  odd = lo == hi ? lo : -1;
+  if (odd >= 0)
+    ctx.note("step " + std::to_string(s) + ": the tensor-parallel run's data-parallel reduction: " +
+             (wrong.empty() ? "its comm check named rank " + std::to_string(odd) + " as the sender of a changed message"
+                            : "only rank " + std::to_string(odd) + "'s own chunk differs from the healthy one, and no "
+                              "message was seen to change") +
+             "; a replay reduces over other ranks and cannot repeat it");
+  return odd;
+}
+
 // The reduced gradient differs from the record. The replay's own comm check names a sender whose
 // link fault reappeared; else the online comm check's incident of this step names the sender;
 // else the one chunk that differs names the rank that reduced it (a fault in the part a rank keeps
@@ -309,6 +343,10 @@ Status reduction(Context& ctx, const StepResult& sr, Finding* f, int* odd, bool*
   const auto linked_chunks = ctx.engine->reduced_chunk_fps(ctx.W);
   CULPRIT_RETURN_IF_ERROR(corrupted_param(ctx, s, f, &record_healthy, &alone_wrong, &healthy_fp));
   const auto alone_chunks = ctx.engine->reduced_chunk_fps(ctx.W);
+  // A tensor-parallel run's chunks: D of them (its data-parallel ranks), from the same step.
+  const auto row_s = rec.steps.find({rec.ranks.empty() ? 0 : rec.ranks[0], s});
+  const int D = row_s == rec.steps.end() ? 1 : std::max(1, row_s->second.world);
+  const auto alone_tp = tensor_parallel(ctx, s) ? ctx.engine->reduced_chunk_fps(D) : std::vector<Fingerprint>();
   const bool alone_ok =
       healthy_fp != 0 && std::find(alone_wrong.begin(), alone_wrong.end(), ctx.comm.rank) == alone_wrong.end();
   if (record_healthy) {
@@ -320,6 +358,13 @@ Status reduction(Context& ctx, const StepResult& sr, Finding* f, int* odd, bool*
     for (const auto& [from, to] : sr.comm_faults)
       if (std::find(redo->begin(), redo->end(), from) == redo->end()) redo->push_back(from);
     *healthy = true;
+    return Status::OK();
+  }
+  if (tensor_parallel(ctx, s)) {
+    *odd = tp_reduction(ctx, s, alone_tp);
+    *reproduced = false;
+    *runs = 1;
+    *wrong = 0;
     return Status::OK();
   }
   *odd = reduction_fault(ctx, s, sr, reproduced);
@@ -369,38 +414,6 @@ Status settle_tie(Context& ctx, const StepResult& sr, UpdateVote* u, int* redone
   return Status::OK();
 }
 
-// A tensor-parallel run reduced over the D ranks of each tp coordinate (TensorLayout); a replay
-// (T = 1) reduces over other ranks and cannot exercise those links again. The rank to blame, from
-// the run's own records: the sender its online comm check named at this step (a message changed on
-// its way), else the one rank whose recorded chunk of the reduction (trace::StepRow::chunk_fp, of
-// D chunks) differs from the healthy reduction's (its own chunk: a fault no message carried).
-// Unconfirmed either way (*odd unchanged when neither names one rank).
-void tp_reduction(Context& ctx, std::int64_t s, int* odd, Evidence* ev) {
-  for (const auto& inc : ctx.incidents)
-    if (inc.step == s && inc.detector == Detector::kComm && inc.sender >= 0) {
-      *odd = inc.sender;
-      ev->exchange = true;
-      ctx.note("step " + std::to_string(s) + ": the comm check of the tensor-parallel run's data-parallel reduction "
-               "named rank " + std::to_string(*odd) + " as the sender (" + inc.message + "); a replay reduces over "
-               "other ranks and cannot send that message again");
-      return;
-    }
-  const int T = ctx.run.cfg.tensor_parallel;
-  std::vector<int> wrong;
-  for (int r : ctx.run.trace.ranks) {
-    auto it = ctx.run.trace.steps.find({r, s});
-    if (it == ctx.run.trace.steps.end() || it->second.world < 1) continue;
-    const auto healthy = ctx.engine->reduced_chunk_fps(it->second.world);
-    if (it->second.chunk_fp != healthy[static_cast<std::size_t>(r / T) % healthy.size()]) wrong.push_back(r);
-  }
-  if (wrong.size() != 1) return;
-  *odd = wrong[0];
-  ev->exchange = true;
-  ctx.note("step " + std::to_string(s) + ": of the tensor-parallel run's data-parallel reduction, only rank " +
-           std::to_string(*odd) + "'s own chunk differs from the healthy one, and no message was seen to change: "
-           "its reduction of that chunk; a replay reduces over other ranks and cannot repeat it");
-}
-
 }  // namespace
 
 Status localize_update(Context& ctx, Finding* f, Evidence* ev) {
@@ -436,8 +449,10 @@ Status localize_update(Context& ctx, Finding* f, Evidence* ev) {
     if (record_healthy) return update_replay_faulted(ctx, s, *f, none, ev);
     redone = runs - 1;
     times = wrong;
-    if (ctx.run.cfg.chunked() && ctx.run.cfg.tensor_parallel > 1) tp_reduction(ctx, s, &odd_rank, ev);
-    if (ev->exchange) reproduced = false, times = -1;
+    if (tensor_parallel(ctx, s)) {  // named from the run's records (tp_reduction): never rerun
+      ev->exchange = odd_rank >= 0;
+      times = -1;
+    }
   } else if (u.s.healthy >= 0 && u.s.wrong_records.empty()) {
     return update_replay_faulted(ctx, s, *f, u, ev);
   } else if (u.s.healthy >= 0 && u.s.wrong_records.size() == 1) {

@@ -363,7 +363,7 @@ void conclude(const Context& ctx, const Finding& f, Verdict v, Diagnosis* d) {
   }
   if (v == Verdict::kData) d->phase = Phase::kData;
   if (f.blamed >= 0) ctx.placement(f.blamed, f.step, &d->host, &d->device);
-  const int T = ctx.run.cfg.chunked() ? ctx.run.cfg.tensor_parallel : 1;
+  const int T = f.step >= 0 ? ctx.tensor_parallel_at(f.step) : 1;
   if (T > 1 && d->rank >= 0) d->shard = d->rank % T;
 }
 

@@ -72,7 +72,9 @@ Fingerprint comm_digest(const CommCheck& c, int rank, int world) {
     throw std::logic_error("vote: the comm check's fingerprints do not fit the world");
   Fingerprint d = 0;
   for (int j = 0; j < world; ++j) {
-    if (j == rank) continue;
+    // Nothing exchanged with j (0s: a tensor-parallel run's ranks in another data-parallel
+    // reduction, TensorLayout::widen); j skips this rank alike, so the sum still cancels.
+    if (j == rank || (c.sent[j] == 0 && c.received[j] == 0 && c.chunks[j] == 0)) continue;
     d += message_hash(1, rank, j, c.sent[j]) + message_hash(2, rank, j, c.chunks[rank]);  // as sent to j
     d -= message_hash(1, j, rank, c.received[j]) + message_hash(2, j, rank, c.chunks[j]);  // as j's arrived here
   }

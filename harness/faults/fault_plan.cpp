@@ -335,7 +335,13 @@ void FaultPlan::on_tp_link(const FireContext& c, int k, const std::string& layer
 
 Status FaultPlan::check_tp_link(const std::vector<std::string>& exchanges, int T) const {
   for (const auto& f : specs_) {
+    if (at_layer_output(f.phase) && f.layer.find(".dx[") != std::string::npos)
+      return Status::BadInput("--inject " + f.text + ": '" + f.layer + "' is a partial input gradient the model "
+                              "records, not a layer's output; give the chunk's layer (without .dx)");
     if (f.phase != Phase::kTpLink) continue;
+    if (f.kind == FaultKind::kHang || !f.host.empty())
+      return Status::BadInput("--inject " + f.text + ": phase tp-link changes what arrives from the rank's link; it "
+                              "takes neither kind=hang nor host= (name the sending rank)");
     if (T < 2)
       return Status::BadInput("--inject " + f.text + ": phase tp-link lands in a tensor-parallel exchange: give "
                               "--tensor-parallel 2 or more");

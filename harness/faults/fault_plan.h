@@ -113,10 +113,12 @@ class FaultPlan {
   // held(param, element): whether the rank holds it (another rank's element is never touched).
   void on_gather(const FireContext& c, std::size_t param, const std::vector<NamedTensor>& params,
                  const std::function<bool(std::size_t, std::int64_t)>& held) const;
-  bool has_phase(Phase p) const;
+  bool has_phase(Phase p) const;  // whether a spec lands in phase p
   // Phase tp-link lands in a tensor-parallel exchange: its layer must be one of `exchanges` (the
-  // row- and column-parallel layers) and the run must exchange (T > 1).
-  Status check_tp_link(const std::vector<std::string>& exchanges, int T) const;  // whether a spec lands in phase p
+  // row- and column-parallel layers), the run must exchange (T > 1), and it names the sending rank
+  // (no host=, no hang). A forward or backward fault lands on a layer output, never on a
+  // column-parallel layer's recorded partial input gradient (layer.dx[c]).
+  Status check_tp_link(const std::vector<std::string>& exchanges, int T) const;
   enum class RestPart { kAll, kHeld, kCopy };
   void after_update(const FireContext& c, const std::vector<NamedTensor>& params,
                     const std::vector<std::pair<std::size_t, at::Tensor>>& lost, const OptimizerState& opt,

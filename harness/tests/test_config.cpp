@@ -208,7 +208,7 @@ TEST(Config, EveryRecordedOptionRoundTripsThroughIni) {
   const std::string help_text = table.help();
   for (const auto& o : table.options()) EXPECT_NE(help_text.find("--" + o.name), std::string::npos) << o.name;
   EXPECT_EQ(table.critical(), (std::vector<std::string>{"trace", "global-batch", "micro-shards", "seed", "model", "script-fingerprint", "data",
-                                                        "token-dtype", "shuffle", "hidden", "samples", "sample-shape", "classes", "layers", "width",
+                                                        "token-dtype", "shuffle", "tp-chunks", "hidden", "samples", "sample-shape", "classes", "layers", "width",
                                                         "heads", "seq-len", "vocab", "tie-head", "init", "precision", "optimizer",
                                                         "script-optimizer", "optimizer-state",
                                                         "lr", "momentum", "nesterov", "weight-decay", "weight-decay-params",

@@ -1,6 +1,7 @@
 // TensorLayout: the tensor-parallel groups, the data-parallel communicator, the gradient's chunks.
 #include "train/tensor_layout.h"
 
+#include <limits>
 #include <stdexcept>
 
 #include "culprit/watchdog.h"
@@ -55,6 +56,8 @@ void TensorLayout::assemble(float* leaf) {
   float* p = send_.data();
   for (int j = 0; j < owned; ++j)
     for (const auto& [o, n] : runs_[static_cast<std::size_t>(tp_.rank * owned + j)]) p = std::copy(leaf + o, leaf + o + n, p);
+  if (send_.size() > static_cast<std::size_t>(std::numeric_limits<int>::max()))
+    throw std::runtime_error("a tensor-parallel rank's chunks of the gradient hold more than 2^31 values");
   const auto count = static_cast<int>(send_.size());
   CULPRIT_COLLECTIVE(tp_, "the tensor-parallel gradient exchange",
                      MPI_Iallgather(send_.data(), count, MPI_FLOAT, recv_.data(), count, MPI_FLOAT, tp_.comm,

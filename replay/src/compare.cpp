@@ -87,10 +87,12 @@ ShardDifference first_difference(const ShardResult& got, const ShardResult& want
   }
   if (compare_layers && got.fwd.size() == want.fwd.size() && got.fwd.size() == layers.size() &&
       got.bwd.size() == want.bwd.size() && got.bwd.size() == layers.size()) {
+    // A record's 0 is a layer it did not record: another tensor-parallel rank's chunk (a group
+    // member's row missing, trace::merged_view) or a backward-only entry's forward slot.
     for (std::size_t i = 0; i < layers.size(); ++i)
-      if (got.fwd[i] != want.fwd[i]) return at(ShardWhere::kForward, layers[i]);
+      if (want.fwd[i] != 0 && got.fwd[i] != want.fwd[i]) return at(ShardWhere::kForward, layers[i]);
     for (std::size_t i = layers.size(); i-- > 0;)
-      if (got.bwd[i] != want.bwd[i]) return at(ShardWhere::kBackward, layers[i]);
+      if (want.bwd[i] != 0 && got.bwd[i] != want.bwd[i]) return at(ShardWhere::kBackward, layers[i]);
   }
   if (compare_layers && got.param_grad.size() == want.param_grad.size())
     for (std::size_t i = 0; i < got.param_grad.size() && i < params.size(); ++i)

@@ -218,3 +218,26 @@ TEST(VoteSummary, RecordsOfAnotherLayoutAreALogicError) {
   const auto b = h::summarize(v[0], h::VoteLayout{kW, false, kM, kR}, 0);
   EXPECT_THROW(h::combine(b.words.data(), a.words.data()), std::logic_error);
 }
+
+// A tensor-parallel run's comm check (harness/train/tensor_layout.cpp: widen): two data-parallel
+// reductions, ranks {0, 2} and {1, 3}, with 0s for the pairs across them, which exchanged nothing.
+// A clean step shows nothing (so the vote's records are not gathered every step); a changed message
+// in one of them shows.
+TEST(VoteSummary, SideBySideReductionsCancelAndAChangedMessageShows) {
+  std::mt19937_64 rng(11);
+  auto v = clean_records(rng, 4);
+  const Fingerprint chunk[2] = {rng(), rng()};  // each reduction's two chunks (the same sums in both)
+  for (int r = 0; r < 4; ++r)
+    for (int j = 0; j < 4; ++j) {
+      const bool same = r % 2 == j % 2;
+      if (!same) v[r].comm.sent[j] = v[r].comm.received[j] = 0;
+      v[r].comm.chunks[j] = same ? chunk[j / 2] : 0;
+    }
+  const auto layout = layout_of(4);
+  EXPECT_EQ(agreed(v, layout).comm_digest(), 0u);
+  EXPECT_TRUE(culprit::comm_mismatches({v[0].comm, v[1].comm, v[2].comm, v[3].comm}).empty());
+  v[0].comm.received[2] ^= 1;  // rank 2's message to rank 0 arrived changed
+  EXPECT_NE(agreed(v, layout).comm_digest(), 0u);
+  EXPECT_EQ(culprit::comm_mismatches({v[0].comm, v[1].comm, v[2].comm, v[3].comm}),
+            (std::vector<std::pair<int, int>>{{2, 0}}));
+}
