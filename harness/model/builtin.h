@@ -91,6 +91,34 @@ inline void init_gpt2(torch::nn::Module& net, int layers) {
 // gpt's dropout probability (embeddings, attention, residual branches).
 inline constexpr double kGptDropout = 0.1;
 
+// What both gpt forms are besides their blocks' forward: the modules (one state dict), the
+// initialisation, the embeddings, the final norm and head, the tied head's borrowed table.
+class GptModel : public BuiltinModel {
+ public:
+  GptModel(std::int64_t vocab, std::int64_t ctx, const GptOptions& g) : g_(g), net_(std::make_shared<GptNet>(vocab, ctx, g)) {
+    for (int i = 0; i < g.layers; ++i) blocks_.push_back(net_->blocks->ptr<BlockNet>(i));
+    if (g.init == GptInit::kGpt2) init_gpt2(*net_, g.layers);
+  }
+  std::vector<std::string> layers() const override { return names_; }
+  std::vector<std::string> embeddings() const override { return {"tok_emb.weight", "pos_emb.weight"}; }
+  std::vector<std::pair<std::string, std::string>> borrowed() const override {
+    if (g_.tie_head) return {{"head", "tok_emb.weight"}};
+    return {};
+  }
+
+ protected:
+  torch::nn::Module* module() override { return net_.get(); }
+  // ln_f, then the head: a Linear of its own, or (--tie-head) tok_emb's weight without a bias.
+  at::Tensor head(const at::Tensor& x) {
+    auto h = call("ln_f", [&] { return net_->ln_f(x); });
+    return call("head", [&] { return g_.tie_head ? torch::linear(h, net_->tok_emb->weight) : linear(net_->head, h); });
+  }
+  const GptOptions g_;
+  std::shared_ptr<GptNet> net_;
+  std::vector<std::shared_ptr<BlockNet>> blocks_;
+  std::vector<std::string> names_;  // the layers, in forward order: the subclass's
+};
+
 // The tensor-parallel gpt (tp_gpt.cpp): gpt's modules, computed in `chunks` chunks.
 std::unique_ptr<Model> make_tp_gpt(std::int64_t vocab, std::int64_t ctx, const GptOptions& g, int chunks);
 

@@ -73,11 +73,10 @@ class Cnn : public BuiltinModel {
 
 // Pre-LN blocks: x + attn(ln1(x)), then x + mlp(ln2(x)) with a GELU MLP; the head is a Linear of
 // its own or (--tie-head) tok_emb's weight without a bias.
-class Gpt : public BuiltinModel {
+class Gpt : public GptModel {
  public:
   static constexpr double kDropout = kGptDropout;
-  Gpt(std::int64_t vocab, std::int64_t ctx, const GptOptions& g) : g_(g), net_(std::make_shared<GptNet>(vocab, ctx, g)) {
-    for (int i = 0; i < g.layers; ++i) blocks_.push_back(net_->blocks->ptr<BlockNet>(i));
+  Gpt(std::int64_t vocab, std::int64_t ctx, const GptOptions& g) : GptModel(vocab, ctx, g) {
     names_ = {"tok_emb", "pos_emb"};
     for (int i = 0; i < g.layers; ++i) {
       const std::string b = "blocks." + std::to_string(i) + ".";
@@ -85,7 +84,6 @@ class Gpt : public BuiltinModel {
     }
     names_.push_back("ln_f");
     names_.push_back("head");
-    if (g.init == GptInit::kGpt2) init_gpt2(*net_, g.layers);
   }
   at::Tensor forward(const at::Tensor& idx) override {
     const bool train = net_->is_training();
@@ -109,22 +107,8 @@ class Gpt : public BuiltinModel {
       h = torch::gelu(call(b + "mlp.fc", [&] { return linear(blk->mlp->fc, h); }));
       x = x + torch::dropout(call(b + "mlp.proj", [&] { return linear(blk->mlp->proj, h); }), kDropout, train);
     }
-    auto h = call("ln_f", [&] { return net_->ln_f(x); });
-    return call("head", [&] { return g_.tie_head ? torch::linear(h, net_->tok_emb->weight) : linear(net_->head, h); });
+    return head(x);
   }
-  std::vector<std::string> layers() const override { return names_; }
-  std::vector<std::string> embeddings() const override { return {"tok_emb.weight", "pos_emb.weight"}; }
-  std::vector<std::pair<std::string, std::string>> borrowed() const override {
-    if (g_.tie_head) return {{"head", "tok_emb.weight"}};
-    return {};
-  }
-
- private:
-  torch::nn::Module* module() override { return net_.get(); }
-  const GptOptions g_;
-  std::shared_ptr<GptNet> net_;
-  std::vector<std::shared_ptr<BlockNet>> blocks_;
-  std::vector<std::string> names_;
 };
 
 // ---- TorchScript ----------------------------------------------------------------------------

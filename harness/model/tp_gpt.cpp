@@ -211,12 +211,10 @@ at::Tensor keep_mask(at::IntArrayRef shape) {
   return m.div_(1 - kGptDropout);
 }
 
-class TpGpt : public BuiltinModel {
+class TpGpt : public GptModel {
  public:
-  TpGpt(std::int64_t vocab, std::int64_t ctx, const GptOptions& g, int chunks)
-      : g_(g), net_(std::make_shared<GptNet>(vocab, ctx, g)) {
+  TpGpt(std::int64_t vocab, std::int64_t ctx, const GptOptions& g, int chunks) : GptModel(vocab, ctx, g) {
     group_.chunks = chunks;
-    for (int i = 0; i < g.layers; ++i) blocks_.push_back(net_->blocks->ptr<BlockNet>(i));
     names_ = {"tok_emb", "pos_emb"};
     const auto per_chunk = [&](const std::string& l) {
       for (int c = 0; c < chunks; ++c) names_.push_back(chunk_name(l, c));
@@ -240,7 +238,6 @@ class TpGpt : public BuiltinModel {
     }
     names_.push_back("ln_f");
     names_.push_back("head");
-    if (g.init == GptInit::kGpt2) init_gpt2(*net_, g.layers);
   }
   // A chunk's layer: its name, then the chunk in brackets (blocks.0.mlp.fc[2]).
   static std::string chunk_name(const std::string& layer, int c) { return layer + "[" + std::to_string(c) + "]"; }
@@ -291,18 +288,10 @@ class TpGpt : public BuiltinModel {
       for (auto& v : f) v = torch::gelu(v);
       x = x + dropout(row(b + "mlp.proj", f, blk->mlp->proj), train);
     }
-    auto h = call("ln_f", [&] { return net_->ln_f(x); });
-    return call("head", [&] { return g_.tie_head ? torch::linear(h, net_->tok_emb->weight) : linear(net_->head, h); });
-  }
-  std::vector<std::string> layers() const override { return names_; }
-  std::vector<std::string> embeddings() const override { return {"tok_emb.weight", "pos_emb.weight"}; }
-  std::vector<std::pair<std::string, std::string>> borrowed() const override {
-    if (g_.tie_head) return {{"head", "tok_emb.weight"}};
-    return {};
+    return head(x);
   }
 
  private:
-  torch::nn::Module* module() override { return net_.get(); }
   std::int64_t observer_arg() const { return reinterpret_cast<std::int64_t>(observer_); }
   static at::Tensor dropout(const at::Tensor& x, bool train) { return train ? x * keep_mask(x.sizes()) : x; }
   // This rank's chunks of a column-parallel layer, each one a layer of its own (LayerTrace).
@@ -322,10 +311,6 @@ class TpGpt : public BuiltinModel {
     return tap(layer, ChunkSum::apply(at::TensorList(parts), group_arg(group_), layer, observer_arg()) + l->bias);
   }
 
-  const GptOptions g_;
-  std::shared_ptr<GptNet> net_;
-  std::vector<std::shared_ptr<BlockNet>> blocks_;
-  std::vector<std::string> names_;
   TensorGroup group_;
 };
 

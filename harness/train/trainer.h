@@ -126,6 +126,7 @@ class Trainer {
   Status check_training_pass();  // one forward (under the run's precision), loss and backward
   Status narrow_output(const std::vector<std::int64_t>& got) const;  // check_model's error: labels past the output
   StateProbe probe();
+  Status observe_layers(StepMode mode, const std::vector<std::string>& model_layers);  // layer hooks, tp-link check
   Status start_run(std::int64_t start_step, const std::string& resumed_from);  // run.json, metrics, I/O
 
   // ---- the step (trainer.cpp), docs/determinism.md ----

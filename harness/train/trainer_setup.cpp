@@ -148,19 +148,7 @@ Status Trainer::init(StepMode mode) {
     if (mode == StepMode::kTrain && faults_.has_phase(p) && !cfg_.shard_params)
       return Status::BadInput(std::string("--inject phase=") + name_of(p) +
                               " lands in a parameter gather of --shard-params: give --shard-params");
-  // A tensor-parallel exchange's faulty link: the run's only (a replay computes every chunk here).
-  if (mode == StepMode::kTrain) {
-    std::vector<std::string> exchanges;
-    for (const auto& s : model_.tensor_splits())
-      if (s.name.size() > 7 && s.name.compare(s.name.size() - 7, 7, ".weight") == 0)
-        exchanges.push_back(s.name.substr(0, s.name.size() - 7));
-    CULPRIT_RETURN_IF_ERROR(faults_.check_tp_link(exchanges, tp_ ? tp_->size() : 1));
-  }
-  if (cfg_.trace == TraceLevel::kLayer || faults_.at_layer_outputs() || faults_.has_phase(Phase::kTpLink)) {
-    layers_ = std::make_unique<LayerTrace>(&faults_, model_layers, cfg_.trace == TraceLevel::kLayer);
-    if (tp_) layers_->set_group(tp_->size(), tp_->group().rank);
-    model_.set_observer(layers_.get());
-  }
+  CULPRIT_RETURN_IF_ERROR(observe_layers(mode, model_layers));
   // --shard-params: the gatherer observes the setup's forward pass (which layers are called).
   if (cfg_.shard_params && mode == StepMode::kTrain) {
     // The layers' uses beyond their names: borrowed parameters, and a tied name's layer.
@@ -184,6 +172,24 @@ Status Trainer::init(StepMode mode) {
       gather_->set_after_gather([this](std::size_t i) { faults_.on_gather_link(step_.fire, i, flat_.params); });
   }
   return check_model(mode);
+}
+
+// The layer hooks (LayerTrace) when the trace or a fault needs them; a tensor-parallel exchange's
+// faulty link checked first (the run's only: a replay computes every chunk on one rank).
+Status Trainer::observe_layers(StepMode mode, const std::vector<std::string>& model_layers) {
+  if (mode == StepMode::kTrain) {
+    std::vector<std::string> exchanges;  // the split layers: their weights' names without ".weight"
+    for (const auto& s : model_.tensor_splits())
+      if (s.name.size() > 7 && s.name.compare(s.name.size() - 7, 7, ".weight") == 0)
+        exchanges.push_back(s.name.substr(0, s.name.size() - 7));
+    CULPRIT_RETURN_IF_ERROR(faults_.check_tp_link(exchanges, tp_ ? tp_->size() : 1));
+  }
+  if (cfg_.trace == TraceLevel::kLayer || faults_.at_layer_outputs() || faults_.has_phase(Phase::kTpLink)) {
+    layers_ = std::make_unique<LayerTrace>(&faults_, model_layers, cfg_.trace == TraceLevel::kLayer);
+    if (tp_) layers_->set_group(tp_->size(), tp_->group().rank);
+    model_.set_observer(layers_.get());
+  }
+  return Status::OK();
 }
 
 // The model's output is narrower than the labels need: name the width, the valid labels and the
