@@ -178,18 +178,22 @@ def draw(rng, i, models=DEFAULT_MODELS, phases=PHASES, modes=MODES):
     spec = "step=%d,rank=%d,index=%d,phase=%s,kind=%s,mode=%s" % (f["step"], f["rank"], f["index"], phase, kind, mode)
     if f["layer"]:
         spec += ",layer=" + f["layer"]
-    if kind == "bitflip":
-        # A bfloat16 value keeps bits 16..31 of a float32 (culprit refuses lower bits there).
-        low = 16 if "bf16" in model and phase in ("forward", "backward") else 0
-        f["bit"] = rng.randint(low, 30)
+    # A bfloat16 value keeps bits 16..31 of a float32 (culprit refuses lower bits there).
+    t["fault"] = with_kind(rng, f, spec, low_bit=16 if "bf16" in model and phase in ("forward", "backward") else 0)
+    return t
+
+
+def with_kind(rng, f, spec, low_bit=0):
+    """The fault f with its kind's and mode's draws (bit, factor, p) added to it and to its spec."""
+    if f["kind"] == "bitflip":
+        f["bit"] = rng.randint(low_bit, 30)
         spec += ",bit=%d" % f["bit"]
-    if kind == "scale":
+    if f["kind"] == "scale":
         spec += ",factor=%g" % rng.choice([0.5, 2, 3, 1e3])
-    if mode == "intermittent":
+    if f["mode"] == "intermittent":
         spec += ",p=0.5"
     f["spec"] = spec
-    t["fault"] = f
-    return t
+    return f
 
 
 def draw_tp(rng, i, model, phases, modes):
@@ -210,15 +214,7 @@ def draw_tp(rng, i, model, phases, modes):
     f["rank"] = g * T + (int(m.group(1)) // (TP_CHUNKS // T) if m else rng.randrange(T))
     spec = "step=%d,rank=%d,index=%d,phase=%s,kind=%s,mode=%s,layer=%s" % (
         f["step"], f["rank"], f["index"], phase, kind, mode, f["layer"])
-    if kind == "bitflip":
-        f["bit"] = rng.randint(0, 30)
-        spec += ",bit=%d" % f["bit"]
-    if kind == "scale":
-        spec += ",factor=%g" % rng.choice([0.5, 2, 3, 1e3])
-    if mode == "intermittent":
-        spec += ",p=0.5"
-    f["spec"] = spec
-    t["fault"] = f
+    t["fault"] = with_kind(rng, f, spec)
     return t
 
 
